@@ -1,0 +1,1 @@
+"""placeflow.executor: the Ray single-controller executor (issues 5-7; not built yet)."""

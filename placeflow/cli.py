@@ -1,0 +1,231 @@
+"""The `placeflow` command line.
+
+Each subcommand is a small function from parsed arguments to an exit code.
+Errors a user can fix (`SpecError`) print one line on stderr and exit 2; no
+traceback reaches the user for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from placeflow import __version__
+from placeflow.errors import SpecError
+
+Handler = Callable[[argparse.Namespace, Console], int]
+
+
+def _cmd_models(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.catalogue import CATALOGUE
+
+    rows = [
+        {
+            "name": m.name,
+            "params": m.num_params(),
+            "layers": m.num_layers,
+            "hidden": m.hidden_size,
+            "heads": m.num_heads,
+            "kv_heads": m.num_kv_heads,
+            "ffn": m.ffn_hidden_size,
+            "vocab": m.vocab_size,
+            "dtype": m.dtype.value,
+        }
+        for m in CATALOGUE.values()
+    ]
+    if args.json:
+        console.print_json(json.dumps(rows))
+        return 0
+    table = Table(title="model catalogue")
+    for col in ("name", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype"):
+        table.add_column(
+            col, justify="left" if col in ("name", "dtype") else "right", no_wrap=col == "name"
+        )
+    for r in rows:
+        params = int(r["params"])  # type: ignore[call-overload]
+        shown = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.2f}M"
+        table.add_row(*(shown if k == "params" else str(v) for k, v in r.items()))
+    console.print(table)
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.profiles.grid import ProfilerGrid
+    from placeflow.profiles.profiler import profile_device
+    from placeflow.profiles.registry import user_profile_dir
+    from placeflow.profiles.schema import save_profile
+
+    name = args.name or (Path(args.out).stem if args.out else f"{args.device}-local")
+    grid = ProfilerGrid.quick(args.device) if args.quick else ProfilerGrid.full(args.device)
+    profile = profile_device(args.device, grid=grid, name=name, progress=not args.no_progress)
+    out = Path(args.out) if args.out else user_profile_dir() / f"{name}.json"
+    save_profile(profile, out)
+    coverage = ", ".join(f"{op} {n}" for op, n in profile.coverage().items())
+    console.print(f"wrote profile {name!r} ({len(profile.entries)} entries: {coverage}) to {out}")
+    return 0
+
+
+def _cmd_profiles_list(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.profiles.registry import available_profiles
+    from placeflow.profiles.schema import load_profile_file
+
+    rows: list[dict[str, object]] = []
+    for ref in available_profiles().values():
+        try:
+            p = load_profile_file(ref.path)
+        except SpecError as exc:
+            rows.append({"name": ref.name, "path": str(ref.path), "error": str(exc)})
+            continue
+        rows.append(
+            {
+                "name": p.name,
+                "device": p.provenance.device_name,
+                "device_kind": p.device_kind,
+                "source": p.provenance.source.value,
+                "dtype": p.provenance.dtype,
+                "date": p.provenance.date,
+                "shipped": ref.shipped,
+                "path": str(ref.path),
+                "coverage": p.coverage(),
+                "entry_sources": p.sources(),
+            }
+        )
+    if args.json:
+        console.print_json(json.dumps(rows))
+        return 0
+    table = Table(title="profiles")
+    for col in ("name", "device", "source", "dtype", "shipped", "coverage (entries per op)"):
+        table.add_column(col)
+    for r in rows:
+        if "error" in r:
+            table.add_row(str(r["name"]), "[red]unreadable[/red]", str(r["error"]), "", "", "")
+            continue
+        cov = ", ".join(f"{k} {v}" for k, v in r["coverage"].items())  # type: ignore[attr-defined]
+        table.add_row(
+            str(r["name"]),
+            str(r["device"]),
+            str(r["source"]),
+            str(r["dtype"]),
+            "yes" if r["shipped"] else "no",
+            cov,
+        )
+    console.print(table)
+    return 0
+
+
+def _cmd_profiles_check(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.profiles.costmodel import leave_one_out
+    from placeflow.profiles.registry import load_profile
+
+    report = leave_one_out(load_profile(args.name))
+    if args.json:
+        console.print_json(
+            json.dumps(
+                {
+                    "profile": report.profile_name,
+                    "num_points": report.num_points,
+                    "median_rel_err": report.median_rel_err,
+                    "p90_rel_err": report.p90_rel_err,
+                    "per_op": {
+                        op: {"n": n, "median_rel_err": med, "p90_rel_err": p90}
+                        for op, (n, med, p90) in report.per_op.items()
+                    },
+                }
+            )
+        )
+        return 0
+    table = Table(title=f"leave-one-out error of the cost model on {report.profile_name!r}")
+    for col in ("op", "points", "median |err|", "p90 |err|"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for op, (n, med, p90) in report.per_op.items():
+        table.add_row(op, str(n), f"{med:.1%}", f"{p90:.1%}")
+    table.add_row(
+        "[b]all[/b]",
+        str(report.num_points),
+        f"[b]{report.median_rel_err:.1%}[/b]",
+        f"[b]{report.p90_rel_err:.1%}[/b]",
+    )
+    console.print(table)
+    return 0
+
+
+def _cmd_profiles_import_vidur(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.profiles.build_gpu_profiles import build_gpu_profiles
+    from placeflow.profiles.registry import user_profile_dir
+    from placeflow.profiles.schema import save_profile
+
+    vidur_dir = Path(args.dir)
+    if not vidur_dir.is_dir():
+        raise SpecError(
+            f"{vidur_dir}: not a directory; give the folder holding Vidur's compute/ and network/"
+        )
+    out_dir = Path(args.out_dir) if args.out_dir else user_profile_dir()
+    for name, profile in build_gpu_profiles(vidur_dir).items():
+        path = save_profile(profile, out_dir / f"{name}.json")
+        console.print(
+            f"wrote {name!r} ({len(profile.entries)} entries, "
+            f"sources {profile.sources()}) to {path}"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="placeflow",
+        description="Plan, simulate and execute placements of RL post-training for LLMs.",
+    )
+    parser.add_argument("--version", action="version", version=f"placeflow {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list the model catalogue")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_models)
+
+    p = sub.add_parser("profile", help="time real torch kernels on this device and write a profile")
+    p.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    p.add_argument("--quick", action="store_true", help="a small grid (a few minutes on CPU)")
+    p.add_argument("--out", help="profile file to write (default: the user profile directory)")
+    p.add_argument("--name", help="profile name (default: the --out file stem or <device>-local)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=_cmd_profile)
+
+    prof = sub.add_parser("profiles", help="list, check and import profiles")
+    psub = prof.add_subparsers(dest="profiles_command", required=True)
+    p = psub.add_parser("list", help="shipped and user profiles with source and coverage")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_profiles_list)
+    p = psub.add_parser("check", help="leave-one-out error of the cost model on a profile")
+    p.add_argument("name", help="profile name or path to a profile .json")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_profiles_check)
+    p = psub.add_parser(
+        "import-vidur", help="build h100-sxm and a100-80gb profiles from Vidur CSVs"
+    )
+    p.add_argument("dir", help="Vidur profile folder (with compute/ and network/)")
+    p.add_argument("--out-dir", help="where to write (default: the user profile directory)")
+    p.set_defaults(handler=_cmd_profiles_import_vidur)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    handler: Handler = args.handler
+    try:
+        return handler(args, console)
+    except SpecError as exc:
+        print(f"placeflow: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("placeflow: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""ClusterSpec: pools of identical nodes, loadable from TOML.
+
+```toml
+name = "h100x16"
+[[pools]]
+gpu = "h100-sxm"          # a hardware / profile name (placeflow.hardware)
+num_nodes = 2
+gpus_per_node = 8
+price_per_gpu_hour = 2.5  # optional, USD; needed by the `cost` objective
+memory_gib = 80           # optional override of the device's memory
+profile = "h100-sxm"      # optional: another profile name or a profile file path
+```
+
+A heterogeneous cluster has several `[[pools]]`; a device set never spans pools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from placeflow.errors import SpecError
+from placeflow.hardware import GIB, GpuSpec, get_hardware
+from placeflow.tomlio import Table, read_toml
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolSpec:
+    """`num_nodes` nodes of `gpus_per_node` devices of one type."""
+
+    name: str
+    gpu: GpuSpec
+    num_nodes: int
+    gpus_per_node: int
+    price_per_gpu_hour: float | None = None
+    profile: str = ""
+
+    def __post_init__(self) -> None:
+        if self.num_nodes <= 0:
+            raise SpecError(
+                f"pool {self.name!r}: num_nodes must be at least 1, got {self.num_nodes}"
+            )
+        if self.gpus_per_node <= 0:
+            raise SpecError(
+                f"pool {self.name!r}: gpus_per_node must be at least 1, got {self.gpus_per_node}"
+            )
+        if self.price_per_gpu_hour is not None and self.price_per_gpu_hour < 0:
+            raise SpecError(
+                f"pool {self.name!r}: price_per_gpu_hour must be >= 0, "
+                f"got {self.price_per_gpu_hour}"
+            )
+        if not self.profile:
+            object.__setattr__(self, "profile", self.gpu.profile)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    name: str
+    pools: tuple[PoolSpec, ...]
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise SpecError(f"cluster {self.name!r}: needs at least one [[pools]] entry")
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise SpecError(f"cluster {self.name!r}: pool names must be unique, got {names}")
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(p.num_gpus for p in self.pools)
+
+    def pool(self, name: str) -> PoolSpec:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise SpecError(
+            f"cluster {self.name!r}: no pool {name!r}; pools: {[p.name for p in self.pools]}"
+        )
+
+
+_POOL_KEYS = (
+    "name",
+    "gpu",
+    "num_nodes",
+    "gpus_per_node",
+    "price_per_gpu_hour",
+    "memory_gib",
+    "profile",
+)
+
+
+def _pool_from_table(t: Table, index: int) -> PoolSpec:
+    t.reject_unknown(_POOL_KEYS)
+    gpu = get_hardware(t.get_str("gpu"))
+    if t.has("memory_gib"):
+        memory_gib = t.get_float("memory_gib")
+        if memory_gib <= 0:
+            raise SpecError(f"{t.where}: memory_gib must be positive, got {memory_gib}")
+        gpu = GpuSpec(
+            name=gpu.name, kind=gpu.kind, memory_bytes=int(memory_gib * GIB), profile=gpu.profile
+        )
+    return PoolSpec(
+        name=t.get_str("name", f"pool{index}"),
+        gpu=gpu,
+        num_nodes=t.get_int("num_nodes"),
+        gpus_per_node=t.get_int("gpus_per_node"),
+        price_per_gpu_hour=t.optional_float("price_per_gpu_hour"),
+        profile=t.get_str("profile", gpu.profile),
+    )
+
+
+def cluster_from_dict(data: dict, where: str = "cluster") -> ClusterSpec:
+    t = Table(data, where)
+    t.reject_unknown(("name", "pools"))
+    pools = tuple(_pool_from_table(pt, i) for i, pt in enumerate(t.tables("pools")))
+    return ClusterSpec(name=t.get_str("name", "cluster"), pools=pools)
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    try:
+        return cluster_from_dict(read_toml(path), str(path))
+    except SpecError as exc:
+        msg = str(exc)
+        raise SpecError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None

@@ -1,0 +1,215 @@
+"""Workload: which RL algorithm, which models in which roles, and the batch shape.
+
+```toml
+name = "ppo-llama2-7b"
+algorithm = "ppo"                 # ppo | grpo | remax | safe-rlhf
+[models]                          # role -> catalogue name or HF config path
+actor = "llama-2-7b"
+critic = "llama-2-7b"
+ref = "llama-2-7b"
+reward = "llama-2-7b"
+[batch]
+prompts_per_step = 1024
+samples_per_prompt = 1
+prompt_len = 1024
+response_len = 1024
+ppo_epochs = 1
+mini_batches = 4
+```
+
+Roles per algorithm (`ROLES`): PPO uses actor, critic, ref, reward (4 models);
+GRPO and ReMax drop the critic, and may drop the reward model in favour of a
+rule-based `reward_function`; Safe-RLHF adds a cost model (5 models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from placeflow.catalogue import get_model
+from placeflow.errors import SpecError
+from placeflow.models import ModelSpec
+from placeflow.tomlio import Table, read_toml
+
+
+class Algorithm(StrEnum):
+    PPO = "ppo"
+    GRPO = "grpo"
+    REMAX = "remax"
+    SAFE_RLHF = "safe-rlhf"
+
+
+class Role(StrEnum):
+    ACTOR = "actor"
+    CRITIC = "critic"
+    REF = "ref"
+    REWARD = "reward"
+    COST = "cost"
+
+    @property
+    def has_value_head(self) -> bool:
+        """Critic, reward and cost models output a scalar, not logits."""
+        return self in (Role.CRITIC, Role.REWARD, Role.COST)
+
+
+# (required roles, optional roles) per algorithm.
+ROLES: dict[Algorithm, tuple[frozenset[Role], frozenset[Role]]] = {
+    Algorithm.PPO: (frozenset({Role.ACTOR, Role.CRITIC, Role.REWARD}), frozenset({Role.REF})),
+    Algorithm.GRPO: (frozenset({Role.ACTOR}), frozenset({Role.REF, Role.REWARD})),
+    Algorithm.REMAX: (frozenset({Role.ACTOR}), frozenset({Role.REF, Role.REWARD})),
+    Algorithm.SAFE_RLHF: (frozenset(Role), frozenset()),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSpec:
+    """Shape of one RL step. Lengths in tokens; `response_len` is the maximum."""
+
+    prompts_per_step: int
+    samples_per_prompt: int = 1
+    prompt_len: int
+    response_len: int
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+
+    def __post_init__(self) -> None:
+        for name in (
+            "prompts_per_step",
+            "samples_per_prompt",
+            "prompt_len",
+            "response_len",
+            "ppo_epochs",
+            "mini_batches",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise SpecError(f"[batch] {name} must be a positive integer, got {value!r}")
+        if self.mini_batches > self.num_samples:
+            raise SpecError(
+                f"[batch] mini_batches={self.mini_batches} exceeds the {self.num_samples} samples "
+                "per step (prompts_per_step x samples_per_prompt); use at most that many"
+            )
+        if self.num_samples % self.mini_batches:
+            raise SpecError(
+                f"[batch] mini_batches={self.mini_batches} must divide the {self.num_samples} "
+                "samples per step (prompts_per_step x samples_per_prompt)"
+            )
+
+    @property
+    def num_samples(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Prompt plus response tokens of all samples (at maximum response length)."""
+        return self.num_samples * self.seq_len
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    name: str
+    algorithm: Algorithm
+    models: dict[Role, ModelSpec] = field(hash=False)
+    batch: BatchSpec
+    reward_function: str | None = None
+
+    def __post_init__(self) -> None:
+        required, optional = ROLES[self.algorithm]
+        roles = set(self.models)
+        missing = required - roles
+        if Role.REWARD in missing and self.reward_function:
+            missing = missing - {Role.REWARD}
+        if missing:
+            raise SpecError(
+                f"workload {self.name!r}: {self.algorithm} needs model(s) for "
+                f"{', '.join(sorted(missing))} in [models]"
+            )
+        extra = roles - required - optional
+        if extra:
+            raise SpecError(
+                f"workload {self.name!r}: {self.algorithm} has no role(s) "
+                f"{', '.join(sorted(extra))}; "
+                f"its roles: {', '.join(sorted(required | optional))}"
+            )
+        if Role.REWARD not in roles and not self.reward_function:
+            raise SpecError(
+                f"workload {self.name!r}: give a reward model ([models] reward = ...) "
+                "or a rule-based reward_function"
+            )
+        if self.algorithm is Algorithm.GRPO and self.batch.samples_per_prompt < 2:
+            raise SpecError(
+                f"workload {self.name!r}: GRPO normalises rewards within a group, so "
+                f"samples_per_prompt must be at least 2, got {self.batch.samples_per_prompt}"
+            )
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        """Roles in canonical order (the order of `Role`)."""
+        return tuple(r for r in Role if r in self.models)
+
+
+def _parse_role(name: str, where: str) -> Role:
+    try:
+        return Role(name)
+    except ValueError:
+        raise SpecError(
+            f"{where}: unknown role {name!r}; roles: {', '.join(r.value for r in Role)}"
+        ) from None
+
+
+def workload_from_dict(data: dict, where: str = "workload") -> Workload:
+    t = Table(data, where)
+    t.reject_unknown(("name", "algorithm", "models", "batch", "reward_function"))
+    algo_name = t.get_str("algorithm")
+    try:
+        algorithm = Algorithm(algo_name)
+    except ValueError:
+        raise SpecError(
+            f"{where}: unknown algorithm {algo_name!r}; "
+            f"known: {', '.join(a.value for a in Algorithm)}"
+        ) from None
+    models_t = t.table("models")
+    models = {
+        _parse_role(role, models_t.where): get_model(models_t.get_str(role)) for role in models_t.data
+    }
+    bt = t.table("batch")
+    bt.reject_unknown(
+        (
+            "prompts_per_step",
+            "samples_per_prompt",
+            "prompt_len",
+            "response_len",
+            "ppo_epochs",
+            "mini_batches",
+        )
+    )
+    batch = BatchSpec(
+        prompts_per_step=bt.get_int("prompts_per_step"),
+        samples_per_prompt=bt.get_int("samples_per_prompt", 1),
+        prompt_len=bt.get_int("prompt_len"),
+        response_len=bt.get_int("response_len"),
+        ppo_epochs=bt.get_int("ppo_epochs", 1),
+        mini_batches=bt.get_int("mini_batches", 1),
+    )
+    reward_function = t.get_str("reward_function") if t.has("reward_function") else None
+    return Workload(
+        name=t.get_str("name", "workload"),
+        algorithm=algorithm,
+        models=models,
+        batch=batch,
+        reward_function=reward_function,
+    )
+
+
+def load_workload(path: str | Path) -> Workload:
+    try:
+        return workload_from_dict(read_toml(path), str(path))
+    except SpecError as exc:
+        msg = str(exc)
+        raise SpecError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None

@@ -1,0 +1,302 @@
+"""CostModel: the time of an op at a shape, answered from a profile.
+
+Fitting is an explicit step, `CostModel.fit(profile)`; the constructor does
+nothing but store what a fit produced.
+
+How a query is answered (all interpolation in log(size)-log(time) space):
+
+1. The op's *series* (its parameters other than the size axis, see
+   `placeflow.profiles.ops`) was profiled and the size lies within the profiled
+   range: piecewise-linear interpolation in log-log space. Exact at profiled
+   points; monotone between two neighbours.
+2. The series was profiled but the size lies outside: the roofline's shape,
+   anchored at the nearest profiled end (t = t_end · R(x) / R(x_end)), so the
+   answer is continuous at the end of the data.
+3. The series was not profiled: the nearest profiled series (log distance over
+   the numeric key parameters; string parameters and world size must match)
+   answers at the same size, scaled by the roofline ratio between the two
+   shapes ("efficiency transfer").
+4. No series of that op matches (e.g. a collective world size never profiled):
+   the fitted roofline alone.
+
+The roofline per *family* (an op; for collectives an op kind and scope) is
+R(F, B) = t0 + max(F / P, B / W): a fixed overhead t0, achieved FLOP/s P and
+achieved bytes/s W, fitted by least squares on log time. Collectives move
+B = bytes · bus_factor(kind, world) per rank, so W is the bus bandwidth; a
+collective kind that was not profiled in a scope borrows the all-reduce's
+bus bandwidth and latency there (bandwidth is a property of the link).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from placeflow.profiles import ops
+from placeflow.profiles.schema import (
+    CollectiveKind,
+    Entry,
+    Op,
+    Params,
+    Profile,
+    Scope,
+    Source,
+    _check_params,
+)
+
+from placeflow.errors import SpecError
+
+FamilyKey = tuple[str, ...]
+SeriesId = tuple[Op, ops.SeriesKey]
+
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+class ProfileCoverageError(SpecError):
+    """The profile has no entries from which to answer a query."""
+
+
+def family_key(op: Op, params: Params) -> FamilyKey:
+    if op is Op.COLLECTIVE:
+        return (op.value, str(params["kind"]), str(params["scope"]))
+    return (op.value,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Roofline:
+    """t = overhead_s + max(flops / flops_per_s, bytes / bytes_per_s)."""
+
+    overhead_s: float
+    flops_per_s: float
+    bytes_per_s: float
+
+    def time_s(self, flops: float, num_bytes: float) -> float:
+        return self.overhead_s + max(flops / self.flops_per_s, num_bytes / self.bytes_per_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Series:
+    """Profiled points of one series: sizes ascending, unique; median times."""
+
+    sizes: tuple[float, ...]
+    times_s: tuple[float, ...]
+    params: tuple[Mapping[str, int | str], ...] = field(hash=False)
+
+
+def fit_roofline(flops: np.ndarray, num_bytes: np.ndarray, times_s: np.ndarray) -> Roofline:
+    """Least squares on log time over a coarse-to-fine grid of (t0, P, W).
+
+    A grid search rather than a gradient method because max() makes the loss
+    non-smooth and there are only three parameters.
+    """
+    log_t = np.log(times_s)
+    has_flops = bool(np.any(flops > 0))
+    with np.errstate(divide="ignore"):
+        p_hi = float(np.max(flops / times_s)) if has_flops else 1.0
+        w_hi = float(np.max(num_bytes / times_s)) if np.any(num_bytes > 0) else 1.0
+    t_min = float(np.min(times_s))
+    p_grid = np.geomspace(p_hi / 4, p_hi * 4, 25) if has_flops else np.array([np.inf])
+    w_grid = np.geomspace(w_hi / 4, w_hi * 4, 25)
+    t0_grid = np.concatenate([[0.0], np.geomspace(t_min / 100, t_min * 1.5, 15)])
+    best = (math.inf, 0.0, 1.0, 1.0)
+    for _ in range(2):  # coarse pass, then a finer pass around the best point
+        f_t = flops[None, :] / p_grid[:, None]  # (P, N)
+        b_t = num_bytes[None, :] / w_grid[:, None]  # (W, N)
+        roof = np.maximum(f_t[:, None, :], b_t[None, :, :])  # (P, W, N)
+        for t0 in t0_grid:
+            err = np.log(t0 + roof) - log_t
+            loss = np.sum(err * err, axis=-1)
+            i, j = np.unravel_index(int(np.argmin(loss)), loss.shape)
+            if loss[i, j] < best[0]:
+                best = (float(loss[i, j]), float(t0), float(p_grid[i]), float(w_grid[j]))
+        _, t0b, pb, wb = best
+        p_grid = np.geomspace(pb / 1.3, pb * 1.3, 15) if has_flops else p_grid
+        w_grid = np.geomspace(wb / 1.3, wb * 1.3, 15)
+        t0_grid = np.unique(np.concatenate([[0.0], np.linspace(t0b * 0.7, t0b * 1.3, 9)]))
+    _, t0b, pb, wb = best
+    return Roofline(overhead_s=t0b, flops_per_s=pb, bytes_per_s=wb)
+
+
+def _series_from_entries(entries: list[Entry]) -> Series:
+    op = entries[0].op
+    ordered = sorted(entries, key=lambda e: ops.size(op, e.params))
+    return Series(
+        sizes=tuple(ops.size(op, e.params) for e in ordered),
+        times_s=tuple(e.median_s for e in ordered),
+        params=tuple(e.params for e in ordered),
+    )
+
+
+def _interp_loglog(sizes: tuple[float, ...], times: tuple[float, ...], x: float) -> float:
+    """Piecewise-linear in log-log; caller guarantees sizes[0] <= x <= sizes[-1]."""
+    i = int(np.searchsorted(sizes, x))
+    if sizes[min(i, len(sizes) - 1)] == x:
+        return times[min(i, len(sizes) - 1)]
+    x0, x1 = math.log(sizes[i - 1]), math.log(sizes[i])
+    y0, y1 = math.log(times[i - 1]), math.log(times[i])
+    w = (math.log(x) - x0) / (x1 - x0)
+    return math.exp(y0 + w * (y1 - y0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """Answers op times from a fitted profile. Build it with `CostModel.fit`."""
+
+    profile_name: str
+    dtype_bytes: int
+    rooflines: Mapping[FamilyKey, Roofline] = field(hash=False)
+    series: Mapping[SeriesId, Series] = field(hash=False)
+
+    # --- fitting ------------------------------------------------------------
+    @staticmethod
+    def fit(profile: Profile, *, exclude: Entry | None = None) -> CostModel:
+        """Fit rooflines per family and index the series; `exclude` leaves one entry out."""
+        dtype_bytes = _DTYPE_BYTES.get(profile.provenance.dtype, 2)
+        families: dict[FamilyKey, list[Entry]] = {}
+        by_series: dict[SeriesId, list[Entry]] = {}
+        for e in profile.entries:
+            if exclude is not None and e.key() == exclude.key():
+                continue
+            families.setdefault(family_key(e.op, e.params), []).append(e)
+            sid = (e.op, ops.series_key(e.op, e.params))
+            by_series.setdefault(sid, []).append(e)
+        rooflines = {}
+        for fam, entries in families.items():
+            rooflines[fam] = fit_roofline(
+                np.array([ops.flops(e.op, e.params) for e in entries]),
+                np.array([ops.bytes_moved(e.op, e.params, dtype_bytes) for e in entries]),
+                np.array([e.median_s for e in entries]),
+            )
+        return CostModel(
+            profile_name=profile.name,
+            dtype_bytes=dtype_bytes,
+            rooflines=rooflines,
+            series={sid: _series_from_entries(es) for sid, es in by_series.items()},
+        )
+
+    # --- queries ------------------------------------------------------------
+    def _roofline_for(self, op: Op, params: Params) -> Roofline:
+        fam = family_key(op, params)
+        if fam in self.rooflines:
+            return self.rooflines[fam]
+        if op is Op.COLLECTIVE:
+            borrowed = (op.value, CollectiveKind.ALL_REDUCE.value, str(params["scope"]))
+            if borrowed in self.rooflines:
+                return self.rooflines[borrowed]
+        raise ProfileCoverageError(
+            f"profile {self.profile_name!r} has no entries for {' '.join(fam)}; "
+            "profile that op on this hardware or use a profile that covers it"
+        )
+
+    def _roof(self, op: Op, params: Params) -> float:
+        roof = self._roofline_for(op, params)
+        return roof.time_s(ops.flops(op, params), ops.bytes_moved(op, params, self.dtype_bytes))
+
+    def _along_series(self, op: Op, s: Series, params: Params) -> float:
+        """Time at params' size along series s (interpolated or roofline-anchored)."""
+        x = ops.size(op, params)
+        if s.sizes[0] <= x <= s.sizes[-1]:
+            return _interp_loglog(s.sizes, s.times_s, x)
+        end = 0 if x < s.sizes[0] else -1
+        anchor = dict(params)
+        anchor[ops.size_param(op)] = int(s.sizes[end])
+        return s.times_s[end] * self._roof(op, params) / self._roof(op, anchor)
+
+    def _nearest_series(self, op: Op, params: Params) -> Series | None:
+        names = ops.series_key_names(op)
+        best: tuple[float, Series | None] = (math.inf, None)
+        for (sop, key), s in self.series.items():
+            if sop is not op:
+                continue
+            dist = 0.0
+            for name, want, have in zip(names, ops.series_key(op, params), key, strict=True):
+                if name in ops.EXACT_KEY_PARAMS or isinstance(want, str):
+                    if want != have:
+                        dist = math.inf
+                        break
+                else:
+                    dist += abs(math.log(int(want)) - math.log(int(have)))
+            if dist < best[0]:
+                best = (dist, s)
+        return best[1]
+
+    def time_s(self, op: Op, params: Params) -> float:
+        """Seconds for one call of `op` with `params` (see the module docstring)."""
+        params = _check_params(op, params, f"cost query {op}")
+        s = self.series.get((op, ops.series_key(op, params)))
+        if s is not None:
+            return self._along_series(op, s, params)
+        ref = self._nearest_series(op, params)
+        if ref is None:
+            return self._roof(op, params)
+        ref_params = dict(ref.params[0])
+        ref_params[ops.size_param(op)] = params[ops.size_param(op)]
+        return (
+            self._along_series(op, ref, ref_params)
+            * self._roof(op, params)
+            / self._roof(op, ref_params)
+        )
+
+    # Typed conveniences for the simulator.
+    def gemm_s(self, m: int, n: int, k: int) -> float:
+        return self.time_s(Op.GEMM, {"m": m, "n": n, "k": k})
+
+    def collective_s(
+        self, kind: CollectiveKind, num_bytes: int, world_size: int, scope: Scope
+    ) -> float:
+        if world_size <= 1 or num_bytes <= 0:
+            return 0.0
+        params = {
+            "kind": kind.value,
+            "world_size": world_size,
+            "scope": scope.value,
+            "num_bytes": num_bytes,
+        }
+        return self.time_s(Op.COLLECTIVE, params)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LooReport:
+    """Leave-one-out relative errors |pred - measured| / measured, per op and overall."""
+
+    profile_name: str
+    num_points: int
+    median_rel_err: float
+    p90_rel_err: float
+    per_op: Mapping[str, tuple[int, float, float]] = field(hash=False)  # n, median, p90
+
+
+def leave_one_out(profile: Profile) -> LooReport:
+    """Predict every measured or imported entry from the profile without it.
+
+    Datasheet entries are excluded from the scoring (they are roofline values by
+    construction) but stay in the fit. Series with a single point are skipped:
+    leaving it out tests nothing but the cross-series transfer, which is scored
+    through the other points anyway.
+    """
+    per_op: dict[str, list[float]] = {}
+    counts: dict[tuple[Op, ops.SeriesKey], int] = {}
+    for e in profile.entries:
+        sid = (e.op, ops.series_key(e.op, e.params))
+        counts[sid] = counts.get(sid, 0) + 1
+    for e in profile.entries:
+        if e.source is Source.DATASHEET or counts[(e.op, ops.series_key(e.op, e.params))] < 2:
+            continue
+        model = CostModel.fit(profile, exclude=e)
+        pred = model.time_s(e.op, e.params)
+        per_op.setdefault(e.op.value, []).append(abs(pred - e.median_s) / e.median_s)
+    all_errs = np.array([x for errs in per_op.values() for x in errs])
+    if all_errs.size == 0:
+        raise ProfileCoverageError(f"profile {profile.name!r} has no measured series to check")
+    return LooReport(
+        profile_name=profile.name,
+        num_points=int(all_errs.size),
+        median_rel_err=float(np.median(all_errs)),
+        p90_rel_err=float(np.percentile(all_errs, 90)),
+        per_op={
+            op: (len(errs), float(np.median(errs)), float(np.percentile(errs, 90)))
+            for op, errs in sorted(per_op.items())
+        },
+    )

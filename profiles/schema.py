@@ -1,0 +1,331 @@
+"""Profile files: versioned, provenance-carrying kernel timings (schema version 1).
+
+A profile is one JSON file per hardware:
+
+```json
+{
+  "schema": "placeflow-profile",
+  "schema_version": 1,
+  "name": "cpu",
+  "device_kind": "cpu",                  // "cpu" or "cuda"
+  "provenance": {
+    "source": "measured",                // measured | imported | datasheet | mixed
+    "device_name": "...", "torch_version": "2.13.0+cpu", "dtype": "fp32",
+    "date": "2026-11-22T10:00:00+00:00", "host": {...}, "notes": "..."
+  },
+  "grid": {...},                         // the profiler's grid, as run
+  "entries": [
+    {"op": "gemm", "params": {"m": 128, "n": 384, "k": 128},
+     "median_s": 1.2e-5, "p10_s": 1.1e-5, "p90_s": 1.4e-5, "repeats": 20,
+     "source": "measured"}
+  ]
+}
+```
+
+Each entry records its own `source` because one file may mix measured,
+imported and datasheet entries (GPU profiles imported from Vidur are completed
+from datasheets); the file-level `source` is then `mixed`. The parameters of
+each op are listed in `OP_PARAMS`; their meaning is in `placeflow.profiles.ops`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from placeflow.errors import ProfileSchemaError
+
+SCHEMA = "placeflow-profile"
+SCHEMA_VERSION = 1
+
+
+class Op(StrEnum):
+    """Timed operations. Parameters per op are in `OP_PARAMS`."""
+
+    GEMM = "gemm"
+    ATTN_PREFILL_FWD = "attn_prefill_fwd"
+    ATTN_PREFILL_BWD = "attn_prefill_bwd"
+    ATTN_DECODE = "attn_decode"
+    ELEMENTWISE = "elementwise"
+    OPTIMIZER = "optimizer"
+    COLLECTIVE = "collective"
+    COPY = "copy"
+
+
+class Source(StrEnum):
+    MEASURED = "measured"
+    IMPORTED = "imported"
+    DATASHEET = "datasheet"
+    MIXED = "mixed"
+
+
+class ElementwiseKind(StrEnum):
+    RMSNORM = "rmsnorm"
+    SILU_MUL = "silu_mul"
+    SOFTMAX = "softmax"
+    ADD = "add"
+
+
+class CollectiveKind(StrEnum):
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    BROADCAST = "broadcast"
+    SEND_RECV = "send_recv"
+
+
+class Scope(StrEnum):
+    """Where a collective's ranks are: all in one node, or spread over nodes."""
+
+    INTRA = "intra"
+    INTER = "inter"
+
+
+class CopyDirection(StrEnum):
+    H2D = "h2d"
+    D2H = "d2h"
+
+
+# Parameter names per op (positive ints except kind, scope and direction).
+#   gemm: C[m, n] = A[m, k] @ B[k, n]
+#   attn_*: causal self-attention (torch SDPA) with grouped-query heads
+#   attn_decode: one query token per sequence against kv_len cached tokens
+#   elementwise: num_bytes of the input tensor
+#   optimizer: one AdamW step over num_params fp32 parameters
+#   collective: num_bytes of the full logical tensor (nccl-tests convention:
+#     the all-gather output, the reduce-scatter input, the all-reduce buffer)
+#   copy: num_bytes host<->device (pinned host memory)
+OP_PARAMS: dict[Op, tuple[str, ...]] = {
+    Op.GEMM: ("m", "n", "k"),
+    Op.ATTN_PREFILL_FWD: ("batch", "seq", "num_heads", "num_kv_heads", "head_dim"),
+    Op.ATTN_PREFILL_BWD: ("batch", "seq", "num_heads", "num_kv_heads", "head_dim"),
+    Op.ATTN_DECODE: ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim"),
+    Op.ELEMENTWISE: ("kind", "num_bytes"),
+    Op.OPTIMIZER: ("num_params",),
+    Op.COLLECTIVE: ("kind", "world_size", "scope", "num_bytes"),
+    Op.COPY: ("direction", "num_bytes"),
+}
+
+
+def _str_param_enum(op: Op, key: str) -> type[StrEnum] | None:
+    """The enum a string parameter must belong to, or None for integer parameters."""
+    if key == "kind":
+        return ElementwiseKind if op is Op.ELEMENTWISE else CollectiveKind
+    return {"scope": Scope, "direction": CopyDirection}.get(key)
+
+
+Params = Mapping[str, int | str]
+
+
+def _check_params(op: Op, params: Mapping[str, Any], where: str) -> dict[str, int | str]:
+    expected = OP_PARAMS[op]
+    if set(params) != set(expected):
+        raise ProfileSchemaError(
+            f"{where}: op {op} needs params {list(expected)}, got {sorted(params)}"
+        )
+    out: dict[str, int | str] = {}
+    for key in expected:
+        value = params[key]
+        enum = _str_param_enum(op, key)
+        if enum is not None:
+            try:
+                out[key] = enum(value).value
+            except ValueError:
+                known = ", ".join(e.value for e in enum)
+                raise ProfileSchemaError(
+                    f"{where}: {op} {key}={value!r} unknown; known: {known}"
+                ) from None
+        else:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ProfileSchemaError(
+                    f"{where}: {op} {key} must be a positive integer, got {value!r}"
+                )
+            out[key] = value
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One timed point: an op at one parameter setting. Times in seconds."""
+
+    op: Op
+    params: Mapping[str, int | str] = field(hash=False)
+    median_s: float
+    p10_s: float
+    p90_s: float
+    repeats: int
+    source: Source
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", _check_params(self.op, self.params, "entry"))
+        if not (self.median_s > 0 and self.p10_s > 0 and self.p90_s > 0):
+            raise ProfileSchemaError(
+                f"entry {self.op} {dict(self.params)}: times must be positive, got median "
+                f"{self.median_s}, p10 {self.p10_s}, p90 {self.p90_s}"
+            )
+        if self.source is Source.MIXED:
+            raise ProfileSchemaError(
+                "an entry's source is measured, imported or datasheet, not mixed"
+            )
+
+    def key(self) -> tuple[Op, tuple[tuple[str, int | str], ...]]:
+        return self.op, tuple(sorted(self.params.items()))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op.value,
+            "params": dict(self.params),
+            "median_s": self.median_s,
+            "p10_s": self.p10_s,
+            "p90_s": self.p90_s,
+            "repeats": self.repeats,
+            "source": self.source.value,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance:
+    """Where a profile's numbers come from."""
+
+    source: Source
+    device_name: str
+    torch_version: str
+    dtype: str
+    date: str
+    host: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    notes: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    name: str
+    device_kind: str
+    provenance: Provenance
+    entries: tuple[Entry, ...]
+    grid: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.device_kind not in ("cpu", "cuda"):
+            raise ProfileSchemaError(
+                f"profile {self.name!r}: device_kind must be 'cpu' or 'cuda', "
+                f"got {self.device_kind!r}"
+            )
+        seen: set[Any] = set()
+        for e in self.entries:
+            k = e.key()
+            if k in seen:
+                raise ProfileSchemaError(
+                    f"profile {self.name!r}: duplicate entry {e.op} {dict(e.params)}"
+                )
+            seen.add(k)
+
+    def entries_for(self, op: Op) -> tuple[Entry, ...]:
+        return tuple(e for e in self.entries if e.op is op)
+
+    def coverage(self) -> dict[str, int]:
+        """Number of entries per op (ops with none are omitted)."""
+        counts: dict[str, int] = {}
+        for e in self.entries:
+            counts[e.op.value] = counts.get(e.op.value, 0) + 1
+        return counts
+
+    def sources(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in self.entries:
+            counts[e.source.value] = counts.get(e.source.value, 0) + 1
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.provenance
+        return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name,
+            "device_kind": self.device_kind,
+            "provenance": {
+                "source": p.source.value,
+                "device_name": p.device_name,
+                "torch_version": p.torch_version,
+                "dtype": p.dtype,
+                "date": p.date,
+                "host": dict(p.host),
+                "notes": p.notes,
+            },
+            "grid": dict(self.grid),
+            "entries": [e.to_json() for e in self.entries],
+        }
+
+
+def save_profile(profile: Profile, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(profile.to_json(), indent=1) + "\n", encoding="utf-8")
+    return p
+
+
+def profile_from_json(data: Any, where: str) -> Profile:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ProfileSchemaError(f'{where}: not a placeflow profile (missing "schema": "{SCHEMA}")')
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ProfileSchemaError(
+            f"{where}: profile schema version {version!r}, this placeflow reads version "
+            f"{SCHEMA_VERSION}; re-run `placeflow profile` or convert the file"
+        )
+    try:
+        prov = data["provenance"]
+        provenance = Provenance(
+            source=Source(prov["source"]),
+            device_name=str(prov["device_name"]),
+            torch_version=str(prov["torch_version"]),
+            dtype=str(prov["dtype"]),
+            date=str(prov["date"]),
+            host=dict(prov.get("host", {})),
+            notes=str(prov.get("notes", "")),
+        )
+        entries = []
+        for i, e in enumerate(data["entries"]):
+            try:
+                op = Op(e["op"])
+                source = Source(e["source"])
+            except ValueError as exc:
+                raise ProfileSchemaError(f"{where}: entry #{i}: {exc}") from None
+            entries.append(
+                Entry(
+                    op=op,
+                    params=_check_params(op, e["params"], f"{where}: entry #{i}"),
+                    median_s=float(e["median_s"]),
+                    p10_s=float(e["p10_s"]),
+                    p90_s=float(e["p90_s"]),
+                    repeats=int(e["repeats"]),
+                    source=source,
+                )
+            )
+        return Profile(
+            name=str(data["name"]),
+            device_kind=str(data["device_kind"]),
+            provenance=provenance,
+            entries=tuple(entries),
+            grid=dict(data.get("grid", {})),
+        )
+    except KeyError as exc:
+        raise ProfileSchemaError(f"{where}: missing key {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ProfileSchemaError):
+            raise
+        raise ProfileSchemaError(f"{where}: {exc}") from None
+
+
+def load_profile_file(path: str | Path) -> Profile:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ProfileSchemaError(f"{p}: profile file not found") from None
+    except json.JSONDecodeError as exc:
+        raise ProfileSchemaError(f"{p}: malformed JSON: {exc}") from None
+    return profile_from_json(data, str(p))

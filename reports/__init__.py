@@ -1,0 +1,1 @@
+"""placeflow.reports: plotly HTML reports (issue 8; not built yet)."""

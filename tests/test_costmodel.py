@@ -1,0 +1,161 @@
+"""CostModel against oracles: synthetic profiles generated from a known roofline."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from placeflow.profiles.costmodel import (
+    CostModel,
+    ProfileCoverageError,
+    fit_roofline,
+    leave_one_out,
+)
+from placeflow.profiles.schema import (
+    CollectiveKind,
+    Entry,
+    Op,
+    Profile,
+    Provenance,
+    Scope,
+    Source,
+    load_profile_file,
+    save_profile,
+)
+
+from placeflow.errors import ProfileSchemaError
+
+OVERHEAD_S, PEAK_FLOPS, PEAK_BW = 5e-6, 1e11, 2e10  # the oracle's truth
+
+
+def oracle_gemm_s(m, n, k):
+    return OVERHEAD_S + max(2 * m * n * k / PEAK_FLOPS, 4 * (m * k + k * n + m * n) / PEAK_BW)
+
+
+def entry(op, params, t, source=Source.MEASURED):
+    return Entry(
+        op=op, params=params, median_s=t, p10_s=t * 0.95, p90_s=t * 1.05, repeats=5, source=source
+    )
+
+
+def synthetic_profile(ms=(1, 4, 16, 64, 256, 1024), nks=((512, 512), (1024, 256)), noise=None):
+    rng = np.random.default_rng(0)
+    entries = []
+    for n, k in nks:
+        for m in ms:
+            t = oracle_gemm_s(m, n, k)
+            if noise:
+                t *= float(np.exp(rng.normal(0, noise)))
+            entries.append(entry(Op.GEMM, {"m": m, "n": n, "k": k}, t))
+    for size in (1 << 12, 1 << 16, 1 << 20, 1 << 24):
+        for world in (2, 4):
+            t = 20e-6 + size * 2 * (world - 1) / world / 5e9
+            entries.append(
+                entry(
+                    Op.COLLECTIVE,
+                    {
+                        "kind": "all_reduce",
+                        "world_size": world,
+                        "scope": "intra",
+                        "num_bytes": size,
+                    },
+                    t,
+                )
+            )
+    prov = Provenance(
+        source=Source.MEASURED,
+        device_name="oracle",
+        torch_version="n/a",
+        dtype="fp32",
+        date="2026-11-22",
+    )
+    return Profile(name="oracle", device_kind="cpu", provenance=prov, entries=tuple(entries))
+
+
+def test_exact_at_profiled_points():
+    profile = synthetic_profile(noise=0.1)
+    model = CostModel.fit(profile)
+    for e in profile.entries:
+        assert model.time_s(e.op, e.params) == pytest.approx(e.median_s, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.integers(1, 1023), b=st.integers(1, 1023))
+def test_monotone_between_points(a, b):
+    model = CostModel.fit(synthetic_profile())
+    lo, hi = sorted((a, b))
+    assert model.gemm_s(lo, 512, 512) <= model.gemm_s(hi, 512, 512) * (1 + 1e-12)
+
+
+def test_interpolation_close_to_truth_between_points():
+    model = CostModel.fit(synthetic_profile())
+    for m in (2, 10, 100, 700):
+        assert model.gemm_s(m, 512, 512) == pytest.approx(oracle_gemm_s(m, 512, 512), rel=0.35)
+
+
+def test_roofline_fit_recovers_the_oracle():
+    # Small shapes expose the overhead, large ones the peaks.
+    shapes = [(m, nk, nk) for nk in (64, 1024) for m in (1, 2, 8, 32, 128, 512, 2048, 8192)]
+    m, n, k = (np.array(x, dtype=float) for x in zip(*shapes, strict=True))
+    times = np.array([oracle_gemm_s(*s) for s in shapes])
+    flops = 2 * m * n * k
+    nbytes = 4 * (m * k + k * n + m * n)
+    roof = fit_roofline(flops, nbytes, times)
+    assert roof.flops_per_s == pytest.approx(PEAK_FLOPS, rel=0.1)
+    assert roof.bytes_per_s == pytest.approx(PEAK_BW, rel=0.1)
+    assert roof.overhead_s == pytest.approx(OVERHEAD_S, rel=0.3)
+
+
+def test_extrapolation_beyond_the_series_follows_the_roofline():
+    model = CostModel.fit(synthetic_profile())
+    for m in (4096, 65536):
+        assert model.gemm_s(m, 512, 512) == pytest.approx(oracle_gemm_s(m, 512, 512), rel=0.1)
+
+
+def test_unprofiled_series_uses_the_nearest_one():
+    model = CostModel.fit(synthetic_profile())
+    assert model.gemm_s(256, 2048, 2048) == pytest.approx(oracle_gemm_s(256, 2048, 2048), rel=0.15)
+
+
+def test_collectives_by_bus_bandwidth():
+    model = CostModel.fit(synthetic_profile())
+    # All-gather was never profiled: it borrows the all-reduce's bus bandwidth (half the bus bytes).
+    ar = model.collective_s(CollectiveKind.ALL_REDUCE, 1 << 24, 2, Scope.INTRA)
+    ag = model.collective_s(CollectiveKind.ALL_GATHER, 1 << 24, 2, Scope.INTRA)
+    assert ag < ar and ag == pytest.approx(ar / 2, rel=0.2)
+    # An unprofiled world size falls back to the fitted roofline.
+    t8 = model.collective_s(CollectiveKind.ALL_REDUCE, 1 << 24, 8, Scope.INTRA)
+    assert t8 == pytest.approx(20e-6 + (1 << 24) * 2 * 7 / 8 / 5e9, rel=0.15)
+    assert model.collective_s(CollectiveKind.ALL_REDUCE, 1 << 20, 1, Scope.INTRA) == 0.0
+
+
+def test_missing_coverage_is_a_clear_error():
+    model = CostModel.fit(synthetic_profile())
+    with pytest.raises(ProfileCoverageError, match="no entries for attn_decode"):
+        model.time_s(
+            Op.ATTN_DECODE,
+            {"batch": 1, "kv_len": 8, "num_heads": 4, "num_kv_heads": 4, "head_dim": 32},
+        )
+    with pytest.raises(ProfileCoverageError, match="inter"):
+        model.collective_s(CollectiveKind.ALL_REDUCE, 1 << 20, 16, Scope.INTER)
+
+
+def test_leave_one_out_on_a_noiseless_profile_is_small():
+    report = leave_one_out(synthetic_profile())
+    assert report.num_points == len(synthetic_profile().entries)
+    assert report.median_rel_err < 0.1
+
+
+def test_profile_round_trip_and_schema_version(tmp_path):
+    profile = synthetic_profile()
+    path = save_profile(profile, tmp_path / "p.json")
+    assert load_profile_file(path) == profile
+    data = json.loads(path.read_text())
+    data["schema_version"] = 99
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileSchemaError, match="schema version 99"):
+        load_profile_file(path)
+    path.write_text('{"hello": 1}')
+    with pytest.raises(ProfileSchemaError, match="not a placeflow profile"):
+        load_profile_file(path)
