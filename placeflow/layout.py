@@ -1,0 +1,180 @@
+"""Rank layouts of a model's training and generation, and what moving between them costs.
+
+This module is the one source of truth for rank arithmetic: the simulator uses
+it to cost a transition, the executor to perform one. It is pure (no
+torch.distributed).
+
+Training layout p-t-d on p·t·d ranks. Rank order is tp fastest, then pp, then
+dp: rank = tp + t·(pp + p·dp), so that one data-parallel replica (its t·p
+model-parallel ranks) is a block of consecutive ranks and a TP group never
+straddles more devices than it must. (Megatron orders tp-dp-pp by default; the
+contiguous-replica order is what HybridFlow's grouping below needs.)
+
+Generation layout pg-tg-dg-d (HybridFlow §5): each training replica's t·p
+ranks become dg = (t·p)/(tg·pg) generation replicas. Following HybridFlow's
+grouping, inside a replica with local tp index i and pp index j:
+
+- the micro-DP group of a rank is the mt = t/tg consecutive tp indices and the
+  mp = p/pg consecutive pp indices around it: {i // mt · mt + a} × {j // mp · mp + b};
+- its generation TP rank is i // mt and its generation PP rank is j // mp, so
+  generation TP/PP groups are strided by mt and mp;
+- hence every training shard is a sub-shard of the rank's generation shard, and
+  an all-gather inside the micro-DP group builds the generation weights with no
+  redundant copy: each rank receives (dg − 1)·M/(t·p) bytes, that is
+  (t·p − tg·pg)/(tg·pg·t·p)·M, and holds M/(tg·pg) at peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from placeflow.errors import SpecError
+
+
+def _positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainLayout:
+    """Training parallelism: pipeline p, tensor t, data d (ZeRO sharding over d)."""
+
+    p: int = 1
+    t: int = 1
+    d: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("p", "t", "d"):
+            _positive(f"training {name}", getattr(self, name))
+
+    @property
+    def world_size(self) -> int:
+        return self.p * self.t * self.d
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.p * self.t
+
+    def rank(self, *, pp: int, tp: int, dp: int) -> int:
+        return tp + self.t * (pp + self.p * dp)
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp, tp, dp) of a rank."""
+        tp = rank % self.t
+        pp = (rank // self.t) % self.p
+        dp = rank // (self.t * self.p)
+        return pp, tp, dp
+
+    def tp_groups(self) -> list[list[int]]:
+        return [
+            [self.rank(pp=pp, tp=tp, dp=dp) for tp in range(self.t)]
+            for dp in range(self.d)
+            for pp in range(self.p)
+        ]
+
+    def dp_groups(self) -> list[list[int]]:
+        return [
+            [self.rank(pp=pp, tp=tp, dp=dp) for dp in range(self.d)]
+            for pp in range(self.p)
+            for tp in range(self.t)
+        ]
+
+    def pp_groups(self) -> list[list[int]]:
+        return [
+            [self.rank(pp=pp, tp=tp, dp=dp) for pp in range(self.p)]
+            for dp in range(self.d)
+            for tp in range(self.t)
+        ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenLayout:
+    """Generation parallelism of an actor trained with `train`: tensor tg, pipeline pg.
+
+    Generation replicas per training replica: dg = t·p / (tg·pg); in all
+    d·dg replicas.
+    """
+
+    train: TrainLayout
+    tg: int = 1
+    pg: int = 1
+
+    def __post_init__(self) -> None:
+        _positive("generation tg", self.tg)
+        _positive("generation pg", self.pg)
+        if self.train.t % self.tg:
+            raise SpecError(
+                f"generation tg={self.tg} must divide training t={self.train.t} "
+                "(HybridFlow's grouping reuses training shards)"
+            )
+        if self.train.p % self.pg:
+            raise SpecError(f"generation pg={self.pg} must divide training p={self.train.p}")
+
+    @property
+    def dg(self) -> int:
+        return (self.train.t * self.train.p) // (self.tg * self.pg)
+
+    @property
+    def num_replicas(self) -> int:
+        return self.train.d * self.dg
+
+    @property
+    def _mt(self) -> int:
+        return self.train.t // self.tg
+
+    @property
+    def _mp(self) -> int:
+        return self.train.p // self.pg
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(generation replica, gen pp rank, gen tp rank) of a training rank."""
+        pp, tp, dp = self.train.coords(rank)
+        micro = tp % self._mt + self._mt * (pp % self._mp)
+        return dp * self.dg + micro, pp // self._mp, tp // self._mt
+
+    def micro_dp_groups(self) -> list[list[int]]:
+        """Ranks that all-gather their training shards into one generation shard."""
+        groups = []
+        for dp in range(self.train.d):
+            for gpp in range(self.pg):
+                for gtp in range(self.tg):
+                    groups.append([
+                        self.train.rank(pp=gpp * self._mp + b, tp=gtp * self._mt + a, dp=dp)
+                        for b in range(self._mp)
+                        for a in range(self._mt)
+                    ])
+        return groups
+
+    def tp_groups(self) -> list[list[int]]:
+        """Generation TP groups (strided by t/tg inside a training TP group)."""
+        by_key: dict[tuple[int, int], list[int]] = {}
+        for rank in range(self.train.world_size):
+            replica, gpp, gtp = self.coords(rank)
+            by_key.setdefault((replica, gpp), []).append(rank)
+        return [sorted(g, key=lambda r: self.coords(r)[2]) for g in by_key.values()]
+
+    def train_shards_of(self, rank: int) -> list[tuple[int, int]]:
+        """(pp, tp) training shard indices making up this rank's generation shard."""
+        _, gpp, gtp = self.coords(rank)
+        return [
+            (gpp * self._mp + b, gtp * self._mt + a)
+            for b in range(self._mp)
+            for a in range(self._mt)
+        ]
+
+
+def colocated_transfer_bytes_per_rank(model_bytes: int, gen: GenLayout) -> float:
+    """HybridFlow micro-DP all-gather volume received per GPU: (tp − tg·pg)/(tg·pg·tp)·M."""
+    tp = gen.train.t * gen.train.p
+    return (tp - gen.tg * gen.pg) / (gen.tg * gen.pg * tp) * model_bytes
+
+
+def generation_shard_bytes(model_bytes: int, gen: GenLayout) -> float:
+    """Weights one generation rank holds: M/(tg·pg) (the colocated transfer's peak)."""
+    return model_bytes / (gen.tg * gen.pg)
+
+
+def disjoint_transfer_bytes_per_gen_rank(model_bytes: int, tg: int, pg: int) -> float:
+    """A generator on other devices receives its whole shard, M/(tg·pg), over the link."""
+    return model_bytes / (tg * pg)

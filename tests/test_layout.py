@@ -1,0 +1,66 @@
+"""Layout math: HybridFlow's grouping and transition volumes, checked by enumeration."""
+
+import itertools
+
+import pytest
+
+from placeflow.errors import SpecError
+from placeflow.layout import (
+    GenLayout,
+    TrainLayout,
+    colocated_transfer_bytes_per_rank,
+    generation_shard_bytes,
+)
+
+LAYOUTS = [
+    (p, t, d, pg, tg)
+    for p, t, d in itertools.product((1, 2, 4), (1, 2, 4, 8), (1, 2))
+    if p * t * d <= 16
+    for pg in (1, 2, 4)
+    for tg in (1, 2, 4, 8)
+    if p % pg == 0 and t % tg == 0
+]
+
+
+def test_hybridflow_7b_transition_volume():
+    # HybridFlow: 7B trained with t=8, p=1, generating with tg=2 moves 0.375 M per GPU.
+    gen = GenLayout(train=TrainLayout(p=1, t=8, d=1), tg=2, pg=1)
+    assert colocated_transfer_bytes_per_rank(1_000_000, gen) == pytest.approx(375_000)
+    assert generation_shard_bytes(1_000_000, gen) == pytest.approx(500_000)
+
+
+@pytest.mark.parametrize(("p", "t", "d", "pg", "tg"), LAYOUTS)
+def test_grouping_properties(p, t, d, pg, tg):
+    train = TrainLayout(p=p, t=t, d=d)
+    gen = GenLayout(train=train, tg=tg, pg=pg)
+    world = set(range(train.world_size))
+    micro = gen.micro_dp_groups()
+    tp_groups = gen.tp_groups()
+    # Both families partition the ranks.
+    assert sorted(r for g in micro for r in g) == sorted(world)
+    assert sorted(r for g in tp_groups for r in g) == sorted(world)
+    assert all(len(g) == gen.dg for g in micro)
+    assert len(tp_groups) == gen.num_replicas * pg and all(len(g) == tg for g in tp_groups)
+    for group in micro:
+        # Every rank of a micro-DP group needs the same generation shard, and the
+        # group's training shards are exactly that shard's pieces.
+        needs = {tuple(gen.train_shards_of(r)) for r in group}
+        assert len(needs) == 1
+        held = sorted((train.coords(r)[0], train.coords(r)[1]) for r in group)
+        assert held == sorted(next(iter(needs)))
+    # Bytes received per rank by the all-gather = (dg - 1) shards of M/(t p).
+    model_bytes = 2**20 * 3 * 5 * 7
+    expected = (gen.dg - 1) * model_bytes / (t * p)
+    assert colocated_transfer_bytes_per_rank(model_bytes, gen) == pytest.approx(expected)
+
+
+def test_rank_order_keeps_replicas_contiguous():
+    train = TrainLayout(p=2, t=4, d=2)
+    assert train.tp_groups()[0] == [0, 1, 2, 3]
+    assert train.pp_groups()[0] == [0, 4]
+    assert train.dp_groups()[0] == [0, 8]
+
+
+def test_invalid_generation_layout():
+    with pytest.raises(SpecError, match="tg=3 must divide training t=4"):
+        GenLayout(train=TrainLayout(t=4), tg=3)
