@@ -161,5 +161,6 @@ def get_model(name: str) -> ModelSpec:
         return CATALOGUE[name]
     path = Path(name)
     if path.exists() and (path.is_dir() or path.suffix == ".json"):
-        return model_from_hf_config(path)
+        # Named by the path so that a workload written back out refers to it again.
+        return model_from_hf_config(path, name=name)
     raise UnknownNameError("model", name, list(CATALOGUE) + ["<path to a HF config.json>"])

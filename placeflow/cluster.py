@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from placeflow.errors import SpecError
 from placeflow.hardware import GIB, GpuSpec, get_hardware
@@ -126,3 +127,18 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     except SpecError as exc:
         msg = str(exc)
         raise SpecError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+
+
+def cluster_to_dict(c: ClusterSpec) -> dict[str, Any]:
+    """The TOML table of a cluster; `cluster_from_dict` reads it back to an equal value."""
+    pools = []
+    for p in c.pools:
+        pool: dict[str, Any] = {
+            "name": p.name, "gpu": p.gpu.name, "num_nodes": p.num_nodes,
+            "gpus_per_node": p.gpus_per_node, "memory_gib": p.gpu.memory_bytes / GIB,
+            "profile": p.profile,
+        }
+        if p.price_per_gpu_hour is not None:
+            pool["price_per_gpu_hour"] = p.price_per_gpu_hour
+        pools.append(pool)
+    return {"name": c.name, "pools": pools}

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from placeflow.catalogue import get_model
 from placeflow.errors import SpecError
@@ -65,7 +66,12 @@ ROLES: dict[Algorithm, tuple[frozenset[Role], frozenset[Role]]] = {
 
 @dataclass(frozen=True, kw_only=True)
 class BatchSpec:
-    """Shape of one RL step. Lengths in tokens; `response_len` is the maximum."""
+    """Shape of one RL step. Lengths in tokens; `response_len` is the maximum.
+
+    Response lengths are `fixed` (all `response_len`) or `lognormal`: median
+    `response_len_median`, log-space spread `response_len_sigma`, clipped at
+    `response_len`. A long tail makes stragglers that keep a generation running.
+    """
 
     prompts_per_step: int
     samples_per_prompt: int = 1
@@ -73,6 +79,9 @@ class BatchSpec:
     response_len: int
     ppo_epochs: int = 1
     mini_batches: int = 1
+    response_len_dist: str = "fixed"
+    response_len_median: int = 0
+    response_len_sigma: float = 0.6
 
     def __post_init__(self) -> None:
         for name in (
@@ -90,6 +99,19 @@ class BatchSpec:
             raise SpecError(
                 f"[batch] mini_batches={self.mini_batches} exceeds the {self.num_samples} samples "
                 "per step (prompts_per_step x samples_per_prompt); use at most that many"
+            )
+        if self.response_len_dist not in ("fixed", "lognormal"):
+            raise SpecError(
+                f"[batch] response_len_dist must be 'fixed' or 'lognormal', "
+                f"got {self.response_len_dist!r}"
+            )
+        if self.response_len_dist == "lognormal" and not (
+            0 < self.response_len_median <= self.response_len and self.response_len_sigma > 0
+        ):
+            raise SpecError(
+                "[batch] lognormal response lengths need 0 < response_len_median <= response_len "
+                f"and response_len_sigma > 0, got median {self.response_len_median}, "
+                f"sigma {self.response_len_sigma}"
             )
         if self.num_samples % self.mini_batches:
             raise SpecError(
@@ -118,6 +140,7 @@ class Workload:
     models: dict[Role, ModelSpec] = field(hash=False)
     batch: BatchSpec
     reward_function: str | None = None
+    async_one_step_off: bool = False
 
     def __post_init__(self) -> None:
         required, optional = ROLES[self.algorithm]
@@ -163,9 +186,17 @@ def _parse_role(name: str, where: str) -> Role:
         ) from None
 
 
+_BATCH_KEYS = (
+    "prompts_per_step", "samples_per_prompt", "prompt_len", "response_len", "ppo_epochs",
+    "mini_batches", "response_len_dist", "response_len_median", "response_len_sigma",
+)
+
+
 def workload_from_dict(data: dict, where: str = "workload") -> Workload:
     t = Table(data, where)
-    t.reject_unknown(("name", "algorithm", "models", "batch", "reward_function"))
+    t.reject_unknown(
+        ("name", "algorithm", "models", "batch", "reward_function", "async_one_step_off")
+    )
     algo_name = t.get_str("algorithm")
     try:
         algorithm = Algorithm(algo_name)
@@ -179,16 +210,7 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         _parse_role(role, models_t.where): get_model(models_t.get_str(role)) for role in models_t.data
     }
     bt = t.table("batch")
-    bt.reject_unknown(
-        (
-            "prompts_per_step",
-            "samples_per_prompt",
-            "prompt_len",
-            "response_len",
-            "ppo_epochs",
-            "mini_batches",
-        )
-    )
+    bt.reject_unknown(_BATCH_KEYS)
     batch = BatchSpec(
         prompts_per_step=bt.get_int("prompts_per_step"),
         samples_per_prompt=bt.get_int("samples_per_prompt", 1),
@@ -196,6 +218,9 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         response_len=bt.get_int("response_len"),
         ppo_epochs=bt.get_int("ppo_epochs", 1),
         mini_batches=bt.get_int("mini_batches", 1),
+        response_len_dist=bt.get_str("response_len_dist", "fixed"),
+        response_len_median=bt.get_int("response_len_median", 0),
+        response_len_sigma=bt.get_float("response_len_sigma", 0.6),
     )
     reward_function = t.get_str("reward_function") if t.has("reward_function") else None
     return Workload(
@@ -204,6 +229,7 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         models=models,
         batch=batch,
         reward_function=reward_function,
+        async_one_step_off=t.get_bool("async_one_step_off", False),
     )
 
 
@@ -213,3 +239,26 @@ def load_workload(path: str | Path) -> Workload:
     except SpecError as exc:
         msg = str(exc)
         raise SpecError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+
+
+def workload_to_dict(w: Workload) -> dict[str, Any]:
+    """The TOML table of a workload; `workload_from_dict` reads it back to an equal value."""
+    b = w.batch
+    batch: dict[str, Any] = {
+        "prompts_per_step": b.prompts_per_step, "samples_per_prompt": b.samples_per_prompt,
+        "prompt_len": b.prompt_len, "response_len": b.response_len, "ppo_epochs": b.ppo_epochs,
+        "mini_batches": b.mini_batches, "response_len_dist": b.response_len_dist,
+    }
+    if b.response_len_dist == "lognormal":
+        batch["response_len_median"] = b.response_len_median
+        batch["response_len_sigma"] = b.response_len_sigma
+    out: dict[str, Any] = {
+        "name": w.name,
+        "algorithm": w.algorithm.value,
+        "models": {role.value: w.models[role].name for role in w.roles},
+        "batch": batch,
+        "async_one_step_off": w.async_one_step_off,
+    }
+    if w.reward_function:
+        out["reward_function"] = w.reward_function
+    return out

@@ -111,7 +111,7 @@ def plan_samples(
 
 
 def summarize(samples_s: Sequence[float], calls_per_sample: int) -> Timing:
-    """Median, p10 and p90 of per-call sample times (linear percentiles, so p10 <= median <= p90)."""
+    """Median, p10, p90 of per-call sample times (linear percentiles: p10 <= median <= p90)."""
     assert samples_s, "at least one sample"
     p10, median, p90 = np.percentile(np.asarray(samples_s, dtype=np.float64), [10, 50, 90])
     return Timing(

@@ -1,0 +1,321 @@
+"""Plan: a placement of a workload's roles on a cluster, with each role's parallelism.
+
+A plan is a frozen value: which roles share which devices (device sets), the
+training layout p-t-d of every role (forward-only roles use it for inference
+too), the actor's generation layout tg-pg, micro-batch sizes, ZeRO stage and
+recomputation. It is read from and written to TOML and has a content hash.
+
+```toml
+name = "ppo-7b-colocate"
+workload = "../workloads/ppo-llama2-7b.toml"   # a path (relative to this file) or a table
+cluster = "../clusters/h100x16.toml"           # likewise
+
+[[sets]]
+roles = ["actor", "critic", "ref", "reward"]
+pool = "h100"
+first_device = 0      # index in the pool: node = device // gpus_per_node
+num_devices = 16
+
+[parallelism.actor]
+p = 1
+t = 4
+d = 4
+tg = 2                # generation tensor parallelism (actor only)
+pg = 1
+micro_batch = 8       # samples per micro-batch (forward and training)
+zero = 1              # ZeRO stage 0-3 over d
+recompute = true      # full activation recomputation in training
+```
+
+A set may also be `generator = true` with `roles = ["actor"]`: the actor's
+generation then runs on that set's devices (trainer and generator apart) and
+its weights are synchronised over the link between the sets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from placeflow.cluster import ClusterSpec, PoolSpec, cluster_from_dict, cluster_to_dict, load_cluster
+from placeflow.errors import SpecError
+from placeflow.layout import GenLayout, TrainLayout
+from placeflow.tomlio import Table, read_toml
+from placeflow.workload import Role, Workload, load_workload, workload_from_dict, workload_to_dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSet:
+    """Consecutive devices [first_device, first_device + num_devices) of one pool."""
+
+    roles: tuple[Role, ...]
+    pool: str
+    first_device: int
+    num_devices: int
+    generator: bool = False
+
+    def devices(self) -> range:
+        return range(self.first_device, self.first_device + self.num_devices)
+
+    def label(self) -> str:
+        kind = "gen:" if self.generator else ""
+        return f"{kind}{'+'.join(r.value for r in self.roles)}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleParallelism:
+    """Parallelism of one role. Generation fields are used for the actor only."""
+
+    train: TrainLayout
+    tg: int = 1
+    pg: int = 1
+    micro_batch: int = 1
+    zero: int = 1
+    recompute: bool = True
+
+    def __post_init__(self) -> None:
+        if self.micro_batch <= 0:
+            raise SpecError(f"micro_batch must be a positive integer, got {self.micro_batch}")
+        if self.zero not in (0, 1, 2, 3):
+            raise SpecError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero}")
+
+    def gen_layout(self, generator_devices: int | None = None) -> GenLayout:
+        """The generation layout; on a separate generator set, one replica layout per tg·pg."""
+        if generator_devices is None:
+            return GenLayout(train=self.train, tg=self.tg, pg=self.pg)
+        replicas = generator_devices // (self.tg * self.pg)
+        return GenLayout(train=TrainLayout(p=self.pg, t=self.tg, d=replicas), tg=self.tg, pg=self.pg)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    name: str
+    workload: Workload
+    cluster: ClusterSpec
+    sets: tuple[DeviceSet, ...]
+    parallelism: Mapping[Role, RoleParallelism] = field(hash=False)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # --- lookups ------------------------------------------------------------
+    def set_of(self, role: Role) -> int:
+        """Index of the set that trains / runs `role` (not the generator set)."""
+        for i, s in enumerate(self.sets):
+            if role in s.roles and not s.generator:
+                return i
+        raise AssertionError(f"role {role} has no set")  # _validate guarantees one
+
+    def generator_set(self) -> int | None:
+        for i, s in enumerate(self.sets):
+            if s.generator:
+                return i
+        return None
+
+    def pool_of(self, set_index: int) -> PoolSpec:
+        return self.cluster.pool(self.sets[set_index].pool)
+
+    @property
+    def placement(self) -> tuple[tuple[Role, ...], ...]:
+        """The partition of roles into colocated sets (generator set excluded)."""
+        return tuple(s.roles for s in self.sets if not s.generator)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(s.num_devices for s in self.sets)
+
+    def content_hash(self) -> str:
+        """sha256 over the plan's canonical content (names excluded), first 16 hex digits."""
+        data = plan_to_dict(self)
+        data.pop("name")
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _validate(plan: Plan) -> None:
+    roles = plan.workload.roles
+    seen: dict[Role, int] = {}
+    for i, s in enumerate(plan.sets):
+        where = f"plan {plan.name!r} set #{i + 1} ({s.label()})"
+        if not s.roles:
+            raise SpecError(f"{where}: a set needs at least one role")
+        pool = plan.cluster.pool(s.pool)
+        if s.num_devices <= 0 or s.first_device < 0 or s.first_device + s.num_devices > pool.num_gpus:
+            raise SpecError(
+                f"{where}: devices [{s.first_device}, {s.first_device + s.num_devices}) do not fit "
+                f"in pool {pool.name!r} of {pool.num_gpus} devices"
+            )
+        if s.generator:
+            if s.roles != (Role.ACTOR,):
+                raise SpecError(f"{where}: a generator set holds the actor alone")
+            continue
+        for r in s.roles:
+            if r not in roles:
+                raise SpecError(f"{where}: role {r} is not in workload {plan.workload.name!r}")
+            if r in seen:
+                raise SpecError(f"{where}: role {r} is already placed in set #{seen[r] + 1}")
+            seen[r] = i
+    missing = [r.value for r in roles if r not in seen]
+    if missing:
+        raise SpecError(f"plan {plan.name!r}: role(s) {', '.join(missing)} are in no set")
+    _validate_devices_disjoint(plan)
+    for role in roles:
+        _validate_role(plan, role)
+
+
+def _validate_devices_disjoint(plan: Plan) -> None:
+    used: dict[tuple[str, int], int] = {}
+    for i, s in enumerate(plan.sets):
+        for dev in s.devices():
+            if (s.pool, dev) in used:
+                raise SpecError(
+                    f"plan {plan.name!r}: device {dev} of pool {s.pool!r} is in set "
+                    f"#{used[(s.pool, dev)] + 1} and set #{i + 1}; sets must not overlap"
+                )
+            used[(s.pool, dev)] = i
+
+
+def _check_tp(where: str, tp: int, model_heads: int, kv_heads: int, pool: PoolSpec) -> None:
+    if model_heads % tp:
+        raise SpecError(f"{where}: tensor parallel {tp} must divide the {model_heads} heads")
+    if tp > kv_heads and tp % kv_heads or tp <= kv_heads and kv_heads % tp:
+        raise SpecError(f"{where}: tensor parallel {tp} and the {kv_heads} KV heads must divide one another")
+    if tp > pool.gpus_per_node:
+        raise SpecError(
+            f"{where}: tensor parallel {tp} exceeds the {pool.gpus_per_node} devices of a node "
+            "(TP stays inside a node)"
+        )
+
+
+def _validate_role(plan: Plan, role: Role) -> None:
+    where = f"plan {plan.name!r} role {role}"
+    if role not in plan.parallelism:
+        raise SpecError(f"{where}: missing [parallelism.{role}]")
+    par = plan.parallelism[role]
+    model = plan.workload.models[role]
+    s = plan.sets[plan.set_of(role)]
+    pool = plan.cluster.pool(s.pool)
+    if par.train.world_size != s.num_devices:
+        raise SpecError(
+            f"{where}: p*t*d = {par.train.p}*{par.train.t}*{par.train.d} = {par.train.world_size} "
+            f"must equal the {s.num_devices} devices of its set"
+        )
+    _check_tp(where, par.train.t, model.num_heads, model.num_kv_heads, pool)
+    if model.num_layers % par.train.p:
+        raise SpecError(f"{where}: pipeline p={par.train.p} must divide the {model.num_layers} layers")
+    if role is Role.ACTOR:
+        gen_set = plan.generator_set()
+        gen_devices = plan.sets[gen_set].num_devices if gen_set is not None else None
+        if gen_devices is not None and gen_devices % (par.tg * par.pg):
+            raise SpecError(f"{where}: tg*pg = {par.tg * par.pg} must divide the {gen_devices} generator devices")
+        par.gen_layout(gen_devices)  # validates tg | t and pg | p for colocated generation
+        _check_tp(f"{where} generation", par.tg, model.num_heads, model.num_kv_heads, pool)
+        if model.num_layers % par.pg:
+            raise SpecError(f"{where}: generation pg={par.pg} must divide the {model.num_layers} layers")
+
+
+# --- TOML --------------------------------------------------------------------
+
+_PAR_KEYS = ("p", "t", "d", "tg", "pg", "micro_batch", "zero", "recompute")
+
+
+def _parallelism_from_table(t: Table) -> RoleParallelism:
+    t.reject_unknown(_PAR_KEYS)
+    return RoleParallelism(
+        train=TrainLayout(p=t.get_int("p", 1), t=t.get_int("t", 1), d=t.get_int("d", 1)),
+        tg=t.get_int("tg", 1),
+        pg=t.get_int("pg", 1),
+        micro_batch=t.get_int("micro_batch", 1),
+        zero=t.get_int("zero", 1),
+        recompute=t.get_bool("recompute", True),
+    )
+
+
+def _role(name: str, where: str) -> Role:
+    try:
+        return Role(name)
+    except ValueError:
+        raise SpecError(f"{where}: unknown role {name!r}; roles: {', '.join(r.value for r in Role)}") from None
+
+
+def plan_from_dict(data: dict[str, Any], where: str, base_dir: Path) -> Plan:
+    t = Table(data, where)
+    t.reject_unknown(("name", "workload", "cluster", "sets", "parallelism"))
+    wl = data.get("workload")
+    workload = load_workload(base_dir / wl) if isinstance(wl, str) else workload_from_dict(
+        t.table("workload").data, f"{where} [workload]"
+    )
+    cl = data.get("cluster")
+    cluster = load_cluster(base_dir / cl) if isinstance(cl, str) else cluster_from_dict(
+        t.table("cluster").data, f"{where} [cluster]"
+    )
+    sets = []
+    for st in t.tables("sets"):
+        st.reject_unknown(("roles", "pool", "first_device", "num_devices", "generator"))
+        raw_roles = st.data.get("roles")
+        if not isinstance(raw_roles, list) or not all(isinstance(r, str) for r in raw_roles):
+            raise SpecError(f"{st.where}: roles must be a list of role names, got {raw_roles!r}")
+        sets.append(DeviceSet(
+            roles=tuple(sorted((_role(r, st.where) for r in raw_roles), key=list(Role).index)),
+            pool=st.get_str("pool", cluster.pools[0].name),
+            first_device=st.get_int("first_device", 0),
+            num_devices=st.get_int("num_devices"),
+            generator=st.get_bool("generator", False),
+        ))
+    pt = t.table("parallelism")
+    parallelism = {_role(k, pt.where): _parallelism_from_table(pt.table(k)) for k in pt.data}
+    return Plan(
+        name=t.get_str("name", "plan"), workload=workload, cluster=cluster, sets=tuple(sets),
+        parallelism=parallelism,
+    )
+
+
+def load_plan(path: str | Path) -> Plan:
+    p = Path(path)
+    try:
+        return plan_from_dict(read_toml(p), str(p), p.parent)
+    except SpecError as exc:
+        msg = str(exc)
+        raise SpecError(msg if msg.startswith(str(p)) else f"{p}: {msg}") from None
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan with its workload and cluster inline, so the file stands alone."""
+    sets = []
+    for s in plan.sets:
+        entry: dict[str, Any] = {
+            "roles": [r.value for r in s.roles], "pool": s.pool,
+            "first_device": s.first_device, "num_devices": s.num_devices,
+        }
+        if s.generator:
+            entry["generator"] = True
+        sets.append(entry)
+    parallelism = {}
+    for role in plan.workload.roles:
+        par = plan.parallelism[role]
+        row: dict[str, Any] = {"p": par.train.p, "t": par.train.t, "d": par.train.d}
+        if role is Role.ACTOR:
+            row.update(tg=par.tg, pg=par.pg)
+        row.update(micro_batch=par.micro_batch, zero=par.zero, recompute=par.recompute)
+        parallelism[role.value] = row
+    return {
+        "name": plan.name,
+        "workload": workload_to_dict(plan.workload),
+        "cluster": cluster_to_dict(plan.cluster),
+        "sets": sets,
+        "parallelism": parallelism,
+    }
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    header = f"# placeflow plan {plan.name!r}, content hash {plan.content_hash()}\n"
+    p.write_text(header + tomli_w.dumps(plan_to_dict(plan)), encoding="utf-8")
+    return p
