@@ -148,6 +148,11 @@ class CostModel:
     dtype_bytes: int
     rooflines: Mapping[FamilyKey, Roofline] = field(hash=False)
     series: Mapping[SeriesId, Series] = field(hash=False)
+    # Answers already given, by (op, parameter values): the simulator asks the same
+    # questions thousands of times while the planner re-scores plans.
+    memo: dict[tuple[object, ...], float] = field(
+        default_factory=dict, hash=False, compare=False, repr=False
+    )
 
     # --- fitting ------------------------------------------------------------
     @staticmethod
@@ -239,22 +244,73 @@ class CostModel:
             / self._roof(op, ref_params)
         )
 
-    # Typed conveniences for the simulator.
+    # Typed, memoised queries for the simulator. Sizes are clamped to at least one unit.
+    def _memo_time(self, op: Op, params: dict[str, int | str]) -> float:
+        key = (op, *params.values())
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = self.time_s(op, params)
+        return hit
+
     def gemm_s(self, m: int, n: int, k: int) -> float:
-        return self.time_s(Op.GEMM, {"m": m, "n": n, "k": k})
+        return self._memo_time(Op.GEMM, {"m": max(1, m), "n": max(1, n), "k": max(1, k)})
+
+    def attn_prefill_s(
+        self,
+        batch: int,
+        seq: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        backward: bool = False,
+    ) -> float:
+        op = Op.ATTN_PREFILL_BWD if backward else Op.ATTN_PREFILL_FWD
+        params: dict[str, int | str] = {
+            "batch": max(1, batch),
+            "seq": max(1, seq),
+            "num_heads": num_heads,
+            "num_kv_heads": num_kv_heads,
+            "head_dim": head_dim,
+        }
+        return self._memo_time(op, params)
+
+    def attn_decode_s(
+        self, batch: int, kv_len: int, num_heads: int, num_kv_heads: int, head_dim: int
+    ) -> float:
+        params: dict[str, int | str] = {
+            "batch": max(1, batch),
+            "kv_len": max(1, kv_len),
+            "num_heads": num_heads,
+            "num_kv_heads": num_kv_heads,
+            "head_dim": head_dim,
+        }
+        return self._memo_time(Op.ATTN_DECODE, params)
+
+    def elementwise_s(self, kind: str, num_bytes: int) -> float:
+        return self._memo_time(Op.ELEMENTWISE, {"kind": kind, "num_bytes": max(1, num_bytes)})
+
+    def optimizer_s(self, num_params: int) -> float:
+        return self._memo_time(Op.OPTIMIZER, {"num_params": max(1, num_params)})
+
+    def copy_s(self, direction: str, num_bytes: int) -> float:
+        if num_bytes <= 0:
+            return 0.0
+        return self._memo_time(Op.COPY, {"direction": direction, "num_bytes": num_bytes})
 
     def collective_s(
         self, kind: CollectiveKind, num_bytes: int, world_size: int, scope: Scope
     ) -> float:
+        """A collective over `world_size` ranks; zero for one rank or no bytes."""
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
-        params = {
+        params: dict[str, int | str] = {
             "kind": kind.value,
             "world_size": world_size,
             "scope": scope.value,
-            "num_bytes": num_bytes,
+            "num_bytes": int(num_bytes),
         }
-        return self.time_s(Op.COLLECTIVE, params)
+        return self._memo_time(Op.COLLECTIVE, params)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,11 +16,18 @@ F and B are `placeflow.profiles.ops.flops` / `bytes_moved` (B_bus includes the
 nccl-tests bus factor). e_c is the median achieved fraction of peak of the
 largest imported GEMMs; t0 and e_m are a least-squares fit t = t0 + B / (W_hbm e_m)
 over the single-token (m = 1) imported GEMMs, which are bound by reading the
-weights; elementwise-like ops (optimizer, softmax) use the achieved fraction of
-the largest imported norms/activations instead. floor(n) and W_bus(n) come from
-the imported intra-node all-reduce of world size n; e_p2p from the imported
-intra-node send/recv; e_link and t_lat from an imported inter-node send/recv when
-the profile has one, otherwise e_p2p and the largest imported collective floor.
+weights; elementwise-like ops (optimizer, softmax) use instead the median
+achieved fraction of the largest tenth of imported elementwise entries (mostly
+SiLU-and-multiply). floor(n) and W_bus(n) come from the imported intra-node
+all-reduce of world size n (median time at <= 64 KiB; bus bandwidth over the top
+octave of sizes after removing the floor); t_p2p and e_p2p likewise from the
+imported intra-node send/recv; t_lat is the largest imported collective floor;
+e_link is the achieved fraction of an imported inter-node send/recv where the
+profile has one, else e_p2p (a point-to-point transfer over NVLink standing in
+for one over the NIC).
+
+Datasheet entries only fill series (see `ops.series_key`) that have no entry
+yet, so that no interpolated curve mixes measured and computed points.
 
 Departures worth knowing: attention uses the GEMM compute efficiency (Vidur's
 attention files were not published), which flatters attention kernels; a
@@ -33,13 +40,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
-
-from placeflow.catalogue import CATALOGUE
-from placeflow.errors import SpecError
-from placeflow.models import DType, ModelSpec
 from placeflow.profiles import ops
 from placeflow.profiles.schema import (
     CollectiveKind,
@@ -48,10 +51,13 @@ from placeflow.profiles.schema import (
     Entry,
     Op,
     Profile,
-    Provenance,
     Scope,
     Source,
 )
+
+from placeflow.catalogue import CATALOGUE
+from placeflow.errors import SpecError
+from placeflow.models import DType, ModelSpec
 
 GB = 1e9
 _DTYPE_BYTES = 2  # fp16 / bf16
@@ -83,8 +89,9 @@ class DatasheetFigures:
     def describe(self) -> str:
         return (
             f"{self.name}: {self.peak_bf16_flops_per_s / 1e12:g} TFLOP/s dense bf16, "
-            f"HBM {self.hbm_bytes_per_s / 1e12:g} TB/s, NVLink {self.nvlink_bytes_per_s / GB:g} GB/s "
-            f"per direction, inter-node {self.inter_node_bytes_per_s / GB:g} GB/s per GPU, "
+            f"HBM {self.hbm_bytes_per_s / 1e12:g} TB/s, "
+            f"NVLink {self.nvlink_bytes_per_s / GB:g} GB/s per direction, "
+            f"inter-node {self.inter_node_bytes_per_s / GB:g} GB/s per GPU, "
             f"host link {self.host_link_bytes_per_s / GB:g} GB/s per direction ({self.sources})"
         )
 
@@ -152,7 +159,8 @@ class Efficiencies:
         lo, hi = self.compute_fraction_p10_p90
         dlo, dhi = self.decode_hbm_fraction_range
         return (
-            f"compute {self.compute_fraction:.3f} of peak (largest GEMMs, p10-p90 {lo:.2f}-{hi:.2f}); "
+            f"compute {self.compute_fraction:.3f} of peak "
+            f"(largest GEMMs, p10-p90 {lo:.2f}-{hi:.2f}); "
             f"m=1 GEMM fit: t0 {self.fixed_s * 1e6:.2f} us, {self.hbm_fraction:.3f} of HBM "
             f"(achieved {dlo:.2f}-{dhi:.2f} on the larger half); elementwise "
             f"{self.elementwise_hbm_fraction:.3f} of HBM; {self.network.describe()}"
@@ -202,7 +210,10 @@ def _collective_fit(entries: list[Entry]) -> tuple[float, float]:
     """(floor_s, bus bytes/s) of one series: floor from sizes <= 64 KiB, bandwidth from the
     top octave of sizes after removing the floor."""
     sizes = [int(e.params["num_bytes"]) for e in entries]
-    floor = statistics.median(e.median_s for e, s in zip(entries, sizes, strict=True) if s <= 1 << 16)
+    small_bytes = max(1 << 16, min(sizes))
+    floor = statistics.median(
+        e.median_s for e, s in zip(entries, sizes, strict=True) if s <= small_bytes
+    )
     top = [e for e, s in zip(entries, sizes, strict=True) if s >= max(sizes) / 2]
     bus = statistics.median(
         ops.bytes_moved(Op.COLLECTIVE, e.params, _DTYPE_BYTES) / (e.median_s - floor) for e in top
@@ -223,7 +234,9 @@ def _network_efficiencies(profile: Profile, fig: DatasheetFigures) -> NetworkEff
     allreduce = _series(colls, CollectiveKind.ALL_REDUCE, Scope.INTRA)
     p2p = _series(colls, CollectiveKind.SEND_RECV, Scope.INTRA).get(2)
     if not allreduce or p2p is None:
-        raise SpecError(f"profile {profile.name!r}: needs imported intra-node all-reduce and send/recv")
+        raise SpecError(
+            f"profile {profile.name!r}: needs imported intra-node all-reduce and send/recv"
+        )
     fits = {n: _collective_fit(es) for n, es in allreduce.items()}
     p2p_floor, p2p_bw = _collective_fit(p2p)
     inter = _series(colls, CollectiveKind.SEND_RECV, Scope.INTER).get(2)
@@ -263,4 +276,229 @@ def derive_efficiencies(profile: Profile, figures: DatasheetFigures) -> Efficien
         decode_hbm_fraction_range=(d_lo, d_hi),
         elementwise_hbm_fraction=_elementwise_fraction(elementwise, figures),
         network=_network_efficiencies(profile, figures),
+    )
+
+
+def _geometric_sizes(lo: int, hi: int, per_octave: int) -> list[int]:
+    """Even byte counts at `per_octave` points per doubling within [lo, hi]."""
+    first, last = math.ceil(math.log2(lo) * per_octave), math.floor(math.log2(hi) * per_octave)
+    return sorted({2 * round(2 ** (i / per_octave) / 2) for i in range(first, last + 1)})
+
+
+def _octaves(lo: int, hi: int) -> tuple[int, ...]:
+    """Powers of two from lo to hi (both powers of two)."""
+    return tuple(1 << i for i in range(lo.bit_length() - 1, hi.bit_length()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompletionGrid:
+    """Where datasheet entries are computed. One point per octave: a roofline is smooth."""
+
+    tp_degrees: tuple[int, ...] = (1, 2, 4, 8)
+    lm_head_tokens: tuple[int, ...] = _octaves(1, 1 << 15)
+    # Backward GEMMs happen in training only, where micro-batches hold >= 256 tokens.
+    train_tokens: tuple[int, ...] = _octaves(1 << 8, 1 << 15)
+    prefill_batches: tuple[int, ...] = (1, 8)
+    prefill_seqs: tuple[int, ...] = _octaves(1 << 7, 1 << 15)
+    decode_batches: tuple[int, ...] = (1, 16, 256)
+    decode_kv_lens: tuple[int, ...] = _octaves(1 << 7, 1 << 15)
+    optimizer_params: tuple[int, ...] = _octaves(1 << 16, 1 << 34)
+    softmax_bytes: tuple[int, ...] = _octaves(1 << 12, 1 << 32)
+    copy_bytes: tuple[int, ...] = _octaves(1 << 12, 1 << 34)
+    collective_sizes_per_octave: int = 2  # over the imported collectives' size range
+    inter_world_sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
+
+
+def gpu_models() -> tuple[ModelSpec, ...]:
+    """The catalogue models meant for GPUs (the fp32 `tiny-*` models run on CPU)."""
+    return tuple(m for m in CATALOGUE.values() if m.dtype is not DType.FP32)
+
+
+def attention_heads(models: Iterable[ModelSpec], tp_degrees: Iterable[int]) -> set[tuple[int, ...]]:
+    """(heads, kv_heads, head_dim) per rank over the TP degrees that divide the heads.
+
+    With more ranks than KV heads each rank keeps one replicated KV head (vLLM,
+    Megatron); a KV head count that does not divide evenly is skipped.
+    """
+    out: set[tuple[int, ...]] = set()
+    for m in models:
+        head_dim = m.hidden_size // m.num_heads
+        for t in tp_degrees:
+            if m.num_heads % t or (m.num_kv_heads >= t and m.num_kv_heads % t):
+                continue
+            out.add((m.num_heads // t, max(1, m.num_kv_heads // t), head_dim))
+    return out
+
+
+Shape = tuple[Op, dict[str, int | str]]
+
+
+def _gemm(m: int, n: int, k: int) -> Shape:
+    return Op.GEMM, {"m": m, "n": n, "k": k}
+
+
+def _backward(m: int, n: int, k: int) -> Iterator[Shape]:
+    """dX = dY W^T is (m, k, n); dW = X^T dY is (k, n, m)."""
+    yield _gemm(m, k, n)
+    yield _gemm(k, n, m)
+
+
+def _gemm_shapes(
+    profile: Profile, models: tuple[ModelSpec, ...], grid: CompletionGrid
+) -> Iterator[Shape]:
+    train = set(grid.train_tokens)
+    for e in _imported(profile, Op.GEMM):
+        m, n, k = (int(e.params[p]) for p in ("m", "n", "k"))
+        if m in train:
+            yield from _backward(m, n, k)
+    for model in models:
+        for t in grid.tp_degrees:
+            n = math.ceil(model.vocab_size / t)  # vocab-parallel LM head
+            for m in grid.lm_head_tokens:
+                yield _gemm(m, n, model.hidden_size)
+            for m in grid.train_tokens:
+                yield from _backward(m, n, model.hidden_size)
+
+
+def _attention_shapes(models: tuple[ModelSpec, ...], grid: CompletionGrid) -> Iterator[Shape]:
+    for heads, kv, head_dim in sorted(attention_heads(models, grid.tp_degrees)):
+        per_head = {"num_heads": heads, "num_kv_heads": kv, "head_dim": head_dim}
+        for op in (Op.ATTN_PREFILL_FWD, Op.ATTN_PREFILL_BWD):
+            for b in grid.prefill_batches:
+                for s in grid.prefill_seqs:
+                    yield op, {"batch": b, "seq": s, **per_head}
+        for b in grid.decode_batches:
+            for kv_len in grid.decode_kv_lens:
+                yield Op.ATTN_DECODE, {"batch": b, "kv_len": kv_len, **per_head}
+
+
+def _memory_op_shapes(grid: CompletionGrid) -> Iterator[Shape]:
+    for n in grid.optimizer_params:
+        yield Op.OPTIMIZER, {"num_params": n}
+    for num_bytes in grid.softmax_bytes:
+        yield Op.ELEMENTWISE, {"kind": ElementwiseKind.SOFTMAX.value, "num_bytes": num_bytes}
+    for direction in CopyDirection:
+        for num_bytes in grid.copy_bytes:
+            yield Op.COPY, {"direction": direction.value, "num_bytes": num_bytes}
+
+
+def _collective_shapes(
+    profile: Profile, eff: Efficiencies, grid: CompletionGrid
+) -> Iterator[Shape]:
+    imported = [int(e.params["num_bytes"]) for e in _imported(profile, Op.COLLECTIVE)]
+    sizes = _geometric_sizes(min(imported), max(imported), grid.collective_sizes_per_octave)
+    intra_kinds = (
+        CollectiveKind.ALL_GATHER,
+        CollectiveKind.REDUCE_SCATTER,
+        CollectiveKind.BROADCAST,
+    )
+    for kind in CollectiveKind:
+        scopes = [(Scope.INTER, grid.inter_world_sizes)]
+        if kind in intra_kinds:
+            scopes.append((Scope.INTRA, tuple(sorted(eff.network.allreduce_floor_s))))
+        for scope, worlds in scopes:
+            # A send/recv is between two ranks whatever the group: world size 2 only.
+            for world in (2,) if kind is CollectiveKind.SEND_RECV else worlds:
+                for size in sizes:
+                    yield (
+                        Op.COLLECTIVE,
+                        {
+                            "kind": kind.value,
+                            "world_size": world,
+                            "scope": scope.value,
+                            "num_bytes": size,
+                        },
+                    )
+
+
+def datasheet_time_s(
+    op: Op, params: Mapping[str, int | str], fig: DatasheetFigures, eff: Efficiencies
+) -> float:
+    """The roofline time of one op (see the module docstring for the formulas)."""
+    net = eff.network
+    if op is Op.COPY:
+        return net.p2p_floor_s + int(params["num_bytes"]) / (
+            fig.host_link_bytes_per_s * net.p2p_fraction
+        )
+    if op is Op.COLLECTIVE:
+        bus_bytes = ops.bytes_moved(op, params, _DTYPE_BYTES)
+        world = int(params["world_size"])
+        if params["scope"] == Scope.INTER.value:
+            return net.inter_latency_s + bus_bytes / (
+                fig.inter_node_bytes_per_s * net.inter_fraction
+            )
+        if params["kind"] == CollectiveKind.SEND_RECV.value:
+            return net.p2p_floor_s + bus_bytes / (fig.nvlink_bytes_per_s * net.p2p_fraction)
+        if world not in net.allreduce_floor_s:
+            raise SpecError(f"no imported intra-node all-reduce of {world} GPUs to derive from")
+        return net.allreduce_floor_s[world] + bus_bytes / net.allreduce_bus_bytes_per_s[world]
+    hbm_fraction = (
+        eff.elementwise_hbm_fraction if op in (Op.ELEMENTWISE, Op.OPTIMIZER) else eff.hbm_fraction
+    )
+    compute_s = ops.flops(op, params) / (fig.peak_bf16_flops_per_s * eff.compute_fraction)
+    memory_s = ops.bytes_moved(op, params, _DTYPE_BYTES) / (fig.hbm_bytes_per_s * hbm_fraction)
+    return eff.fixed_s + max(compute_s, memory_s)
+
+
+def completion_notes(figures: DatasheetFigures, eff: Efficiencies) -> str:
+    return (
+        f"Completed with datasheet roofline entries (source=datasheet) for backward and LM-head "
+        f"GEMMs, attention prefill/backward/decode, the AdamW step, softmax, all-gather, "
+        f"reduce-scatter and broadcast within a node, all collectives across nodes (one NIC per "
+        f"GPU) and host copies, from {figures.describe()}. Efficiencies derived from this "
+        f"profile's imported entries: {eff.describe()}. Attention uses the GEMM compute fraction "
+        f"(no attention measurements were imported), which flatters attention kernels. "
+        f"Imported fp16 and datasheet bf16 entries run at the same speed on this GPU."
+    )
+
+
+def complete_with_datasheet(
+    profile: Profile,
+    figures: DatasheetFigures,
+    *,
+    models: Iterable[ModelSpec] | None = None,
+    grid: CompletionGrid | None = None,
+) -> Profile:
+    """`profile` plus datasheet entries for the series it lacks; its own series always win.
+
+    `models` (default: the catalogue's GPU models) give the LM-head and attention
+    shapes; the backward GEMMs are those of the profile's imported forward GEMMs.
+    """
+    eff = derive_efficiencies(profile, figures)
+    chosen = gpu_models() if models is None else tuple(models)
+    grid = grid or CompletionGrid()
+    # Whole series, not just points: a datasheet point between two measured ones
+    # would make the interpolated curve jump between two sources.
+    have = {(e.op, ops.series_key(e.op, e.params)) for e in profile.entries}
+    added: dict[object, Entry] = {}
+    shapes = (
+        *_gemm_shapes(profile, chosen, grid),
+        *_attention_shapes(chosen, grid),
+        *_memory_op_shapes(grid),
+        *_collective_shapes(profile, eff, grid),
+    )
+    for op, params in shapes:
+        if (op, ops.series_key(op, params)) in have:
+            continue
+        t = datasheet_time_s(op, params, figures, eff)
+        entry = Entry(
+            op=op, params=params, median_s=t, p10_s=t, p90_s=t, repeats=1, source=Source.DATASHEET
+        )
+        added.setdefault(entry.key(), entry)
+    entries = (*profile.entries, *added.values())
+    sources = {e.source for e in entries}
+    prov = profile.provenance
+    return replace(
+        profile,
+        provenance=replace(
+            prov,
+            source=sources.pop() if len(sources) == 1 else Source.MIXED,
+            notes=f"{prov.notes} {completion_notes(figures, eff)}".strip(),
+        ),
+        entries=entries,
+        grid={
+            **profile.grid,
+            "datasheet": asdict(grid),
+            "datasheet_models": [m.name for m in chosen],
+        },
     )

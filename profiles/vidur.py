@@ -45,8 +45,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from placeflow.errors import SpecError
-from placeflow.profiles import ops
 from placeflow.profiles.schema import (
     CollectiveKind,
     ElementwiseKind,
@@ -57,6 +55,8 @@ from placeflow.profiles.schema import (
     Scope,
     Source,
 )
+
+from placeflow.errors import SpecError
 
 VIDUR_REPO = "microsoft/vidur"
 VIDUR_COMMIT = "7d47513"
@@ -199,7 +199,9 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def _entries(groups: dict[tuple[Op, tuple[tuple[str, int | str], ...]], list[Timing]]) -> list[Entry]:
+def _entries(
+    groups: dict[tuple[Op, tuple[tuple[str, int | str], ...]], list[Timing]],
+) -> list[Entry]:
     out = []
     for (op, params), timings in groups.items():
         t = merge_timings(timings)
@@ -331,18 +333,18 @@ def import_vidur(
             dtype="fp16",
             date=f"{VIDUR_COMMIT_DATE} (Vidur {VIDUR_COMMIT})"
             + (f", imported {import_date}" if import_date else ""),
-            host={"vidur_repo": VIDUR_REPO, "vidur_commit": VIDUR_COMMIT, "licence": "MIT"},
+            host={
+                "machine": f"{gpu}_dgx: 8 GPUs on NVSwitch per node, measured by Vidur's authors",
+                "vidur_repo": VIDUR_REPO,
+                "vidur_commit": VIDUR_COMMIT,
+                "licence": "MIT",
+            },
             notes=notes,
         ),
-        entries=tuple(sorted(operators + network, key=sort_key)),
-        grid={"vidur_models": models, "tokens_per_octave": tokens_per_octave,
-              "bytes_per_octave": bytes_per_octave},
-    )
-
-
-def sort_key(e: Entry) -> tuple[str, tuple[str, ...], float]:
-    """File order: by op, then series (numbers zero-padded to sort numerically), then size."""
-    series = ops.series_key(e.op, e.params)
-    return e.op.value, tuple(f"{v:020d}" if isinstance(v, int) else v for v in series), ops.size(
-        e.op, e.params
+        entries=tuple(operators + network),
+        grid={
+            "vidur_models": models,
+            "tokens_per_octave": tokens_per_octave,
+            "bytes_per_octave": bytes_per_octave,
+        },
     )

@@ -1,0 +1,420 @@
+"""The kernel profiler: times real torch kernels on this machine and returns a Profile.
+
+`profile_device(device, grid=..., name=...)` times every point of a
+`ProfilerGrid` (see `placeflow.profiles.grid`) with `placeflow.profiles.timing`
+and the collectives with `placeflow.profiles.collectives`. How each op is run:
+
+- gemm: `torch.matmul(A, B, out=C)` on preallocated contiguous tensors.
+- attn_prefill_fwd: `scaled_dot_product_attention(q, k, v, is_causal=True,
+  enable_gqa=True)` with q [b, heads, s, d] and k, v [b, kv_heads, s, d]. On a
+  torch without `enable_gqa` the KV heads are expanded with `repeat_interleave`
+  inside the timed call, as eager Llama code does (`repeat_kv`).
+- attn_prefill_bwd: the forward runs once, untimed; then only
+  `torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)` is timed
+  (retain_graph keeps the saved activations, so the same graph is differentiated
+  at every call). It includes the GQA reduction of dK and dV.
+- attn_decode: SDPA with one query token per sequence against a KV cache of
+  kv_len tokens, no mask.
+- elementwise (num_bytes is the input tensor, rows of 4096 elements where the
+  size allows): rmsnorm `F.rms_norm` (x·rsqrt(mean(x²)+eps)·w where torch lacks
+  it); silu_mul `silu(a)·b` with a, b the two halves of one input (the gate_up
+  output); softmax over the last dim; add `x + y`. Outputs are allocated per
+  call, as model code does.
+- optimizer: `torch.optim.AdamW` (torch's default foreach choice) over
+  num_params fp32 parameters split into tensors of at most 2**22 elements (a
+  layer's weight matrices), `.grad` set; one `step()` is timed, its state
+  already allocated by the warm-up.
+- copy (CUDA only): `copy_(non_blocking=True)` between pinned host memory and
+  the device, timed by CUDA events.
+
+Inputs of GEMMs, decode and elementwise ops are views into one scratch buffer
+filled once with uniform(-1, 1) values (no denormals, no per-point allocation
+of multi-GB operands); GEMM outputs go to a separate buffer so no input is
+ever overwritten. On CPU the profiler sets torch's thread count to the cores
+this process may use (restored afterwards) and records it in the provenance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+import socket
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
+from placeflow.profiles.grid import DTYPE_BYTES, GridPoint, ProfilerGrid
+from placeflow.profiles.schema import (
+    CopyDirection,
+    ElementwiseKind,
+    Entry,
+    Op,
+    Profile,
+    Provenance,
+    Source,
+)
+from placeflow.profiles.timing import Timing, make_clock, time_fn
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from placeflow.errors import SpecError
+
+Bench = Callable[[], object]
+ROW_ELEMENTS = 4096  # elementwise rows: a typical hidden size
+OPTIMIZER_CHUNK = 1 << 22  # largest parameter tensor of an optimizer point
+RMS_EPS = 1e-6
+_ALIGN = 256  # elements; keeps every scratch view 512-byte aligned or better
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ctx:
+    """What a bench builder needs: where, in which dtype, and the scratch buffers."""
+
+    device: torch.device
+    dtype: torch.dtype
+    inputs: torch.Tensor  # flat, uniform(-1, 1), never written
+    outputs: torch.Tensor  # flat, written by GEMMs
+    enable_gqa: bool
+
+
+def _views(flat: torch.Tensor, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
+    """Consecutive aligned views of `flat` with the given shapes."""
+    out, offset = [], 0
+    for shape in shapes:
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        out.append(flat[offset : offset + numel].view(shape))
+        offset += -(-numel // _ALIGN) * _ALIGN
+    return out
+
+
+def _scratch_numel(point: GridPoint) -> tuple[int, int]:
+    """Elements of (inputs, outputs) scratch a point needs, alignment padding included."""
+    p = point.params
+    pad = 3 * _ALIGN
+    if point.op is Op.GEMM:
+        m, n, k = int(p["m"]), int(p["n"]), int(p["k"])
+        return m * k + k * n + pad, m * n + pad
+    if point.op is Op.ATTN_DECODE:
+        b, d = int(p["batch"]), int(p["head_dim"])
+        q = b * int(p["num_heads"]) * d
+        return q + 2 * b * int(p["kv_len"]) * int(p["num_kv_heads"]) * d + pad, 0
+    return 0, 0  # elementwise is sized by the caller (it knows the dtype)
+
+
+# --- bench builders, one per op ---------------------------------------------
+
+
+def _gemm(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
+    m, n, k = int(p["m"]), int(p["n"]), int(p["k"])
+    a, b = _views(ctx.inputs, (m, k), (k, n))
+    (c,) = _views(ctx.outputs, (m, n))
+    return lambda: torch.matmul(a, b, out=c)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, gqa: bool) -> Bench:
+    if gqa:
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+
+    def expanded() -> torch.Tensor:
+        kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
+
+    return expanded
+
+
+def _qkv(p: Mapping[str, int | str], ctx: _Ctx, grad: bool) -> list[torch.Tensor]:
+    b, s, d = int(p["batch"]), int(p["seq"]), int(p["head_dim"])
+    shapes = ((b, int(p["num_heads"]), s, d), *[(b, int(p["num_kv_heads"]), s, d)] * 2)
+    return [
+        (torch.rand(shape, device=ctx.device, dtype=ctx.dtype) * 2 - 1).requires_grad_(grad)
+        for shape in shapes
+    ]
+
+
+def _attn_fwd(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
+    q, k, v = _qkv(p, ctx, grad=False)
+    return _sdpa(q, k, v, causal=True, gqa=ctx.enable_gqa)
+
+
+def _attn_bwd(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
+    q, k, v = _qkv(p, ctx, grad=True)
+    out = _sdpa(q, k, v, causal=True, gqa=ctx.enable_gqa)()
+    assert isinstance(out, torch.Tensor)
+    grad_out = torch.rand_like(out) * 2 - 1
+    return lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
+
+
+def _attn_decode(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
+    b, n, d = int(p["batch"]), int(p["kv_len"]), int(p["head_dim"])
+    kv_shape = (b, int(p["num_kv_heads"]), n, d)
+    q, k, v = _views(ctx.inputs, (b, int(p["num_heads"]), 1, d), kv_shape, kv_shape)
+    return _sdpa(q, k, v, causal=False, gqa=ctx.enable_gqa)
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if hasattr(F, "rms_norm"):
+        return F.rms_norm(x, (x.shape[-1],), w, RMS_EPS)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS) * w
+
+
+def _elementwise(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
+    numel = int(p["num_bytes"]) // ctx.inputs.element_size()
+    width = ROW_ELEMENTS if numel % ROW_ELEMENTS == 0 else numel
+    x, y, w = _views(ctx.inputs, (numel // width, width), (numel // width, width), (width,))
+    kind = ElementwiseKind(p["kind"])
+    benches: dict[ElementwiseKind, Bench] = {
+        ElementwiseKind.RMSNORM: lambda: _rms_norm(x, w),
+        ElementwiseKind.SILU_MUL: lambda: _silu_mul(x),
+        ElementwiseKind.SOFTMAX: lambda: torch.softmax(x, dim=-1),
+        ElementwiseKind.ADD: lambda: x + y,
+    }
+    return benches[kind]
+
+
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _optimizer(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
+    remaining, params = int(p["num_params"]), []
+    while remaining > 0:
+        size = min(remaining, OPTIMIZER_CHUNK)
+        param = torch.nn.Parameter(torch.rand(size, device=ctx.device, dtype=torch.float32))
+        param.grad = torch.rand_like(param) * 2 - 1
+        params.append(param)
+        remaining -= size
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    return opt.step
+
+
+def _copy(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
+    numel = int(p["num_bytes"])
+    host = torch.empty(numel, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(numel, dtype=torch.uint8, device=ctx.device)
+    if CopyDirection(p["direction"]) is CopyDirection.H2D:
+        return lambda: dev.copy_(host, non_blocking=True)
+    return lambda: host.copy_(dev, non_blocking=True)
+
+
+_BENCHES: dict[Op, Callable[[Mapping[str, int | str], _Ctx], Bench]] = {
+    Op.GEMM: _gemm,
+    Op.ATTN_PREFILL_FWD: _attn_fwd,
+    Op.ATTN_PREFILL_BWD: _attn_bwd,
+    Op.ATTN_DECODE: _attn_decode,
+    Op.ELEMENTWISE: _elementwise,
+    Op.OPTIMIZER: _optimizer,
+    Op.COPY: _copy,
+}
+
+
+# --- device set-up and provenance -------------------------------------------
+
+
+def _check_device(device: str, grid: ProfilerGrid) -> None:
+    if device not in ("cpu", "cuda"):
+        raise SpecError(f"profile_device: device must be 'cpu' or 'cuda', got {device!r}")
+    if grid.device != device:
+        raise SpecError(
+            f"profile_device: the grid was built for {grid.device!r} but device is {device!r}; "
+            f"build it with ProfilerGrid.quick({device!r}) or ProfilerGrid.full({device!r})"
+        )
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecError(
+            f"profile_device: device 'cuda' requested but torch {torch.__version__} sees no "
+            "CUDA device; profile 'cpu' instead, or run on a machine with a GPU"
+        )
+    if device == "cuda" and max(grid.collective_world_sizes, default=0) > _num_gpus():
+        raise SpecError(
+            f"profile_device: collective world sizes {list(grid.collective_world_sizes)} need "
+            f"up to {max(grid.collective_world_sizes)} GPUs; this machine has {_num_gpus()}"
+        )
+
+
+def _num_gpus() -> int:
+    return torch.cuda.device_count()
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _supports_enable_gqa() -> bool:
+    """Whether this torch's SDPA takes `enable_gqa` (added in torch 2.5)."""
+    q, kv = torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 1, 8)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except TypeError:
+        return False
+    return True
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _host(device: str) -> dict[str, object]:
+    host: dict[str, object] = {
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+    }
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        host |= {
+            "cuda_version": torch.version.cuda,
+            "num_gpus": _num_gpus(),
+            "gpu_memory_bytes": int(props.total_memory),
+        }
+    return host
+
+
+_NOTES = (
+    "median/p10/p90 over samples after warm-up; a sample averages a batch of calls for "
+    "fast ops (timing.py); clock: {clock}; attention backward timed alone via "
+    "torch.autograd.grad(retain_graph=True); SDPA GQA via {gqa}; collectives over "
+    "{backend}, max over ranks per sample; {threads} torch threads"
+)
+
+
+def _provenance(device: str, grid: ProfilerGrid, gqa: bool) -> Provenance:
+    is_cuda = device == "cuda"
+    notes = _NOTES.format(
+        clock="CUDA events" if is_cuda else "time.perf_counter",
+        gqa="enable_gqa=True" if gqa else "repeat_interleave of KV heads",
+        backend="NCCL" if is_cuda else "gloo (1 thread per rank)",
+        threads=torch.get_num_threads(),
+    )
+    return Provenance(
+        source=Source.MEASURED,
+        device_name=torch.cuda.get_device_name(0) if is_cuda else _cpu_model(),
+        torch_version=str(torch.__version__),
+        dtype=grid.dtype,
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        host=_host(device),
+        notes=notes,
+    )
+
+
+# --- the run ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """Yields advance(description): one call per measured point."""
+    if not enabled:
+        yield lambda _description: None
+        return
+    columns = (
+        TextColumn("{task.description:<40}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        task = bar.add_task("profiling", total=total)
+        yield lambda description: bar.update(task, advance=1, description=description)
+
+
+def _make_ctx(device: str, grid: ProfilerGrid, points: tuple[GridPoint, ...]) -> _Ctx:
+    dtype = TORCH_DTYPES[grid.dtype]
+    needs = [_scratch_numel(p) for p in points]
+    # add reads two inputs and rmsnorm a weight row: 2x the size plus slack.
+    elementwise = max(grid.elementwise_bytes, default=0) * 2 // DTYPE_BYTES[grid.dtype]
+    num_inputs = max([n for n, _ in needs] + [elementwise + 4 * _ALIGN + ROW_ELEMENTS])
+    num_outputs = max([n for _, n in needs] + [1])
+    torch_device = torch.device(device)
+    inputs = torch.empty(num_inputs, dtype=dtype, device=torch_device).uniform_(-1, 1)
+    outputs = torch.empty(num_outputs, dtype=dtype, device=torch_device)
+    gqa = _supports_enable_gqa()
+    return _Ctx(device=torch_device, dtype=dtype, inputs=inputs, outputs=outputs, enable_gqa=gqa)
+
+
+def _entry(op: Op, params: Mapping[str, int | str], t: Timing) -> Entry:
+    return Entry(
+        op=op,
+        params=params,
+        median_s=t.median_s,
+        p10_s=t.p10_s,
+        p90_s=t.p90_s,
+        repeats=t.repeats,
+        source=Source.MEASURED,
+    )
+
+
+def _label(point: GridPoint) -> str:
+    return f"{point.op.value} " + " ".join(str(v) for v in point.params.values())
+
+
+def _measure_points(
+    device: str, grid: ProfilerGrid, advance: Callable[[str], None]
+) -> tuple[list[Entry], bool]:
+    """Time every non-collective point; returns the entries and whether SDPA took enable_gqa."""
+    points = grid.points()
+    ctx = _make_ctx(device, grid, points)
+    clock = make_clock(device)
+    entries = []
+    for point in points:
+        advance(_label(point))
+        bench = _BENCHES[point.op](point.params, ctx)
+        timing = time_fn(
+            bench,
+            clock,
+            warmup=grid.warmup,
+            repeats=grid.repeats,
+            budget_s=grid.point_budget_s,
+        )
+        entries.append(_entry(point.op, point.params, timing))
+        del bench  # frees the point's own tensors (attention, optimizer) before the next
+    return entries, ctx.enable_gqa
+
+
+def profile_device(device: str, *, grid: ProfilerGrid, name: str, progress: bool = True) -> Profile:
+    """Time every point of `grid` on this machine's `device` ("cpu" or "cuda").
+
+    Raises SpecError if `device` is unknown, does not match the grid, or is
+    "cuda" on a machine without a CUDA device.
+    """
+    _check_device(device, grid)
+    previous_threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(_usable_cores())  # deliberate: every core this process may use
+    try:
+        total = len(grid.points()) + grid.num_collective_points()
+        with _progress(total, progress) as advance:
+            entries, gqa = _measure_points(device, grid, advance)
+            entries += measure_collectives(grid, on_point=lambda: advance("collectives"))
+        provenance = _provenance(device, grid, gqa)
+    finally:
+        torch.set_num_threads(previous_threads)
+    return Profile(
+        name=name,
+        device_kind=device,
+        provenance=provenance,
+        entries=tuple(entries),
+        grid=grid.to_json(),
+    )

@@ -1,0 +1,272 @@
+"""Time and transient memory of each model call of a plan.
+
+Generation (per generation replica, replicas run in parallel):
+- n = ceil(samples / replicas) sequences; the KV cache holds C sequences of
+  prompt + max response tokens in the memory left after everything resident.
+- n <= C: one batch; prefill of n·prompt tokens, then decode steps s = 1..S
+  with n·P(len >= s) sequences still active at KV length prompt + s, S the step
+  at which the longest of the n is expected to finish (stragglers).
+- n > C: continuous batching keeps C sequences active while the queue drains
+  ((n − C)·E[len]/C steps at the mean KV length), then the last C finish as above.
+- The decode sum is integrated over `DECODE_POINTS` sampled steps (trapezoid);
+  the step cost is smooth in s.
+
+Forward calls: samples split over d ranks, micro-batches of `micro_batch`
+samples of prompt + mean response tokens, through p stages: (m + p − 1) stage
+times (pipeline fill and drain).
+
+Training: ppo_epochs × mini_batches optimizer steps; each runs 1F1B over its
+micro-batches, (m + p − 1)·(f + b [+ f when recomputing]) per stage, then the
+gradient reduction over d (all-reduce for ZeRO-0, reduce-scatter then a weight
+all-gather otherwise; ZeRO-3 also gathers weights for every micro-batch's
+forward and backward), and the optimizer step on the local shard.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.schema import CollectiveKind, Scope
+from placeflow.simulator import compute, memory
+from placeflow.simulator.lengths import LengthModel
+
+from placeflow.layout import (
+    GenLayout,
+    TrainLayout,
+    colocated_transfer_bytes_per_rank,
+    disjoint_transfer_bytes_per_gen_rank,
+)
+from placeflow.models import ModelSpec
+from placeflow.plan import RoleParallelism
+
+DECODE_POINTS = 12
+WEIGHT_SYNC_BUCKET_BYTES = 512 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallCost:
+    """Seconds of one call and the transient bytes per GPU it adds on top of resident state.
+
+    `busy_s` excludes pipeline bubbles (time a stage waits), for utilisation.
+    """
+
+    time_s: float
+    transient_bytes: float
+    busy_s: float
+    detail: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationShape:
+    num_seqs: int  # per replica
+    prompt_len: int
+    lengths: LengthModel
+    kv_capacity_seqs: int
+
+
+def _decode_sum_s(
+    cm: CostModel, model: ModelSpec, gen: GenLayout, n: int, prompt: int, lengths: LengthModel
+) -> tuple[float, int]:
+    """Seconds to decode one batch of n sequences to completion, and the step count.
+
+    Sum over steps 1..S of the step cost, as the trapezoid integral over sampled
+    steps plus half of each end value (exact for a constant or linear step cost).
+    """
+    last = lengths.last_step(n)
+    points = sorted({round(1 + i * (last - 1) / (DECODE_POINTS - 1)) for i in range(DECODE_POINTS)})
+    values = [
+        compute.decode_step_s(
+            cm, model, gen.tg, gen.pg, max(1, math.ceil(n * lengths.survival(s))), prompt + s
+        )
+        for s in points
+    ]
+    if len(points) == 1:
+        return values[0], last
+    integral = sum(
+        (s1 - s0) * (v0 + v1) / 2
+        for s0, s1, v0, v1 in zip(points, points[1:], values, values[1:], strict=False)
+    )
+    return integral + (values[0] + values[-1]) / 2, last
+
+
+def generation_cost(
+    cm: CostModel, model: ModelSpec, gen: GenLayout, shape: GenerationShape
+) -> CallCost:
+    n, c, prompt = shape.num_seqs, shape.kv_capacity_seqs, shape.prompt_len
+    assert c >= 1, "callers check KV capacity first"
+    batch = min(n, c)
+    prefill_one = model.num_layers * compute.layer_forward_s(cm, model, gen.tg, batch, prompt)
+    prefill_one += compute.head_forward_s(cm, model, gen.tg, batch, value_head=False)
+    prefill_s = prefill_one * n / batch
+    steady_s = 0.0
+    if n > c:
+        steady_steps = (n - c) * shape.lengths.mean / c
+        mean_kv = prompt + int(shape.lengths.mean / 2)
+        steady_s = steady_steps * compute.decode_step_s(cm, model, gen.tg, gen.pg, c, mean_kv)
+    tail_s, steps = _decode_sum_s(cm, model, gen, batch, prompt, shape.lengths)
+    kv_bytes = (
+        batch
+        * (prompt + shape.lengths.max_len)
+        * memory.kv_bytes_per_token_per_gpu(model, gen.tg, gen.pg)
+    )
+    time_s = prefill_s + steady_s + tail_s
+    return CallCost(
+        time_s=time_s,
+        transient_bytes=kv_bytes,
+        busy_s=time_s,
+        detail={
+            "prefill_s": prefill_s,
+            "decode_s": steady_s + tail_s,
+            "seqs_per_replica": n,
+            "kv_capacity_seqs": c,
+            "waves": math.ceil(n / c),
+            "last_step": steps,
+        },
+    )
+
+
+def forward_cost(
+    cm: CostModel,
+    model: ModelSpec,
+    par: RoleParallelism,
+    num_samples: int,
+    seq: int,
+    *,
+    value_head: bool,
+) -> CallCost:
+    lay = par.train
+    per_rank = math.ceil(num_samples / lay.d)
+    mb = min(par.micro_batch, per_rank)
+    num_micro = math.ceil(per_rank / mb)
+    layers = model.num_layers // lay.p
+    stage = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq)
+    head = compute.head_forward_s(cm, model, lay.t, mb * seq, value_head=value_head)
+    p2p = (
+        cm.collective_s(
+            CollectiveKind.SEND_RECV,
+            mb * seq * model.hidden_size * model.dtype.num_bytes,
+            2,
+            Scope.INTRA,
+        )
+        if lay.p > 1
+        else 0.0
+    )
+    time_s = (num_micro + lay.p - 1) * (stage + p2p) + head * num_micro
+    busy = num_micro * (stage + p2p + head / lay.p)
+    transient = memory.forward_activation_bytes(model, lay.t, mb, seq, value_head=value_head)
+    return CallCost(
+        time_s=time_s,
+        transient_bytes=transient,
+        busy_s=busy,
+        detail={"micro_batches": num_micro, "micro_batch": mb},
+    )
+
+
+def train_cost(
+    cm: CostModel,
+    model: ModelSpec,
+    par: RoleParallelism,
+    num_samples: int,
+    seq: int,
+    ppo_epochs: int,
+    mini_batches: int,
+    dp_scope: Scope,
+    *,
+    value_head: bool,
+) -> CallCost:
+    lay = par.train
+    per_rank = math.ceil(num_samples / (mini_batches * lay.d))
+    mb = min(par.micro_batch, per_rank)
+    num_micro = math.ceil(per_rank / mb)
+    layers = model.num_layers // lay.p
+    fwd = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq)
+    bwd = layers * compute.layer_backward_s(cm, model, lay.t, mb, seq)
+    tokens = mb * seq
+    head = compute.head_forward_s(cm, model, lay.t, tokens, value_head=value_head)
+    head += compute.head_backward_s(cm, model, lay.t, tokens, value_head=value_head)
+    stage = fwd * (2 if par.recompute else 1) + bwd
+    act_bytes = tokens * model.hidden_size * model.dtype.num_bytes
+    p2p = (
+        2 * cm.collective_s(CollectiveKind.SEND_RECV, act_bytes, 2, Scope.INTRA)
+        if lay.p > 1
+        else 0.0
+    )
+    pipeline_s = (num_micro + lay.p - 1) * (stage + p2p) + num_micro * head
+    sync_s, opt_s = _dp_sync_and_optimizer_s(
+        cm, model, lay, par.zero, num_micro, dp_scope, value_head=value_head
+    )
+    steps = ppo_epochs * mini_batches
+    time_s = steps * (pipeline_s + sync_s + opt_s)
+    busy = steps * (num_micro * (stage + p2p + head / lay.p) + sync_s + opt_s)
+    transient = memory.training_activation_bytes(
+        model, lay, mb, seq, num_micro, recompute=par.recompute, value_head=value_head
+    )
+    return CallCost(
+        time_s=time_s,
+        transient_bytes=transient,
+        busy_s=busy,
+        detail={
+            "optimizer_steps": steps,
+            "micro_batches": num_micro,
+            "micro_batch": mb,
+            "pipeline_s": pipeline_s,
+            "dp_sync_s": sync_s,
+            "optimizer_s": opt_s,
+        },
+    )
+
+
+def _dp_sync_and_optimizer_s(
+    cm: CostModel,
+    model: ModelSpec,
+    lay: TrainLayout,
+    zero: int,
+    num_micro: int,
+    scope: Scope,
+    *,
+    value_head: bool,
+) -> tuple[float, float]:
+    shard_params = model.num_params(value_head=value_head) // (lay.t * lay.p)
+    grad_bytes = shard_params * model.dtype.num_bytes
+    if zero == 0:
+        sync = cm.collective_s(CollectiveKind.ALL_REDUCE, grad_bytes, lay.d, scope)
+        return sync, cm.optimizer_s(shard_params)
+    sync = cm.collective_s(CollectiveKind.REDUCE_SCATTER, grad_bytes, lay.d, scope)
+    sync += cm.collective_s(CollectiveKind.ALL_GATHER, grad_bytes, lay.d, scope)
+    if zero == 3:
+        sync += 2 * num_micro * cm.collective_s(CollectiveKind.ALL_GATHER, grad_bytes, lay.d, scope)
+    return sync, cm.optimizer_s(math.ceil(shard_params / lay.d))
+
+
+def reshard_cost(cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope) -> CallCost:
+    """Colocated actor: all-gather inside each micro-DP group (HybridFlow)."""
+    model_bytes = model.num_bytes()
+    received = colocated_transfer_bytes_per_rank(model_bytes, gen)
+    # The all-gather's logical tensor is the whole generation shard, M/(tg·pg).
+    time_s = cm.collective_s(
+        CollectiveKind.ALL_GATHER, int(model_bytes / (gen.tg * gen.pg)), gen.dg, scope
+    )
+    extra = model_bytes / (gen.tg * gen.pg) - model_bytes / (gen.train.t * gen.train.p)
+    return CallCost(
+        time_s=time_s,
+        transient_bytes=extra,
+        busy_s=time_s,
+        detail={"bytes_received_per_gpu": received},
+    )
+
+
+def weight_sync_cost(cm: CostModel, model: ModelSpec, tg: int, pg: int, scope: Scope) -> CallCost:
+    """Trainer -> generator on other devices: each generator rank receives M/(tg·pg) in buckets."""
+    per_rank = disjoint_transfer_bytes_per_gen_rank(model.num_bytes(), tg, pg)
+    full, rest = divmod(int(per_rank), WEIGHT_SYNC_BUCKET_BYTES)
+    time_s = full * cm.collective_s(CollectiveKind.BROADCAST, WEIGHT_SYNC_BUCKET_BYTES, 2, scope)
+    time_s += cm.collective_s(CollectiveKind.BROADCAST, rest, 2, scope)
+    return CallCost(
+        time_s=time_s,
+        transient_bytes=0.0,
+        busy_s=time_s,
+        detail={"bytes_per_gen_rank": per_rank, "buckets": full + (1 if rest else 0)},
+    )

@@ -1,0 +1,131 @@
+"""The RL algorithms as dataflow graphs of model calls (networkx DiGraph).
+
+A node is a model call named by its `Phase`, with the role that runs it and the
+number of samples it processes; an edge is a data dependency. The graphs:
+
+- PPO: generate -> ref_logprob, old_logprob, values, reward -> advantage ->
+  actor_update, critic_update.
+- GRPO: as PPO without the critic (group-normalised advantages); the reward
+  model call is absent when the reward is rule-based.
+- ReMax: adds generate_baseline (one greedy response per prompt); the reward
+  model scores both the sampled and the greedy responses.
+- Safe-RLHF: adds the cost model (`cost`) and the critic's cost-value head
+  (`cost_values`); five models: actor, critic, ref, reward, cost.
+
+`ref_logprob` exists only when the workload has a reference model (KL term).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import networkx as nx
+
+from placeflow.phases import Phase
+from placeflow.workload import Algorithm, Role, Workload
+
+
+class CallKind:
+    GENERATE = "generate"
+    FORWARD = "forward"
+    TRAIN = "train"
+    CONTROLLER = "controller"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelCall:
+    """One node: `phase` run by `role` (None for controller-side work) on `num_samples`."""
+
+    phase: Phase
+    role: Role | None
+    kind: str
+    num_samples: int
+    greedy: bool = False
+
+
+_FORWARDS: tuple[tuple[Phase, Role], ...] = (
+    (Phase.REF_LOGPROB, Role.REF),
+    (Phase.OLD_LOGPROB, Role.ACTOR),
+    (Phase.VALUES, Role.CRITIC),
+    (Phase.COST_VALUES, Role.CRITIC),
+    (Phase.REWARD, Role.REWARD),
+    (Phase.COST, Role.COST),
+)
+
+
+def build_dataflow(workload: Workload) -> nx.DiGraph:
+    """The dataflow graph of one RL step of `workload` (a fresh graph; callers may mutate)."""
+    return _cached_dataflow(
+        workload.algorithm,
+        frozenset(workload.roles),
+        workload.batch.num_samples,
+        workload.batch.prompts_per_step,
+    ).copy()
+
+
+@cache
+def _cached_dataflow(
+    algorithm: Algorithm, roles: frozenset[Role], num_samples: int, num_prompts: int
+) -> nx.DiGraph:
+    g = nx.DiGraph()
+
+    def add(call: ModelCall) -> Phase:
+        g.add_node(call.phase, call=call)
+        return call.phase
+
+    gen = add(
+        ModelCall(
+            phase=Phase.GENERATE, role=Role.ACTOR, kind=CallKind.GENERATE, num_samples=num_samples
+        )
+    )
+    sources = [gen]
+    if algorithm is Algorithm.REMAX:
+        sources.append(
+            add(
+                ModelCall(
+                    phase=Phase.GENERATE_BASELINE,
+                    role=Role.ACTOR,
+                    kind=CallKind.GENERATE,
+                    num_samples=num_prompts,
+                    greedy=True,
+                )
+            )
+        )
+    adv = add(
+        ModelCall(
+            phase=Phase.ADVANTAGE, role=None, kind=CallKind.CONTROLLER, num_samples=num_samples
+        )
+    )
+    for phase, role in _FORWARDS:
+        if role not in roles:
+            continue
+        if phase is Phase.COST_VALUES and algorithm is not Algorithm.SAFE_RLHF:
+            continue
+        extra = num_prompts if (phase is Phase.REWARD and algorithm is Algorithm.REMAX) else 0
+        node = add(
+            ModelCall(
+                phase=phase, role=role, kind=CallKind.FORWARD, num_samples=num_samples + extra
+            )
+        )
+        for src in sources:
+            if src is gen or phase is Phase.REWARD:
+                g.add_edge(src, node)
+        g.add_edge(node, adv)
+    for phase, role in ((Phase.ACTOR_UPDATE, Role.ACTOR), (Phase.CRITIC_UPDATE, Role.CRITIC)):
+        if role in roles:
+            node = add(
+                ModelCall(phase=phase, role=role, kind=CallKind.TRAIN, num_samples=num_samples)
+            )
+            g.add_edge(adv, node)
+    assert nx.is_directed_acyclic_graph(g)
+    return g
+
+
+def calls_in_order(g: nx.DiGraph) -> list[ModelCall]:
+    """Calls in a deterministic topological order (ties broken by Phase order)."""
+    order = list(Phase)
+    return [
+        g.nodes[n]["call"]
+        for n in nx.lexicographical_topological_sort(g, key=lambda p: order.index(p))
+    ]

@@ -1,0 +1,85 @@
+"""Per-GPU memory of a role in each phase.
+
+- Weights, gradients and optimizer state: mixed-precision Adam keeps 16 bytes
+  per parameter before sharding (bf16 weights 2 + bf16 grads 2 + fp32 master,
+  exp_avg and exp_avg_sq 12; an fp32 model keeps weights 4, grads 4 and the two
+  moments 8: also 16). ZeRO stage z over d ranks shards the optimizer state
+  (z >= 1), the gradients (z >= 2) and the weights (z = 3).
+- Training activations per layer and micro-batch follow Korthikanti et al.
+  (2022) with tensor parallelism: s·b·h·(10 + 24/t) bytes in bf16 — their
+  5·a·s/(h·t) attention-score term is dropped because fused attention (SDPA,
+  FlashAttention) never stores the scores. Full recomputation keeps only each
+  layer's input (2·s·b·h) plus one layer's activations. 1F1B keeps at most p
+  micro-batches in flight on the first stage.
+- Logits: float32 log-softmax over the vocabulary shard, kept for backward.
+- Generation: the KV cache, 2·layers·kv_heads·head_dim·bytes per token, split
+  over tg (heads) and pg (layers).
+"""
+
+from __future__ import annotations
+
+from placeflow.layout import TrainLayout
+from placeflow.models import ModelSpec
+
+ADAM_BYTES_PER_PARAM = 16
+
+
+def weight_bytes_per_gpu(model: ModelSpec, t: int, p: int, *, value_head: bool) -> float:
+    return model.num_bytes(value_head=value_head) / (t * p)
+
+
+def training_state_bytes_per_gpu(
+    model: ModelSpec, layout: TrainLayout, zero: int, *, value_head: bool
+) -> float:
+    """Weights + gradients + optimizer state on one GPU under ZeRO stage `zero`."""
+    shard = model.num_params(value_head=value_head) / (layout.t * layout.p)
+    w = g = model.dtype.num_bytes
+    opt = ADAM_BYTES_PER_PARAM - w - g
+    d = layout.d
+    per_param = {
+        0: w + g + opt,
+        1: w + g + opt / d,
+        2: w + (g + opt) / d,
+        3: (w + g + opt) / d,
+    }[zero]
+    return shard * per_param
+
+
+def logits_bytes(model: ModelSpec, t: int, tokens: int, *, value_head: bool) -> float:
+    return 0.0 if value_head else tokens * model.vocab_size / t * 4.0
+
+
+def training_activation_bytes(
+    model: ModelSpec,
+    layout: TrainLayout,
+    micro_batch: int,
+    seq: int,
+    num_micro: int,
+    *,
+    recompute: bool,
+    value_head: bool,
+) -> float:
+    """Peak activation memory on the first pipeline stage during 1F1B."""
+    sbh = seq * micro_batch * model.hidden_size
+    bytes_scale = model.dtype.num_bytes / 2  # Korthikanti's constants are for 2-byte dtypes
+    full_layer = sbh * (10 + 24 / layout.t) * bytes_scale
+    layers = model.num_layers // layout.p
+    per_micro = layers * 2 * sbh * bytes_scale + full_layer if recompute else layers * full_layer
+    in_flight = min(layout.p, num_micro)
+    logits = 2 * logits_bytes(model, layout.t, micro_batch * seq, value_head=value_head)
+    return in_flight * per_micro + logits
+
+
+def forward_activation_bytes(
+    model: ModelSpec, t: int, micro_batch: int, seq: int, *, value_head: bool
+) -> float:
+    """Transient memory of a forward-only call: one layer's buffers plus the logits."""
+    tokens = micro_batch * seq
+    b = model.dtype.num_bytes
+    layer = tokens * (4 * model.hidden_size + 3 * model.ffn_hidden_size // t) * b
+    return layer + logits_bytes(model, t, tokens, value_head=value_head)
+
+
+def kv_bytes_per_token_per_gpu(model: ModelSpec, tg: int, pg: int) -> float:
+    kv_heads_per_rank = max(1, model.num_kv_heads // tg)
+    return 2 * model.num_layers / pg * kv_heads_per_rank * model.head_dim * model.dtype.num_bytes

@@ -1,0 +1,328 @@
+"""simulate(plan, cost_model) -> StepEstimate: one RL step of a plan, phase by phase.
+
+Steps: (1) the workload's dataflow graph; (2) each call's time and transient
+memory on its device set (`calls`); (3) resident memory per set and the KV
+capacity left for generation; (4) the transitions the placement needs
+(`reshard` for a colocated actor, `weight_sync` for a generator apart); (5) the
+discrete-event schedule; (6) memory feasibility per set and phase.
+
+In one-step-off asynchronous mode (workload `async_one_step_off`, with a
+generator set apart from the trainer) the graph is unrolled over three steps
+in which step k+1's generation waits only for the weights of step k−1; the
+iteration time is the steady-state distance between the ends of steps 2 and 3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.schema import Scope
+from placeflow.simulator import calls, memory
+from placeflow.simulator.dataflow import CallKind, ModelCall, build_dataflow, calls_in_order
+from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
+from placeflow.simulator.lengths import LengthModel
+from placeflow.simulator.schedule import Task, schedule
+
+from placeflow.layout import GenLayout
+from placeflow.phases import Phase
+from placeflow.plan import Plan
+from placeflow.workload import Role
+
+CONTROLLER = -1
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Call:
+    """A costed call: which phase, roles and sets, and its CallCost."""
+
+    phase: Phase
+    roles: tuple[Role, ...]
+    sets: tuple[int, ...]
+    cost: calls.CallCost
+    preds: tuple[Phase, ...]
+
+
+def group_scope(plan: Plan, set_index: int, ranks: list[int]) -> Scope:
+    """INTRA when the ranks' devices (rank i = i-th device of the set) share one node."""
+    s = plan.sets[set_index]
+    per_node = plan.pool_of(set_index).gpus_per_node
+    nodes = {(s.first_device + r) // per_node for r in ranks}
+    return Scope.INTRA if len(nodes) == 1 else Scope.INTER
+
+
+def _resident_bytes(plan: Plan, set_index: int) -> float:
+    """Weights (and, for trained roles, gradients and optimizer state) kept on each GPU."""
+    s = plan.sets[set_index]
+    actor = plan.workload.models[Role.ACTOR]
+    if s.generator:
+        par = plan.parallelism[Role.ACTOR]
+        return actor.num_bytes() / (par.tg * par.pg)
+    total = 0.0
+    for role in s.roles:
+        model, par = plan.workload.models[role], plan.parallelism[role]
+        if role in (Role.ACTOR, Role.CRITIC):
+            total += memory.training_state_bytes_per_gpu(
+                model, par.train, par.zero, value_head=role.has_value_head
+            )
+        else:
+            total += memory.weight_bytes_per_gpu(
+                model, par.train.t, par.train.p, value_head=role.has_value_head
+            )
+    return total
+
+
+def _gen_layout(plan: Plan) -> GenLayout:
+    gen_set = plan.generator_set()
+    devices = plan.sets[gen_set].num_devices if gen_set is not None else None
+    return plan.parallelism[Role.ACTOR].gen_layout(devices)
+
+
+def _generation(
+    plan: Plan, cm: CostModel, call: ModelCall, resident: list[float]
+) -> calls.CallCost | str:
+    """Generation cost, or the reason it cannot run (no room for one sequence's KV cache)."""
+    gen = _gen_layout(plan)
+    gen_set = plan.generator_set()
+    set_index = gen_set if gen_set is not None else plan.set_of(Role.ACTOR)
+    actor = plan.workload.models[Role.ACTOR]
+    batch = plan.workload.batch
+    extra = (
+        0.0
+        if gen_set is not None
+        else (
+            actor.num_bytes() / (gen.tg * gen.pg) - actor.num_bytes() / (gen.train.t * gen.train.p)
+        )
+    )
+    capacity = plan.pool_of(set_index).gpu.memory_bytes
+    free = capacity - resident[set_index] - extra
+    lengths = LengthModel.of(batch)
+    per_seq = (batch.prompt_len + lengths.max_len) * memory.kv_bytes_per_token_per_gpu(
+        actor, gen.tg, gen.pg
+    )
+    kv_seqs = int(free // per_seq) if free > 0 else 0
+    if kv_seqs < 1:
+        return (
+            f"role actor, phase {call.phase}: the KV cache of one sequence needs "
+            f"{per_seq:,.0f} bytes per GPU but only {max(free, 0):,.0f} of {capacity:,} are free "
+            f"after resident weights and optimizer state; short by {per_seq - max(free, 0):,.0f}"
+        )
+    shape = calls.GenerationShape(
+        num_seqs=math.ceil(call.num_samples / gen.num_replicas),
+        prompt_len=batch.prompt_len,
+        lengths=lengths,  # a greedy baseline stops at the same lengths in expectation
+        kv_capacity_seqs=kv_seqs,
+    )
+    return calls.generation_cost(cm, actor, gen, shape)
+
+
+def _cost_calls(plan: Plan, cm: CostModel, resident: list[float]) -> tuple[list[_Call], list[str]]:
+    g = build_dataflow(plan.workload)
+    wl = plan.workload
+    lengths = LengthModel.of(wl.batch)
+    seq = wl.batch.prompt_len + max(1, round(lengths.mean))
+    out: list[_Call] = []
+    problems: list[str] = []
+    gen_set = plan.generator_set()
+    actor_set = plan.set_of(Role.ACTOR)
+    for call in calls_in_order(g):
+        preds = tuple(g.predecessors(call.phase))
+        if call.kind == CallKind.CONTROLLER:
+            zero = calls.CallCost(time_s=0.0, transient_bytes=0.0, busy_s=0.0)
+            out.append(_Call(phase=call.phase, roles=(), sets=(), cost=zero, preds=preds))
+            continue
+        assert call.role is not None
+        role, model = call.role, wl.models[call.role]
+        par = plan.parallelism[role]
+        set_index = plan.set_of(role)
+        if call.kind == CallKind.GENERATE:
+            gen_cost = _generation(plan, cm, call, resident)
+            if isinstance(gen_cost, str):
+                problems.append(gen_cost)
+                gen_cost = calls.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
+            set_index = gen_set if gen_set is not None else actor_set
+            cost = gen_cost
+        elif call.kind == CallKind.FORWARD:
+            cost = calls.forward_cost(
+                cm, model, par, call.num_samples, seq, value_head=role.has_value_head
+            )
+        else:
+            dp_scope = max(
+                (group_scope(plan, set_index, grp) for grp in par.train.dp_groups()),
+                key=lambda s: s is Scope.INTER,
+            )
+            cost = calls.train_cost(
+                cm,
+                model,
+                par,
+                call.num_samples,
+                seq,
+                wl.batch.ppo_epochs,
+                wl.batch.mini_batches,
+                dp_scope,
+                value_head=role.has_value_head,
+            )
+        out.append(
+            _Call(phase=call.phase, roles=(role,), sets=(set_index,), cost=cost, preds=preds)
+        )
+    out = _with_transitions(plan, cm, out)
+    return out, problems
+
+
+def _with_transitions(plan: Plan, cm: CostModel, costed: list[_Call]) -> list[_Call]:
+    """Insert reshard (colocated actor) or weight_sync (generator apart) before generation."""
+    actor = plan.workload.models[Role.ACTOR]
+    actor_set, gen_set = plan.set_of(Role.ACTOR), plan.generator_set()
+    gen = _gen_layout(plan)
+    if gen_set is not None:
+        par = plan.parallelism[Role.ACTOR]
+        same_node = group_scope(plan, actor_set, [0]) is Scope.INTRA and (
+            plan.sets[actor_set].pool == plan.sets[gen_set].pool
+            and plan.sets[actor_set].first_device // plan.pool_of(actor_set).gpus_per_node
+            == plan.sets[gen_set].first_device // plan.pool_of(gen_set).gpus_per_node
+        )
+        scope = Scope.INTRA if same_node else Scope.INTER
+        cost = calls.weight_sync_cost(cm, actor, par.tg, par.pg, scope)
+        phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
+    elif gen.dg > 1:
+        scope = max(
+            (group_scope(plan, actor_set, grp) for grp in gen.micro_dp_groups()),
+            key=lambda s: s is Scope.INTER,
+        )
+        cost = calls.reshard_cost(cm, actor, gen, scope)
+        phase, sets = Phase.RESHARD, (actor_set,)
+    else:
+        return costed
+    transition = _Call(phase=phase, roles=(Role.ACTOR,), sets=sets, cost=cost, preds=())
+    result = [transition]
+    for c in costed:
+        if c.phase in (Phase.GENERATE, Phase.GENERATE_BASELINE):
+            c = _Call(
+                phase=c.phase, roles=c.roles, sets=c.sets, cost=c.cost, preds=(*c.preds, phase)
+            )
+        result.append(c)
+    return result
+
+
+def _tasks(costed: list[_Call], num_steps: int) -> list[Task]:
+    """Tasks of `num_steps` unrolled steps (one-step-off when num_steps > 1)."""
+    order = {c.phase: i for i, c in enumerate(costed)}
+    updates = [c.phase for c in costed if c.phase in (Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE)]
+    tasks = []
+    for k in range(num_steps):
+        for c in costed:
+            preds: list[Hashable] = [(k, p) for p in c.preds]
+            if k > 0 and c.phase is Phase.WEIGHT_SYNC and k >= 2:
+                preds.append((k - 2, Phase.ACTOR_UPDATE))  # weights one step stale
+            elif k > 0 and c.phase not in (
+                Phase.WEIGHT_SYNC,
+                Phase.GENERATE,
+                Phase.GENERATE_BASELINE,
+            ):
+                preds.extend((k - 1, u) for u in updates)
+            tasks.append(
+                Task(
+                    id=(k, c.phase),
+                    sets=c.sets,
+                    duration_s=c.cost.time_s,
+                    preds=tuple(preds),
+                    priority=k * 100 + order[c.phase],
+                )
+            )
+    return tasks
+
+
+def simulate(plan: Plan, cm: CostModel) -> StepEstimate:
+    """Predict one RL step of `plan` with the cost model `cm`."""
+    resident = [_resident_bytes(plan, i) for i in range(len(plan.sets))]
+    costed, problems = _cost_calls(plan, cm, resident)
+    notes: list[str] = []
+    num_steps = 1
+    if plan.workload.async_one_step_off:
+        if plan.generator_set() is None:
+            notes.append(
+                "async_one_step_off needs a generator set apart from the trainer; "
+                "simulated synchronously"
+            )
+        else:
+            num_steps = 3
+    slots = schedule(_tasks(costed, num_steps))
+    by_phase = {c.phase: c for c in costed}
+    phases = tuple(
+        PhaseInterval(
+            name=phase,
+            roles=by_phase[phase].roles,
+            device_set=by_phase[phase].sets[0] if by_phase[phase].sets else CONTROLLER,
+            set_label=plan.sets[by_phase[phase].sets[0]].label()
+            if by_phase[phase].sets
+            else "controller",
+            start_s=slot.start_s,
+            end_s=slot.end_s,
+            step=step,
+            detail=by_phase[phase].cost.detail,
+        )
+        for (step, phase), slot in sorted(slots.items(), key=lambda kv: (kv[1].start_s, kv[0][0]))
+    )
+    step_end = [max(s.end_s for (k, _), s in slots.items() if k == i) for i in range(num_steps)]
+    iteration_s = step_end[-1] - step_end[-2] if num_steps > 1 else step_end[0]
+    sets, mem_problems = _set_estimates(plan, costed, resident, iteration_s)
+    problems.extend(mem_problems)
+    wl = plan.workload
+    tokens = wl.batch.num_samples * (wl.batch.prompt_len + LengthModel.of(wl.batch).mean)
+    feasible = not problems and math.isfinite(iteration_s)
+    return StepEstimate(
+        plan_name=plan.name,
+        plan_hash=plan.content_hash(),
+        profile_name=cm.profile_name,
+        feasible=feasible,
+        infeasible_reason=problems[0] if problems else None,
+        iteration_s=iteration_s,
+        tokens_per_s=tokens / iteration_s if feasible else 0.0,
+        samples_per_s=wl.batch.num_samples / iteration_s if feasible else 0.0,
+        phases=phases,
+        sets=tuple(sets),
+        notes=tuple(notes),
+    )
+
+
+def _set_estimates(
+    plan: Plan, costed: list[_Call], resident: list[float], iteration_s: float
+) -> tuple[list[SetEstimate], list[str]]:
+    out, problems = [], []
+    for i, s in enumerate(plan.sets):
+        capacity = plan.pool_of(i).gpu.memory_bytes
+        mem = {"resident": resident[i]}
+        busy = 0.0
+        for c in costed:
+            if i in c.sets:
+                mem[c.phase.value] = resident[i] + c.cost.transient_bytes
+                busy += c.cost.busy_s
+        peak_phase = max(mem, key=lambda k: mem[k])
+        peak = mem[peak_phase]
+        if peak > capacity:
+            roles = "+".join(r.value for r in s.roles)
+            problems.append(
+                f"set #{i + 1} ({roles}), phase {peak_phase}: needs {peak:,.0f} bytes per GPU, "
+                f"capacity {capacity:,}; short by {peak - capacity:,.0f}"
+            )
+        util = (
+            min(1.0, busy / iteration_s) if iteration_s > 0 and math.isfinite(iteration_s) else 0.0
+        )
+        out.append(
+            SetEstimate(
+                index=i,
+                label=s.label(),
+                pool=s.pool,
+                num_devices=s.num_devices,
+                capacity_bytes=capacity,
+                resident_bytes=resident[i],
+                memory_by_phase=mem,
+                peak_memory_bytes=peak,
+                busy_s=busy,
+                utilisation=util,
+                bubble_fraction=1.0 - util,
+            )
+        )
+    return out, problems

@@ -1,0 +1,187 @@
+"""The Vidur importer, the datasheet completion and the shipped GPU profiles.
+
+Oracles: rows of Vidur's CSVs read here with the csv module, hand-written
+roofline formulas, and the published H100 figures quoted in DESIGN.md. Tests
+that read Vidur's data skip when its folder is absent; the shipped-file tests
+need only `profiles/data/`.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+from pathlib import Path
+
+import pytest
+from placeflow.profiles import ops
+from placeflow.profiles.build_gpu_profiles import RECIPES, build_gpu_profiles
+from placeflow.profiles.datasheet import H100_SXM, derive_efficiencies
+from placeflow.profiles.schema import Op, Profile, Scope, Source, load_profile_file
+from placeflow.profiles.vidur import geometric_subset, import_vidur
+
+from placeflow.errors import SpecError
+
+REPO = Path(__file__).resolve().parents[1]
+VIDUR_DIR = Path(os.environ.get("PLACEFLOW_VIDUR_DIR", REPO.parent / "shared" / "vidur-profiles"))
+SHIPPED = {name: REPO / "profiles" / "data" / f"{name}.json" for name in ("h100-sxm", "a100-80gb")}
+
+needs_vidur = pytest.mark.skipif(
+    not (VIDUR_DIR / "compute").is_dir(), reason=f"Vidur's CSVs not found at {VIDUR_DIR}"
+)
+
+
+@pytest.fixture(scope="module")
+def h100() -> Profile:
+    return import_vidur(VIDUR_DIR, "h100")
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, Profile]:
+    return build_gpu_profiles(VIDUR_DIR, import_date="2026-01-01")
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _find(profile: Profile, op: Op, **params: int | str) -> list:
+    return [e for e in profile.entries_for(op) if dict(e.params) == params]
+
+
+def test_geometric_subset_keeps_one_point_per_octave_and_the_ends() -> None:
+    assert geometric_subset(range(1, 65), 1) == {1, 2, 4, 8, 16, 32, 64}
+    assert geometric_subset([3, 5, 100], 1) == {3, 5, 100}
+    assert geometric_subset([2048, 10240, 18432, 67108864], 4) >= {2048, 67108864}
+
+
+@needs_vidur
+def test_import_gives_imported_gemm_and_all_reduce_entries(h100: Profile) -> None:
+    assert h100.device_kind == "cuda" and h100.provenance.dtype == "fp16"
+    assert {e.source for e in h100.entries} == {Source.IMPORTED}
+    assert len(h100.entries_for(Op.GEMM)) > 1000
+    kinds = {e.params["kind"] for e in h100.entries_for(Op.COLLECTIVE)}
+    assert kinds == {"all_reduce", "send_recv"}
+    assert all(e.p10_s <= e.median_s <= e.p90_s for e in h100.entries)
+
+
+@needs_vidur
+def test_imported_gemm_is_the_csv_median_of_its_rows(h100: Profile) -> None:
+    # Llama-2-7B at TP 2, 4096 tokens: mlp_down_proj is C[4096, 4096] = A[4096, 5504] B.
+    rows = _rows(VIDUR_DIR / "compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv")
+    picked = [
+        r for r in rows if r["num_tokens"] == "4096" and r["num_tensor_parallel_workers"] == "2"
+    ]
+    assert picked and picked[0]["n_expanded_embd"] == "11008"
+    expected_s = statistics.median(float(r["time_stats.mlp_down_proj.median"]) for r in picked)
+    [entry] = _find(h100, Op.GEMM, m=4096, n=4096, k=11008 // 2)
+    assert entry.median_s == pytest.approx(expected_s * 1e-3, rel=1e-12)
+    assert entry.repeats == 20 * len(picked)
+
+
+@needs_vidur
+def test_imported_all_reduce_is_the_csv_median(h100: Profile) -> None:
+    rows = _rows(VIDUR_DIR / "network/h100_dgx/all_reduce.csv")
+    picked = [r for r in rows if r["num_workers"] == "8" and r["size"] == "67108864"]
+    expected_s = statistics.median(float(r["time_stats.all_reduce.median"]) for r in picked)
+    [entry] = _find(
+        h100, Op.COLLECTIVE, kind="all_reduce", world_size=8, scope="intra", num_bytes=67108864
+    )
+    assert entry.median_s == pytest.approx(expected_s * 1e-3, rel=1e-12)
+
+
+@needs_vidur
+def test_send_recv_across_nodes_is_scoped_inter(h100: Profile) -> None:
+    scopes = {e.params["scope"] for e in h100.entries_for(Op.COLLECTIVE)}
+    assert scopes == {"intra", "inter"}
+    inter = [e for e in h100.entries_for(Op.COLLECTIVE) if e.params["scope"] == "inter"]
+    assert {(e.params["kind"], e.params["world_size"]) for e in inter} == {("send_recv", 2)}
+    without = import_vidur(VIDUR_DIR, "a100", inter_node=False)
+    assert all(e.params["scope"] == "intra" for e in without.entries_for(Op.COLLECTIVE))
+
+
+@needs_vidur
+def test_unknown_gpu_and_wrong_folder_are_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="a40"):
+        import_vidur(VIDUR_DIR, "a40")
+    with pytest.raises(SpecError, match=r"mlp\.csv"):
+        import_vidur(tmp_path, "h100")
+
+
+@needs_vidur
+def test_h100_efficiencies_match_published_figures(h100: Profile) -> None:
+    eff = derive_efficiencies(h100, H100_SXM)
+    assert 0.65 <= eff.compute_fraction <= 0.85  # published: large GEMMs 69-82 % of peak
+    lo, hi = eff.decode_hbm_fraction_range
+    assert 0.65 <= lo <= hi <= 0.95  # published: decode GEMMs 81-90 % of HBM bandwidth
+    assert 0.8 <= eff.hbm_fraction <= 0.95
+    assert 20e-6 <= eff.network.allreduce_floor_s[8] <= 50e-6  # published ~35 us
+    [at_16mib] = _find(
+        h100, Op.COLLECTIVE, kind="all_reduce", world_size=8, scope="intra", num_bytes=16 << 20
+    )
+    bus_bytes_per_s = ops.bytes_moved(Op.COLLECTIVE, at_16mib.params, 2) / at_16mib.median_s
+    assert bus_bytes_per_s == pytest.approx(255e9, rel=0.1)  # published ~255 GB/s
+
+
+@needs_vidur
+def test_completed_profiles_cover_every_op(built: dict[str, Profile]) -> None:
+    assert set(built) == {r.name for r in RECIPES}
+    for name, profile in built.items():
+        assert profile.name == name and profile.provenance.source is Source.MIXED
+        assert set(profile.coverage()) == {op.value for op in Op}
+        for op in (Op.ATTN_PREFILL_FWD, Op.ATTN_PREFILL_BWD, Op.ATTN_DECODE, Op.OPTIMIZER, Op.COPY):
+            assert {e.source for e in profile.entries_for(op)} == {Source.DATASHEET}
+
+
+@needs_vidur
+def test_imported_entries_survive_completion_and_series_never_mix(
+    built: dict[str, Profile], h100: Profile
+) -> None:
+    completed = built["h100-sxm"]
+    assert set(h100.entries) <= set(completed.entries)
+    sources: dict[tuple, set[Source]] = {}
+    for e in completed.entries:
+        sources.setdefault((e.op, ops.series_key(e.op, e.params)), set()).add(e.source)
+    assert all(len(s) == 1 for s in sources.values())
+
+
+@needs_vidur
+def test_datasheet_entries_follow_the_roofline(built: dict[str, Profile], h100: Profile) -> None:
+    eff = derive_efficiencies(h100, H100_SXM)
+    profile = built["h100-sxm"]
+    # Llama-3.1-8B LM head at TP 1, 4096 tokens: compute-bound.
+    [lm_head] = _find(profile, Op.GEMM, m=4096, n=128256, k=4096)
+    flops = 2 * 4096 * 128256 * 4096
+    assert lm_head.source is Source.DATASHEET
+    assert lm_head.median_s == pytest.approx(
+        eff.fixed_s + flops / (989e12 * eff.compute_fraction), rel=1e-9
+    )
+    # 64-GPU all-reduce across nodes: 2 (n - 1) / n bytes per GPU over a 50 GB/s NIC.
+    [inter] = _find(
+        profile, Op.COLLECTIVE, kind="all_reduce", world_size=64, scope="inter", num_bytes=1 << 26
+    )
+    net = eff.network
+    bus_s = 2 * 63 / 64 * (1 << 26) / (50e9 * net.inter_fraction)
+    assert inter.median_s == pytest.approx(net.inter_latency_s + bus_s, rel=1e-9)
+    assert inter.p10_s == inter.median_s == inter.p90_s
+
+
+@needs_vidur
+def test_shipped_files_are_what_the_build_gives(built: dict[str, Profile]) -> None:
+    for name, path in SHIPPED.items():
+        shipped = load_profile_file(path)
+        assert [e.to_json() for e in shipped.entries] == [e.to_json() for e in built[name].entries]
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_gpu_profile_loads_with_provenance(name: str) -> None:
+    path = SHIPPED[name]
+    profile = load_profile_file(path)
+    assert profile.name == name and profile.device_kind == "cuda"
+    assert profile.provenance.source is Source.MIXED
+    assert "microsoft/vidur" in profile.provenance.notes and "MIT" in profile.provenance.notes
+    assert set(profile.coverage()) == {op.value for op in Op}
+    assert set(profile.sources()) == {"imported", "datasheet"}
+    assert any(e.params.get("scope") == Scope.INTER.value for e in profile.entries)
+    assert path.stat().st_size < 2_000_000
