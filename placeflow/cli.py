@@ -175,6 +175,55 @@ def _cmd_profiles_import_vidur(args: argparse.Namespace, console: Console) -> in
     return 0
 
 
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB"
+
+
+def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.plan import load_plan
+    from placeflow.simulator import simulate
+    from placeflow.simulator.simulate import cost_models_for
+
+    plan = load_plan(args.plan)
+    estimate = simulate(plan, cost_models_for(plan, args.profile))
+    if args.json:
+        console.print_json(json.dumps(estimate.to_json()))
+        return 0 if estimate.feasible else 1
+    table = Table(
+        title=f"plan {plan.name!r} ({plan.content_hash()}), profile {estimate.profile_name}"
+    )
+    for col in ("phase", "set", "start s", "end s", "duration s"):
+        table.add_column(col, justify="left" if col in ("phase", "set") else "right")
+    for p in estimate.phases:
+        table.add_row(
+            p.name.value, p.set_label, f"{p.start_s:.3f}", f"{p.end_s:.3f}", f"{p.duration_s:.3f}"
+        )
+    console.print(table)
+    sets = Table(title="device sets")
+    for col in ("set", "devices", "resident", "peak", "capacity", "utilisation"):
+        sets.add_column(col, justify="left" if col == "set" else "right")
+    for s in estimate.sets:
+        sets.add_row(
+            s.label,
+            f"{s.num_devices} x {s.pool}",
+            _gib(s.resident_bytes),
+            _gib(s.peak_memory_bytes),
+            _gib(s.capacity_bytes),
+            f"{s.utilisation:.0%}",
+        )
+    console.print(sets)
+    for note in estimate.notes:
+        console.print(f"note: {note}")
+    if not estimate.feasible:
+        console.print(f"[red]infeasible[/red]: {estimate.infeasible_reason}")
+        return 1
+    console.print(
+        f"iteration {estimate.iteration_s:.3f} s, {estimate.tokens_per_s:,.0f} tokens/s, "
+        f"{estimate.samples_per_s:,.2f} samples/s, peak {_gib(estimate.peak_memory_bytes)} per GPU"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="placeflow",
@@ -194,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="profile name (default: the --out file stem or <device>-local)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_cmd_profile)
+
+    p = sub.add_parser("simulate", help="predict one RL step of a plan, phase by phase")
+    p.add_argument("plan", help="plan TOML file")
+    p.add_argument("--profile", help="profile for every pool (default: each pool's own)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_simulate)
 
     prof = sub.add_parser("profiles", help="list, check and import profiles")
     psub = prof.add_subparsers(dest="profiles_command", required=True)

@@ -134,8 +134,11 @@ def cluster_to_dict(c: ClusterSpec) -> dict[str, Any]:
     pools = []
     for p in c.pools:
         pool: dict[str, Any] = {
-            "name": p.name, "gpu": p.gpu.name, "num_nodes": p.num_nodes,
-            "gpus_per_node": p.gpus_per_node, "memory_gib": p.gpu.memory_bytes / GIB,
+            "name": p.name,
+            "gpu": p.gpu.name,
+            "num_nodes": p.num_nodes,
+            "gpus_per_node": p.gpus_per_node,
+            "memory_gib": p.gpu.memory_bytes / GIB,
             "profile": p.profile,
         }
         if p.price_per_gpu_hour is not None:

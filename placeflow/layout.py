@@ -139,11 +139,13 @@ class GenLayout:
         for dp in range(self.train.d):
             for gpp in range(self.pg):
                 for gtp in range(self.tg):
-                    groups.append([
-                        self.train.rank(pp=gpp * self._mp + b, tp=gtp * self._mt + a, dp=dp)
-                        for b in range(self._mp)
-                        for a in range(self._mt)
-                    ])
+                    groups.append(
+                        [
+                            self.train.rank(pp=gpp * self._mp + b, tp=gtp * self._mt + a, dp=dp)
+                            for b in range(self._mp)
+                            for a in range(self._mt)
+                        ]
+                    )
         return groups
 
     def tp_groups(self) -> list[list[int]]:

@@ -43,7 +43,13 @@ from typing import Any
 
 import tomli_w
 
-from placeflow.cluster import ClusterSpec, PoolSpec, cluster_from_dict, cluster_to_dict, load_cluster
+from placeflow.cluster import (
+    ClusterSpec,
+    PoolSpec,
+    cluster_from_dict,
+    cluster_to_dict,
+    load_cluster,
+)
 from placeflow.errors import SpecError
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.tomlio import Table, read_toml
@@ -90,7 +96,9 @@ class RoleParallelism:
         if generator_devices is None:
             return GenLayout(train=self.train, tg=self.tg, pg=self.pg)
         replicas = generator_devices // (self.tg * self.pg)
-        return GenLayout(train=TrainLayout(p=self.pg, t=self.tg, d=replicas), tg=self.tg, pg=self.pg)
+        return GenLayout(
+            train=TrainLayout(p=self.pg, t=self.tg, d=replicas), tg=self.tg, pg=self.pg
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +154,11 @@ def _validate(plan: Plan) -> None:
         if not s.roles:
             raise SpecError(f"{where}: a set needs at least one role")
         pool = plan.cluster.pool(s.pool)
-        if s.num_devices <= 0 or s.first_device < 0 or s.first_device + s.num_devices > pool.num_gpus:
+        if (
+            s.num_devices <= 0
+            or s.first_device < 0
+            or s.first_device + s.num_devices > pool.num_gpus
+        ):
             raise SpecError(
                 f"{where}: devices [{s.first_device}, {s.first_device + s.num_devices}) do not fit "
                 f"in pool {pool.name!r} of {pool.num_gpus} devices"
@@ -185,7 +197,9 @@ def _check_tp(where: str, tp: int, model_heads: int, kv_heads: int, pool: PoolSp
     if model_heads % tp:
         raise SpecError(f"{where}: tensor parallel {tp} must divide the {model_heads} heads")
     if tp > kv_heads and tp % kv_heads or tp <= kv_heads and kv_heads % tp:
-        raise SpecError(f"{where}: tensor parallel {tp} and the {kv_heads} KV heads must divide one another")
+        raise SpecError(
+            f"{where}: tensor parallel {tp} and the {kv_heads} KV heads must divide one another"
+        )
     if tp > pool.gpus_per_node:
         raise SpecError(
             f"{where}: tensor parallel {tp} exceeds the {pool.gpus_per_node} devices of a node "
@@ -208,16 +222,22 @@ def _validate_role(plan: Plan, role: Role) -> None:
         )
     _check_tp(where, par.train.t, model.num_heads, model.num_kv_heads, pool)
     if model.num_layers % par.train.p:
-        raise SpecError(f"{where}: pipeline p={par.train.p} must divide the {model.num_layers} layers")
+        raise SpecError(
+            f"{where}: pipeline p={par.train.p} must divide the {model.num_layers} layers"
+        )
     if role is Role.ACTOR:
         gen_set = plan.generator_set()
         gen_devices = plan.sets[gen_set].num_devices if gen_set is not None else None
         if gen_devices is not None and gen_devices % (par.tg * par.pg):
-            raise SpecError(f"{where}: tg*pg = {par.tg * par.pg} must divide the {gen_devices} generator devices")
+            raise SpecError(
+                f"{where}: tg*pg = {par.tg * par.pg} must divide the {gen_devices} generator devices"
+            )
         par.gen_layout(gen_devices)  # validates tg | t and pg | p for colocated generation
         _check_tp(f"{where} generation", par.tg, model.num_heads, model.num_kv_heads, pool)
         if model.num_layers % par.pg:
-            raise SpecError(f"{where}: generation pg={par.pg} must divide the {model.num_layers} layers")
+            raise SpecError(
+                f"{where}: generation pg={par.pg} must divide the {model.num_layers} layers"
+            )
 
 
 # --- TOML --------------------------------------------------------------------
@@ -241,19 +261,25 @@ def _role(name: str, where: str) -> Role:
     try:
         return Role(name)
     except ValueError:
-        raise SpecError(f"{where}: unknown role {name!r}; roles: {', '.join(r.value for r in Role)}") from None
+        raise SpecError(
+            f"{where}: unknown role {name!r}; roles: {', '.join(r.value for r in Role)}"
+        ) from None
 
 
 def plan_from_dict(data: dict[str, Any], where: str, base_dir: Path) -> Plan:
     t = Table(data, where)
     t.reject_unknown(("name", "workload", "cluster", "sets", "parallelism"))
     wl = data.get("workload")
-    workload = load_workload(base_dir / wl) if isinstance(wl, str) else workload_from_dict(
-        t.table("workload").data, f"{where} [workload]"
+    workload = (
+        load_workload(base_dir / wl)
+        if isinstance(wl, str)
+        else workload_from_dict(t.table("workload").data, f"{where} [workload]")
     )
     cl = data.get("cluster")
-    cluster = load_cluster(base_dir / cl) if isinstance(cl, str) else cluster_from_dict(
-        t.table("cluster").data, f"{where} [cluster]"
+    cluster = (
+        load_cluster(base_dir / cl)
+        if isinstance(cl, str)
+        else cluster_from_dict(t.table("cluster").data, f"{where} [cluster]")
     )
     sets = []
     for st in t.tables("sets"):
@@ -261,17 +287,22 @@ def plan_from_dict(data: dict[str, Any], where: str, base_dir: Path) -> Plan:
         raw_roles = st.data.get("roles")
         if not isinstance(raw_roles, list) or not all(isinstance(r, str) for r in raw_roles):
             raise SpecError(f"{st.where}: roles must be a list of role names, got {raw_roles!r}")
-        sets.append(DeviceSet(
-            roles=tuple(sorted((_role(r, st.where) for r in raw_roles), key=list(Role).index)),
-            pool=st.get_str("pool", cluster.pools[0].name),
-            first_device=st.get_int("first_device", 0),
-            num_devices=st.get_int("num_devices"),
-            generator=st.get_bool("generator", False),
-        ))
+        sets.append(
+            DeviceSet(
+                roles=tuple(sorted((_role(r, st.where) for r in raw_roles), key=list(Role).index)),
+                pool=st.get_str("pool", cluster.pools[0].name),
+                first_device=st.get_int("first_device", 0),
+                num_devices=st.get_int("num_devices"),
+                generator=st.get_bool("generator", False),
+            )
+        )
     pt = t.table("parallelism")
     parallelism = {_role(k, pt.where): _parallelism_from_table(pt.table(k)) for k in pt.data}
     return Plan(
-        name=t.get_str("name", "plan"), workload=workload, cluster=cluster, sets=tuple(sets),
+        name=t.get_str("name", "plan"),
+        workload=workload,
+        cluster=cluster,
+        sets=tuple(sets),
         parallelism=parallelism,
     )
 
@@ -290,8 +321,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     sets = []
     for s in plan.sets:
         entry: dict[str, Any] = {
-            "roles": [r.value for r in s.roles], "pool": s.pool,
-            "first_device": s.first_device, "num_devices": s.num_devices,
+            "roles": [r.value for r in s.roles],
+            "pool": s.pool,
+            "first_device": s.first_device,
+            "num_devices": s.num_devices,
         }
         if s.generator:
             entry["generator"] = True

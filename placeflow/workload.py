@@ -187,8 +187,15 @@ def _parse_role(name: str, where: str) -> Role:
 
 
 _BATCH_KEYS = (
-    "prompts_per_step", "samples_per_prompt", "prompt_len", "response_len", "ppo_epochs",
-    "mini_batches", "response_len_dist", "response_len_median", "response_len_sigma",
+    "prompts_per_step",
+    "samples_per_prompt",
+    "prompt_len",
+    "response_len",
+    "ppo_epochs",
+    "mini_batches",
+    "response_len_dist",
+    "response_len_median",
+    "response_len_sigma",
 )
 
 
@@ -207,7 +214,8 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         ) from None
     models_t = t.table("models")
     models = {
-        _parse_role(role, models_t.where): get_model(models_t.get_str(role)) for role in models_t.data
+        _parse_role(role, models_t.where): get_model(models_t.get_str(role))
+        for role in models_t.data
     }
     bt = t.table("batch")
     bt.reject_unknown(_BATCH_KEYS)
@@ -245,9 +253,13 @@ def workload_to_dict(w: Workload) -> dict[str, Any]:
     """The TOML table of a workload; `workload_from_dict` reads it back to an equal value."""
     b = w.batch
     batch: dict[str, Any] = {
-        "prompts_per_step": b.prompts_per_step, "samples_per_prompt": b.samples_per_prompt,
-        "prompt_len": b.prompt_len, "response_len": b.response_len, "ppo_epochs": b.ppo_epochs,
-        "mini_batches": b.mini_batches, "response_len_dist": b.response_len_dist,
+        "prompts_per_step": b.prompts_per_step,
+        "samples_per_prompt": b.samples_per_prompt,
+        "prompt_len": b.prompt_len,
+        "response_len": b.response_len,
+        "ppo_epochs": b.ppo_epochs,
+        "mini_batches": b.mini_batches,
+        "response_len_dist": b.response_len_dist,
     }
     if b.response_len_dist == "lognormal":
         batch["response_len_median"] = b.response_len_median

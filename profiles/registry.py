@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Profile, load_profile_file
 
 from placeflow.errors import ProfileSchemaError, UnknownNameError
@@ -55,3 +56,18 @@ def load_profile(name_or_path: str) -> Profile:
             raise ProfileSchemaError(f"{path}: profile file not found")
         return load_profile_file(path)
     raise UnknownNameError("profile", name_or_path, list(refs) + ["<path to a profile .json>"])
+
+
+def fitted_cost_model(name_or_path: str) -> CostModel:
+    """Load and fit a profile once per process; later calls share the fit and its memo.
+
+    Fitting takes about a second for a GPU profile, and the planner and the CLI
+    ask for the same few profiles many times.
+    """
+    key = str(Path(name_or_path).resolve()) if name_or_path.endswith(".json") else name_or_path
+    if key not in _FITTED:
+        _FITTED[key] = CostModel.fit(load_profile(name_or_path))
+    return _FITTED[key]
+
+
+_FITTED: dict[str, CostModel] = {}

@@ -15,7 +15,7 @@ iteration time is the steady-state distance between the ends of steps 2 and 3.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 from placeflow.profiles.costmodel import CostModel
@@ -32,6 +32,15 @@ from placeflow.plan import Plan
 from placeflow.workload import Role
 
 CONTROLLER = -1
+
+CostModels = Mapping[str, CostModel]
+
+
+def _cm(plan: Plan, cms: CostModels, set_index: int) -> CostModel:
+    """The cost model of a set's pool ("*" stands for every pool)."""
+    if "*" in cms:
+        return cms["*"]
+    return cms[plan.pool_of(set_index).profile]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +90,7 @@ def _gen_layout(plan: Plan) -> GenLayout:
 
 
 def _generation(
-    plan: Plan, cm: CostModel, call: ModelCall, resident: list[float]
+    plan: Plan, cms: CostModels, call: ModelCall, resident: list[float]
 ) -> calls.CallCost | str:
     """Generation cost, or the reason it cannot run (no room for one sequence's KV cache)."""
     gen = _gen_layout(plan)
@@ -115,10 +124,12 @@ def _generation(
         lengths=lengths,  # a greedy baseline stops at the same lengths in expectation
         kv_capacity_seqs=kv_seqs,
     )
-    return calls.generation_cost(cm, actor, gen, shape)
+    return calls.generation_cost(_cm(plan, cms, set_index), actor, gen, shape)
 
 
-def _cost_calls(plan: Plan, cm: CostModel, resident: list[float]) -> tuple[list[_Call], list[str]]:
+def _cost_calls(
+    plan: Plan, cms: CostModels, resident: list[float]
+) -> tuple[list[_Call], list[str]]:
     g = build_dataflow(plan.workload)
     wl = plan.workload
     lengths = LengthModel.of(wl.batch)
@@ -138,7 +149,7 @@ def _cost_calls(plan: Plan, cm: CostModel, resident: list[float]) -> tuple[list[
         par = plan.parallelism[role]
         set_index = plan.set_of(role)
         if call.kind == CallKind.GENERATE:
-            gen_cost = _generation(plan, cm, call, resident)
+            gen_cost = _generation(plan, cms, call, resident)
             if isinstance(gen_cost, str):
                 problems.append(gen_cost)
                 gen_cost = calls.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
@@ -146,7 +157,12 @@ def _cost_calls(plan: Plan, cm: CostModel, resident: list[float]) -> tuple[list[
             cost = gen_cost
         elif call.kind == CallKind.FORWARD:
             cost = calls.forward_cost(
-                cm, model, par, call.num_samples, seq, value_head=role.has_value_head
+                _cm(plan, cms, set_index),
+                model,
+                par,
+                call.num_samples,
+                seq,
+                value_head=role.has_value_head,
             )
         else:
             dp_scope = max(
@@ -154,7 +170,7 @@ def _cost_calls(plan: Plan, cm: CostModel, resident: list[float]) -> tuple[list[
                 key=lambda s: s is Scope.INTER,
             )
             cost = calls.train_cost(
-                cm,
+                _cm(plan, cms, set_index),
                 model,
                 par,
                 call.num_samples,
@@ -167,15 +183,16 @@ def _cost_calls(plan: Plan, cm: CostModel, resident: list[float]) -> tuple[list[
         out.append(
             _Call(phase=call.phase, roles=(role,), sets=(set_index,), cost=cost, preds=preds)
         )
-    out = _with_transitions(plan, cm, out)
+    out = _with_transitions(plan, cms, out)
     return out, problems
 
 
-def _with_transitions(plan: Plan, cm: CostModel, costed: list[_Call]) -> list[_Call]:
+def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[_Call]:
     """Insert reshard (colocated actor) or weight_sync (generator apart) before generation."""
     actor = plan.workload.models[Role.ACTOR]
     actor_set, gen_set = plan.set_of(Role.ACTOR), plan.generator_set()
     gen = _gen_layout(plan)
+    cm = _cm(plan, cms, actor_set)
     if gen_set is not None:
         par = plan.parallelism[Role.ACTOR]
         same_node = group_scope(plan, actor_set, [0]) is Scope.INTRA and (
@@ -234,10 +251,15 @@ def _tasks(costed: list[_Call], num_steps: int) -> list[Task]:
     return tasks
 
 
-def simulate(plan: Plan, cm: CostModel) -> StepEstimate:
-    """Predict one RL step of `plan` with the cost model `cm`."""
+def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
+    """Predict one RL step of `plan`.
+
+    `costs` is one cost model for every pool, or cost models by profile name
+    (each set is costed with its pool's profile; see `cost_models_for`).
+    """
+    cms: CostModels = {"*": costs} if isinstance(costs, CostModel) else costs
     resident = [_resident_bytes(plan, i) for i in range(len(plan.sets))]
-    costed, problems = _cost_calls(plan, cm, resident)
+    costed, problems = _cost_calls(plan, cms, resident)
     notes: list[str] = []
     num_steps = 1
     if plan.workload.async_one_step_off:
@@ -275,7 +297,9 @@ def simulate(plan: Plan, cm: CostModel) -> StepEstimate:
     return StepEstimate(
         plan_name=plan.name,
         plan_hash=plan.content_hash(),
-        profile_name=cm.profile_name,
+        profile_name="+".join(
+            sorted({_cm(plan, cms, i).profile_name for i in range(len(plan.sets))})
+        ),
         feasible=feasible,
         infeasible_reason=problems[0] if problems else None,
         iteration_s=iteration_s,
@@ -302,10 +326,11 @@ def _set_estimates(
         peak_phase = max(mem, key=lambda k: mem[k])
         peak = mem[peak_phase]
         if peak > capacity:
-            roles = "+".join(r.value for r in s.roles)
+            owner = next((c.roles for c in costed if c.phase.value == peak_phase), s.roles)
+            roles = "+".join(r.value for r in owner)
             problems.append(
-                f"set #{i + 1} ({roles}), phase {peak_phase}: needs {peak:,.0f} bytes per GPU, "
-                f"capacity {capacity:,}; short by {peak - capacity:,.0f}"
+                f"role {roles}, phase {peak_phase}: set #{i + 1} ({s.label()}) needs "
+                f"{peak:,.0f} bytes per GPU of {capacity:,}; short by {peak - capacity:,.0f}"
             )
         util = (
             min(1.0, busy / iteration_s) if iteration_s > 0 and math.isfinite(iteration_s) else 0.0
@@ -326,3 +351,12 @@ def _set_estimates(
             )
         )
     return out, problems
+
+
+def cost_models_for(plan: Plan, profile: str | None = None) -> dict[str, CostModel]:
+    """Fitted cost models for the pools of `plan` (or `profile` for all of them)."""
+    from placeflow.profiles.registry import fitted_cost_model
+
+    if profile is not None:
+        return {"*": fitted_cost_model(profile)}
+    return {pool.profile: fitted_cost_model(pool.profile) for pool in plan.cluster.pools}
