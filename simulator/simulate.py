@@ -224,20 +224,25 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
 
 
 def _tasks(costed: list[_Call], num_steps: int) -> list[Task]:
-    """Tasks of `num_steps` unrolled steps (one-step-off when num_steps > 1)."""
+    """Tasks of `num_steps` unrolled steps (one-step-off when num_steps > 1).
+
+    Step k's calls after generation wait for step k−1's updates. The weight
+    sync feeding generation k carries the weights of update k−2 and is ordered
+    just before step k−1's calls, so that generation k overlaps training k−1.
+    """
     order = {c.phase: i for i, c in enumerate(costed)}
     updates = [c.phase for c in costed if c.phase in (Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE)]
+    generation = (Phase.WEIGHT_SYNC, Phase.GENERATE, Phase.GENERATE_BASELINE)
     tasks = []
     for k in range(num_steps):
         for c in costed:
             preds: list[Hashable] = [(k, p) for p in c.preds]
-            if k > 0 and c.phase is Phase.WEIGHT_SYNC and k >= 2:
-                preds.append((k - 2, Phase.ACTOR_UPDATE))  # weights one step stale
-            elif k > 0 and c.phase not in (
-                Phase.WEIGHT_SYNC,
-                Phase.GENERATE,
-                Phase.GENERATE_BASELINE,
-            ):
+            priority = k * 100 + order[c.phase]
+            if c.phase is Phase.WEIGHT_SYNC and k > 0:
+                priority = (k - 1) * 100 - 1
+                if k >= 2:
+                    preds.append((k - 2, Phase.ACTOR_UPDATE))
+            elif k > 0 and c.phase not in generation:
                 preds.extend((k - 1, u) for u in updates)
             tasks.append(
                 Task(
@@ -245,7 +250,7 @@ def _tasks(costed: list[_Call], num_steps: int) -> list[Task]:
                     sets=c.sets,
                     duration_s=c.cost.time_s,
                     preds=tuple(preds),
-                    priority=k * 100 + order[c.phase],
+                    priority=priority,
                 )
             )
     return tasks

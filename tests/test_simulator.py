@@ -1,0 +1,195 @@
+"""Simulator: hand-computed steps on fake kernel costs, published figures, and invariants."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placeflow.catalogue import CATALOGUE
+from placeflow.cluster import ClusterSpec, PoolSpec
+from placeflow.hardware import HARDWARE
+from placeflow.layout import TrainLayout
+from placeflow.phases import Phase
+from placeflow.plan import DeviceSet, Plan, RoleParallelism, load_plan
+from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.registry import fitted_cost_model
+from placeflow.simulator import memory, simulate
+from placeflow.simulator.dataflow import build_dataflow
+from placeflow.workload import Algorithm, BatchSpec, Role, Workload
+
+PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"
+GEMM_S = 1e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GemmOnlyCosts(CostModel):
+    """Every GEMM takes 1 ms, everything else is free: steps can be computed by hand."""
+
+    def gemm_s(self, m, n, k):
+        return GEMM_S
+
+    def attn_prefill_s(self, *args, **kwargs):
+        return 0.0
+
+    def attn_decode_s(self, *args, **kwargs):
+        return 0.0
+
+    def elementwise_s(self, kind, num_bytes):
+        return 0.0
+
+    def optimizer_s(self, num_params):
+        return 0.0
+
+    def collective_s(self, kind, num_bytes, world_size, scope):
+        return 0.0
+
+
+FAKE = GemmOnlyCosts(profile_name="fake", dtype_bytes=4, rooflines={}, series={})
+
+
+def tiny_plan(sets, parallelism, *, response_len=4, algorithm=Algorithm.GRPO, roles=None,
+              num_devices=4, memory_gib=5.0):
+    model = CATALOGUE["tiny-llama"]
+    roles = roles or (Role.ACTOR, Role.REF)
+    workload = Workload(
+        name="w", algorithm=algorithm, models={r: model for r in roles},
+        batch=BatchSpec(prompts_per_step=4, samples_per_prompt=2, prompt_len=8,
+                        response_len=response_len, mini_batches=2),
+        reward_function="arith",
+    )
+    gpu = dataclasses.replace(HARDWARE["cpu"], memory_bytes=int(memory_gib * 2**30))
+    cluster = ClusterSpec(name="c", pools=(PoolSpec(name="cpu", gpu=gpu, num_nodes=1,
+                                                     gpus_per_node=num_devices),))
+    return Plan(name="p", workload=workload, cluster=cluster, sets=tuple(sets),
+                parallelism=parallelism)
+
+
+def one_device(**kw):
+    return RoleParallelism(train=TrainLayout(), micro_batch=4, recompute=False, **kw)
+
+
+def test_hand_computed_colocated_step():
+    plan = tiny_plan([DeviceSet(roles=(Role.ACTOR, Role.REF), pool="cpu", first_device=0,
+                                num_devices=1)],
+                     {Role.ACTOR: one_device(), Role.REF: one_device()})
+    est = simulate(plan, FAKE)
+    d = {p.name: p.duration_s for p in est.phases}
+    # generate: prefill 2 layers x 4 GEMMs + LM head = 9 GEMMs; 4 decode steps of 9 GEMMs.
+    assert d[Phase.GENERATE] == pytest.approx(45 * GEMM_S)
+    # forward: 8 samples in 2 micro-batches of 4; stage = 8 GEMMs, head 1 per micro-batch.
+    assert d[Phase.REF_LOGPROB] == pytest.approx(18 * GEMM_S)
+    assert d[Phase.OLD_LOGPROB] == pytest.approx(18 * GEMM_S)
+    # update: 2 mini-batches x (fwd 8 + bwd 16 + head fwd 1 + head bwd 2) GEMMs.
+    assert d[Phase.ACTOR_UPDATE] == pytest.approx(54 * GEMM_S)
+    assert est.iteration_s == pytest.approx(135 * GEMM_S)
+    assert est.feasible and Phase.RESHARD not in d  # tg = t: nothing to move
+    tokens = 8 * (8 + 4)
+    assert est.tokens_per_s == pytest.approx(tokens / est.iteration_s)
+
+
+def test_hand_computed_split_step_overlaps_forward_calls():
+    plan = tiny_plan([DeviceSet(roles=(Role.ACTOR,), pool="cpu", first_device=0, num_devices=1),
+                      DeviceSet(roles=(Role.REF,), pool="cpu", first_device=1, num_devices=1)],
+                     {Role.ACTOR: one_device(), Role.REF: one_device()})
+    est = simulate(plan, FAKE)
+    assert est.iteration_s == pytest.approx((45 + 18 + 54) * GEMM_S)
+
+
+def test_dataflow_graphs():
+    def phases(algorithm, roles, reward_function=None):
+        model = CATALOGUE["tiny-llama"]
+        wl = Workload(name="w", algorithm=algorithm, models={r: model for r in roles},
+                      batch=BatchSpec(prompts_per_step=4, samples_per_prompt=2, prompt_len=8,
+                                      response_len=8),
+                      reward_function=reward_function)
+        return set(build_dataflow(wl).nodes)
+
+    ppo = phases(Algorithm.PPO, (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD))
+    assert ppo == {Phase.GENERATE, Phase.REF_LOGPROB, Phase.OLD_LOGPROB, Phase.VALUES,
+                   Phase.REWARD, Phase.ADVANTAGE, Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE}
+    grpo = phases(Algorithm.GRPO, (Role.ACTOR, Role.REF), "arith")
+    assert Phase.VALUES not in grpo and Phase.CRITIC_UPDATE not in grpo
+    remax = phases(Algorithm.REMAX, (Role.ACTOR, Role.REF, Role.REWARD))
+    assert Phase.GENERATE_BASELINE in remax
+    safe = phases(Algorithm.SAFE_RLHF, tuple(Role))
+    assert {Phase.COST, Phase.COST_VALUES} <= safe
+
+
+def test_published_memory_figures():
+    m = CATALOGUE["llama-2-7b"]
+    state = memory.training_state_bytes_per_gpu(m, TrainLayout(), 0, value_head=False)
+    assert state == 16 * m.num_params()  # mixed-precision Adam, 16 bytes per parameter
+    assert memory.kv_bytes_per_token_per_gpu(CATALOGUE["llama-3.1-8b"], 1, 1) == 131_072
+
+
+@given(zero=st.sampled_from([0, 1, 2, 3]), d=st.sampled_from([1, 2, 4, 8, 16]))
+def test_more_sharding_never_raises_memory(zero, d):
+    m = CATALOGUE["llama-2-13b"]
+    a = memory.training_state_bytes_per_gpu(m, TrainLayout(d=d), zero, value_head=False)
+    b = memory.training_state_bytes_per_gpu(m, TrainLayout(d=2 * d), zero, value_head=False)
+    assert b <= a
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return fitted_cost_model("h100-sxm")
+
+
+@settings(max_examples=25, deadline=None)
+@given(short=st.integers(16, 2048), extra=st.integers(0, 2048))
+def test_longer_response_never_shortens_generation(h100, short, extra):
+    plan = load_plan(PLANS / "ppo-7b-colocate-h100x16.toml")
+
+    def gen_s(response_len):
+        wl = dataclasses.replace(plan.workload, batch=dataclasses.replace(
+            plan.workload.batch, response_len=response_len))
+        est = simulate(dataclasses.replace(plan, workload=wl), h100)
+        return next(p.duration_s for p in est.phases if p.name is Phase.GENERATE)
+
+    assert gen_s(short + extra) >= gen_s(short)
+
+
+@pytest.mark.parametrize("path", sorted(PLANS.glob("*.toml")), ids=lambda p: p.stem)
+def test_calls_on_one_set_never_overlap(path):
+    plan = load_plan(path)
+    from placeflow.simulator.simulate import cost_models_for
+
+    est = simulate(plan, cost_models_for(plan))
+    assert est.feasible, est.infeasible_reason
+    for i in range(len(plan.sets)):
+        on_set = sorted((p.start_s, p.end_s) for p in est.phases if p.device_set == i)
+        for (_, end), (start, _) in zip(on_set, on_set[1:], strict=False):
+            assert start >= end - 1e-12
+
+
+def test_plan_that_does_not_fit_names_role_phase_and_bytes(h100):
+    plan = load_plan(PLANS / "ppo-7b-standalone-h100x16.toml")
+    big = CATALOGUE["llama-2-70b"]
+    models = dict(plan.workload.models)
+    models[Role.CRITIC] = big
+    wl = dataclasses.replace(plan.workload, models=models)
+    par = dict(plan.parallelism)
+    par[Role.CRITIC] = RoleParallelism(train=TrainLayout(t=4), micro_batch=8)
+    est = simulate(dataclasses.replace(plan, workload=wl, parallelism=par), h100)
+    assert not est.feasible
+    assert "role critic" in est.infeasible_reason and "short by" in est.infeasible_reason
+
+
+def test_async_one_step_off_overlaps_generation_with_training(h100):
+    plan = load_plan(PLANS / "ppo-7b-split-h100x16.toml")
+    sets = (DeviceSet(roles=(Role.ACTOR, Role.REF), pool="h100", first_device=0, num_devices=4),
+            DeviceSet(roles=(Role.ACTOR,), pool="h100", first_device=4, num_devices=4,
+                      generator=True),
+            *plan.sets[1:])
+    par = dict(plan.parallelism)
+    par[Role.ACTOR] = RoleParallelism(train=TrainLayout(t=4), tg=2, micro_batch=8)
+    par[Role.REF] = RoleParallelism(train=TrainLayout(t=2, d=2), micro_batch=16)
+    sync_plan = dataclasses.replace(plan, sets=sets, parallelism=par)
+    async_plan = dataclasses.replace(
+        sync_plan, workload=dataclasses.replace(sync_plan.workload, async_one_step_off=True))
+    sync_est, async_est = simulate(sync_plan, h100), simulate(async_plan, h100)
+    assert sync_est.feasible and async_est.feasible
+    assert Phase.WEIGHT_SYNC in {p.name for p in sync_est.phases}
+    assert async_est.iteration_s < sync_est.iteration_s
