@@ -152,7 +152,7 @@ class GenLayout:
         """Generation TP groups (strided by t/tg inside a training TP group)."""
         by_key: dict[tuple[int, int], list[int]] = {}
         for rank in range(self.train.world_size):
-            replica, gpp, gtp = self.coords(rank)
+            replica, gpp, _ = self.coords(rank)
             by_key.setdefault((replica, gpp), []).append(rank)
         return [sorted(g, key=lambda r: self.coords(r)[2]) for g in by_key.values()]
 

@@ -38,6 +38,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,10 @@ class Plan:
 
     def content_hash(self) -> str:
         """sha256 over the plan's canonical content (names excluded), first 16 hex digits."""
+        return self._content_hash
+
+    @cached_property
+    def _content_hash(self) -> str:
         data = plan_to_dict(self)
         data.pop("name")
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
@@ -196,7 +201,7 @@ def _validate_devices_disjoint(plan: Plan) -> None:
 def _check_tp(where: str, tp: int, model_heads: int, kv_heads: int, pool: PoolSpec) -> None:
     if model_heads % tp:
         raise SpecError(f"{where}: tensor parallel {tp} must divide the {model_heads} heads")
-    if tp > kv_heads and tp % kv_heads or tp <= kv_heads and kv_heads % tp:
+    if (tp > kv_heads and tp % kv_heads) or (tp <= kv_heads and kv_heads % tp):
         raise SpecError(
             f"{where}: tensor parallel {tp} and the {kv_heads} KV heads must divide one another"
         )
@@ -205,6 +210,19 @@ def _check_tp(where: str, tp: int, model_heads: int, kv_heads: int, pool: PoolSp
             f"{where}: tensor parallel {tp} exceeds the {pool.gpus_per_node} devices of a node "
             "(TP stays inside a node)"
         )
+
+
+def _check_tp_groups_in_nodes(
+    where: str, s: DeviceSet, pool: PoolSpec, groups: list[list[int]]
+) -> None:
+    """Rank r of a set runs on the set's r-th device; a TP group must share one node."""
+    for group in groups:
+        nodes = {(s.first_device + r) // pool.gpus_per_node for r in group}
+        if len(nodes) > 1:
+            raise SpecError(
+                f"{where}: tensor-parallel ranks {group} would span nodes {sorted(nodes)}; "
+                "start the set on a node boundary or use a smaller t"
+            )
 
 
 def _validate_role(plan: Plan, role: Role) -> None:
@@ -221,6 +239,7 @@ def _validate_role(plan: Plan, role: Role) -> None:
             f"must equal the {s.num_devices} devices of its set"
         )
     _check_tp(where, par.train.t, model.num_heads, model.num_kv_heads, pool)
+    _check_tp_groups_in_nodes(where, s, pool, par.train.tp_groups())
     if model.num_layers % par.train.p:
         raise SpecError(
             f"{where}: pipeline p={par.train.p} must divide the {model.num_layers} layers"
@@ -230,7 +249,8 @@ def _validate_role(plan: Plan, role: Role) -> None:
         gen_devices = plan.sets[gen_set].num_devices if gen_set is not None else None
         if gen_devices is not None and gen_devices % (par.tg * par.pg):
             raise SpecError(
-                f"{where}: tg*pg = {par.tg * par.pg} must divide the {gen_devices} generator devices"
+                f"{where}: tg*pg = {par.tg * par.pg} must divide the "
+                f"{gen_devices} generator devices"
             )
         par.gen_layout(gen_devices)  # validates tg | t and pg | p for colocated generation
         _check_tp(f"{where} generation", par.tg, model.num_heads, model.num_kv_heads, pool)

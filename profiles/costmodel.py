@@ -119,6 +119,33 @@ def fit_roofline(flops: np.ndarray, num_bytes: np.ndarray, times_s: np.ndarray) 
     return Roofline(overhead_s=t0b, flops_per_s=pb, bytes_per_s=wb)
 
 
+def _is_exact(name: str, value: int | str) -> bool:
+    return name in ops.EXACT_KEY_PARAMS or isinstance(value, str)
+
+
+def _index_series(
+    series: Mapping[SeriesId, Series],
+) -> dict[Op, tuple[list[tuple[object, ...]], np.ndarray, list[Series]]]:
+    grouped: dict[Op, list[tuple[ops.SeriesKey, Series]]] = {}
+    for (op, key), s in series.items():
+        grouped.setdefault(op, []).append((key, s))
+    index = {}
+    for op, items in grouped.items():
+        names = ops.series_key_names(op)
+        exact = [
+            tuple(v for n, v in zip(names, key, strict=True) if _is_exact(n, v)) for key, _ in items
+        ]
+        logs = np.array(
+            [
+                [math.log(int(v)) for n, v in zip(names, key, strict=True) if not _is_exact(n, v)]
+                for key, _ in items
+            ],
+            dtype=float,
+        ).reshape(len(items), -1)
+        index[op] = (exact, logs, [s for _, s in items])
+    return index
+
+
 def _series_from_entries(entries: list[Entry]) -> Series:
     op = entries[0].op
     ordered = sorted(entries, key=lambda e: ops.size(op, e.params))
@@ -150,6 +177,10 @@ class CostModel:
     series: Mapping[SeriesId, Series] = field(hash=False)
     # Answers already given, by (op, parameter values): the simulator asks the same
     # questions thousands of times while the planner re-scores plans.
+    # Per op: exact key parts, log numeric key parts and the series, for nearest lookups.
+    series_index: Mapping[Op, tuple[list[tuple[object, ...]], np.ndarray, list[Series]]] = field(
+        default_factory=dict, hash=False, compare=False, repr=False
+    )
     memo: dict[tuple[object, ...], float] = field(
         default_factory=dict, hash=False, compare=False, repr=False
     )
@@ -174,11 +205,13 @@ class CostModel:
                 np.array([ops.bytes_moved(e.op, e.params, dtype_bytes) for e in entries]),
                 np.array([e.median_s for e in entries]),
             )
+        series = {sid: _series_from_entries(es) for sid, es in by_series.items()}
         return CostModel(
             profile_name=profile.name,
             dtype_bytes=dtype_bytes,
             rooflines=rooflines,
-            series={sid: _series_from_entries(es) for sid, es in by_series.items()},
+            series=series,
+            series_index=_index_series(series),
         )
 
     # --- queries ------------------------------------------------------------
@@ -210,22 +243,23 @@ class CostModel:
         return s.times_s[end] * self._roof(op, params) / self._roof(op, anchor)
 
     def _nearest_series(self, op: Op, params: Params) -> Series | None:
+        """The profiled series of `op` closest to params' key (exact parts must match)."""
+        index = self.series_index.get(op)
+        if index is None:
+            return None
+        exact, logs, candidates = index
+        key = ops.series_key(op, params)
         names = ops.series_key_names(op)
-        best: tuple[float, Series | None] = (math.inf, None)
-        for (sop, key), s in self.series.items():
-            if sop is not op:
-                continue
-            dist = 0.0
-            for name, want, have in zip(names, ops.series_key(op, params), key, strict=True):
-                if name in ops.EXACT_KEY_PARAMS or isinstance(want, str):
-                    if want != have:
-                        dist = math.inf
-                        break
-                else:
-                    dist += abs(math.log(int(want)) - math.log(int(have)))
-            if dist < best[0]:
-                best = (dist, s)
-        return best[1]
+        want_exact = tuple(v for n, v in zip(names, key, strict=True) if _is_exact(n, v))
+        want_log = np.array(
+            [math.log(int(v)) for n, v in zip(names, key, strict=True) if not _is_exact(n, v)]
+        )
+        mask = np.array([e == want_exact for e in exact])
+        if not mask.any():
+            return None
+        dist = np.abs(logs - want_log).sum(axis=1) if logs.shape[1] else np.zeros(len(exact))
+        dist = np.where(mask, dist, np.inf)
+        return candidates[int(np.argmin(dist))]
 
     def time_s(self, op: Op, params: Params) -> float:
         """Seconds for one call of `op` with `params` (see the module docstring)."""

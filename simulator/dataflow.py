@@ -122,6 +122,24 @@ def _cached_dataflow(
     return g
 
 
+def dataflow_calls(workload: Workload) -> tuple[tuple[ModelCall, tuple[Phase, ...]], ...]:
+    """The calls of one step in topological order, each with its predecessors (cached)."""
+    return _cached_calls(
+        workload.algorithm,
+        frozenset(workload.roles),
+        workload.batch.num_samples,
+        workload.batch.prompts_per_step,
+    )
+
+
+@cache
+def _cached_calls(
+    algorithm: Algorithm, roles: frozenset[Role], num_samples: int, num_prompts: int
+) -> tuple[tuple[ModelCall, tuple[Phase, ...]], ...]:
+    g = _cached_dataflow(algorithm, roles, num_samples, num_prompts)
+    return tuple((c, tuple(g.predecessors(c.phase))) for c in calls_in_order(g))
+
+
 def calls_in_order(g: nx.DiGraph) -> list[ModelCall]:
     """Calls in a deterministic topological order (ties broken by Phase order)."""
     order = list(Phase)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import calls, memory
-from placeflow.simulator.dataflow import CallKind, ModelCall, build_dataflow, calls_in_order
+from placeflow.simulator.dataflow import CallKind, ModelCall, dataflow_calls
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
 from placeflow.simulator.lengths import LengthModel
 from placeflow.simulator.schedule import Task, schedule
@@ -130,7 +130,6 @@ def _generation(
 def _cost_calls(
     plan: Plan, cms: CostModels, resident: list[float]
 ) -> tuple[list[_Call], list[str]]:
-    g = build_dataflow(plan.workload)
     wl = plan.workload
     lengths = LengthModel.of(wl.batch)
     seq = wl.batch.prompt_len + max(1, round(lengths.mean))
@@ -138,8 +137,7 @@ def _cost_calls(
     problems: list[str] = []
     gen_set = plan.generator_set()
     actor_set = plan.set_of(Role.ACTOR)
-    for call in calls_in_order(g):
-        preds = tuple(g.predecessors(call.phase))
+    for call, preds in dataflow_calls(wl):
         if call.kind == CallKind.CONTROLLER:
             zero = calls.CallCost(time_s=0.0, transient_bytes=0.0, busy_s=0.0)
             out.append(_Call(phase=call.phase, roles=(), sets=(), cost=zero, preds=preds))
