@@ -373,7 +373,7 @@ def _quick_recipe(device: str, num_gpus: int) -> _Recipe:
             elementwise_bytes=geometric(4 * KIB, 64 * MIB, 4),
             optimizer_num_params=geometric(1 << 12, 1 << 22, 4),
             collective_world_sizes=(2, 4), collective_bytes=geometric(4 * KIB, 16 * MIB, 4),
-            copy_bytes=(), warmup=1, repeats=5, point_budget_s=0.15,
+            copy_bytes=(), warmup=1, repeats=7, point_budget_s=0.25,
         )  # fmt: skip
     return _Recipe(
         device="cuda", dtype="bf16",

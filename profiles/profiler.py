@@ -30,7 +30,10 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
 Inputs of GEMMs, decode and elementwise ops are views into one scratch buffer
 filled once with uniform(-1, 1) values (no denormals, no per-point allocation
 of multi-GB operands); GEMM outputs go to a separate buffer so no input is
-ever overwritten. On CPU the profiler sets torch's thread count to the cores
+ever overwritten. A point that is inconsistent with its own series (slower
+than a larger size, or growing faster than its work) is re-timed, keeping the
+lowest median: on a shared machine a burst of other work can inflate every
+sample of a fast point. On CPU the profiler sets torch's thread count to the cores
 this process may use (restored afterwards) and records it in the provenance.
 """
 
@@ -38,14 +41,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import os
 import platform
 import socket
-from collections.abc import Callable, Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
 from placeflow.profiles.grid import DTYPE_BYTES, GridPoint, ProfilerGrid
 from placeflow.profiles.schema import (
@@ -57,7 +63,7 @@ from placeflow.profiles.schema import (
     Provenance,
     Source,
 )
-from placeflow.profiles.timing import Timing, make_clock, time_fn
+from placeflow.profiles.timing import Clock, Timing, make_clock, time_fn
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -75,6 +81,8 @@ ROW_ELEMENTS = 4096  # elementwise rows: a typical hidden size
 OPTIMIZER_CHUNK = 1 << 22  # largest parameter tensor of an optimizer point
 RMS_EPS = 1e-6
 _ALIGN = 256  # elements; keeps every scratch view 512-byte aligned or better
+RETRY_RATIO = 1.25  # see suspect_points
+MAX_RETRIES = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,7 +304,8 @@ _NOTES = (
     "median/p10/p90 over samples after warm-up; a sample averages a batch of calls for "
     "fast ops (timing.py); clock: {clock}; attention backward timed alone via "
     "torch.autograd.grad(retain_graph=True); SDPA GQA via {gqa}; collectives over "
-    "{backend}, max over ranks per sample; {threads} torch threads"
+    "{backend}, max over ranks per sample; {threads} torch threads; points inconsistent with "
+    "their series re-timed up to {retries} times, keeping the lowest median"
 )
 
 
@@ -307,6 +316,7 @@ def _provenance(device: str, grid: ProfilerGrid, gqa: bool) -> Provenance:
         gqa="enable_gqa=True" if gqa else "repeat_interleave of KV heads",
         backend="NCCL" if is_cuda else "gloo (1 thread per rank)",
         threads=torch.get_num_threads(),
+        retries=MAX_RETRIES,
     )
     return Provenance(
         source=Source.MEASURED,
@@ -322,11 +332,14 @@ def _provenance(device: str, grid: ProfilerGrid, gqa: bool) -> Provenance:
 # --- the run ------------------------------------------------------------------
 
 
+Report = Callable[[str, int], None]  # report(description, points_done)
+
+
 @contextlib.contextmanager
-def _progress(total: int, enabled: bool) -> Iterator[Callable[[str], None]]:
-    """Yields advance(description): one call per measured point."""
+def _progress(total: int, enabled: bool) -> Iterator[Report]:
+    """Yields report(description, points_done) for the progress bar (a no-op if disabled)."""
     if not enabled:
-        yield lambda _description: None
+        yield lambda _description, _done: None
         return
     columns = (
         TextColumn("{task.description:<40}"),
@@ -337,7 +350,7 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[str], None]]:
     )
     with Progress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task("profiling", total=total)
-        yield lambda description: bar.update(task, advance=1, description=description)
+        yield lambda description, done: bar.update(task, advance=done, description=description)
 
 
 def _make_ctx(device: str, grid: ProfilerGrid, points: tuple[GridPoint, ...]) -> _Ctx:
@@ -370,26 +383,59 @@ def _label(point: GridPoint) -> str:
     return f"{point.op.value} " + " ".join(str(v) for v in point.params.values())
 
 
-def _measure_points(
-    device: str, grid: ProfilerGrid, advance: Callable[[str], None]
-) -> tuple[list[Entry], bool]:
-    """Time every non-collective point; returns the entries and whether SDPA took enable_gqa."""
+def suspect_points(points: Sequence[GridPoint], timings: Sequence[Timing]) -> list[int]:
+    """Indices of points whose time looks inflated by interference, judged within their series.
+
+    Along a series (`ops.series_key`) sorted by size, a point is suspect if it is
+    slower than the next larger point by RETRY_RATIO, or if it grew from the
+    next smaller point by more than RETRY_RATIO times its work ratio (size
+    ratio, squared for prefill attention). Both happen genuinely too (kernel
+    changes, cache edges); re-timing such a point merely confirms it.
+    """
+    series: dict[tuple[Op, ops.SeriesKey], list[int]] = defaultdict(list)
+    for i, point in enumerate(points):
+        series[(point.op, ops.series_key(point.op, point.params))].append(i)
+    suspects: set[int] = set()
+    for (op, _), idx in series.items():
+        idx.sort(key=lambda i: ops.size(op, points[i].params))
+        exponent = 2 if op in (Op.ATTN_PREFILL_FWD, Op.ATTN_PREFILL_BWD) else 1
+        for a, b in itertools.pairwise(idx):
+            t_a, t_b = timings[a].median_s, timings[b].median_s
+            work = (ops.size(op, points[b].params) / ops.size(op, points[a].params)) ** exponent
+            if t_a > RETRY_RATIO * t_b:
+                suspects.add(a)
+            if t_b > RETRY_RATIO * work * t_a:
+                suspects.add(b)
+    return sorted(suspects)
+
+
+def _time_point(point: GridPoint, ctx: _Ctx, clock: Clock, grid: ProfilerGrid) -> Timing:
+    bench = _BENCHES[point.op](point.params, ctx)
+    return time_fn(
+        bench, clock, warmup=grid.warmup, repeats=grid.repeats, budget_s=grid.point_budget_s
+    )
+
+
+def _measure_points(device: str, grid: ProfilerGrid, report: Report) -> tuple[list[Entry], bool]:
+    """Time every non-collective point; returns the entries and whether SDPA took enable_gqa.
+
+    Suspect points (see `suspect_points`) are re-timed up to MAX_RETRIES times,
+    keeping the lowest median: interference only ever adds time.
+    """
     points = grid.points()
     ctx = _make_ctx(device, grid, points)
     clock = make_clock(device)
-    entries = []
+    timings = []
     for point in points:
-        advance(_label(point))
-        bench = _BENCHES[point.op](point.params, ctx)
-        timing = time_fn(
-            bench,
-            clock,
-            warmup=grid.warmup,
-            repeats=grid.repeats,
-            budget_s=grid.point_budget_s,
-        )
-        entries.append(_entry(point.op, point.params, timing))
-        del bench  # frees the point's own tensors (attention, optimizer) before the next
+        report(_label(point), 1)
+        timings.append(_time_point(point, ctx, clock, grid))
+    for _ in range(MAX_RETRIES):
+        suspects = suspect_points(points, timings)
+        for i in suspects:
+            report(f"re-timing {_label(points[i])}", 0)
+            again = _time_point(points[i], ctx, clock, grid)
+            timings[i] = min(timings[i], again, key=lambda t: t.median_s)
+    entries = [_entry(p.op, p.params, t) for p, t in zip(points, timings, strict=True)]
     return entries, ctx.enable_gqa
 
 
@@ -405,9 +451,9 @@ def profile_device(device: str, *, grid: ProfilerGrid, name: str, progress: bool
         torch.set_num_threads(_usable_cores())  # deliberate: every core this process may use
     try:
         total = len(grid.points()) + grid.num_collective_points()
-        with _progress(total, progress) as advance:
-            entries, gqa = _measure_points(device, grid, advance)
-            entries += measure_collectives(grid, on_point=lambda: advance("collectives"))
+        with _progress(total, progress) as report:
+            entries, gqa = _measure_points(device, grid, report)
+            entries += measure_collectives(grid, on_point=lambda: report("collectives", 1))
         provenance = _provenance(device, grid, gqa)
     finally:
         torch.set_num_threads(previous_threads)

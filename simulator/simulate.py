@@ -20,10 +20,17 @@ from dataclasses import dataclass
 
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
-from placeflow.simulator import calls, memory
-from placeflow.simulator.dataflow import CallKind, ModelCall, dataflow_calls
+from placeflow.simulator import calls
+from placeflow.simulator.dataflow import CallKind, dataflow_calls
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
 from placeflow.simulator.lengths import LengthModel
+from placeflow.simulator.roles import (
+    colocated_gen_extra_bytes,
+    kv_bytes_per_seq,
+    resident_bytes,
+    role_call_costs,
+    span_scope,
+)
 from placeflow.simulator.schedule import Task, schedule
 
 from placeflow.layout import GenLayout
@@ -56,31 +63,18 @@ class _Call:
 
 def group_scope(plan: Plan, set_index: int, ranks: list[int]) -> Scope:
     """INTRA when the ranks' devices (rank i = i-th device of the set) share one node."""
-    s = plan.sets[set_index]
-    per_node = plan.pool_of(set_index).gpus_per_node
-    nodes = {(s.first_device + r) // per_node for r in ranks}
-    return Scope.INTRA if len(nodes) == 1 else Scope.INTER
+    return span_scope(
+        plan.sets[set_index].first_device, plan.pool_of(set_index).gpus_per_node, [ranks]
+    )
 
 
 def _resident_bytes(plan: Plan, set_index: int) -> float:
     """Weights (and, for trained roles, gradients and optimizer state) kept on each GPU."""
     s = plan.sets[set_index]
-    actor = plan.workload.models[Role.ACTOR]
     if s.generator:
         par = plan.parallelism[Role.ACTOR]
-        return actor.num_bytes() / (par.tg * par.pg)
-    total = 0.0
-    for role in s.roles:
-        model, par = plan.workload.models[role], plan.parallelism[role]
-        if role in (Role.ACTOR, Role.CRITIC):
-            total += memory.training_state_bytes_per_gpu(
-                model, par.train, par.zero, value_head=role.has_value_head
-            )
-        else:
-            total += memory.weight_bytes_per_gpu(
-                model, par.train.t, par.train.p, value_head=role.has_value_head
-            )
-    return total
+        return plan.workload.models[Role.ACTOR].num_bytes() / (par.tg * par.pg)
+    return sum(resident_bytes(plan.workload.models[r], r, plan.parallelism[r]) for r in s.roles)
 
 
 def _gen_layout(plan: Plan) -> GenLayout:
@@ -89,100 +83,69 @@ def _gen_layout(plan: Plan) -> GenLayout:
     return plan.parallelism[Role.ACTOR].gen_layout(devices)
 
 
-def _generation(
-    plan: Plan, cms: CostModels, call: ModelCall, resident: list[float]
-) -> calls.CallCost | str:
-    """Generation cost, or the reason it cannot run (no room for one sequence's KV cache)."""
+def _kv_seqs(plan: Plan, resident: list[float]) -> tuple[int, int, str | None]:
+    """(generation set, sequences whose KV cache fits per GPU, reason if none fits)."""
     gen = _gen_layout(plan)
     gen_set = plan.generator_set()
     set_index = gen_set if gen_set is not None else plan.set_of(Role.ACTOR)
     actor = plan.workload.models[Role.ACTOR]
-    batch = plan.workload.batch
-    extra = (
-        0.0
-        if gen_set is not None
-        else (
-            actor.num_bytes() / (gen.tg * gen.pg) - actor.num_bytes() / (gen.train.t * gen.train.p)
-        )
-    )
+    extra = 0.0 if gen_set is not None else colocated_gen_extra_bytes(actor, gen)
     capacity = plan.pool_of(set_index).gpu.memory_bytes
     free = capacity - resident[set_index] - extra
-    lengths = LengthModel.of(batch)
-    per_seq = (batch.prompt_len + lengths.max_len) * memory.kv_bytes_per_token_per_gpu(
-        actor, gen.tg, gen.pg
-    )
+    per_seq = kv_bytes_per_seq(plan.workload, gen)
     kv_seqs = int(free // per_seq) if free > 0 else 0
-    if kv_seqs < 1:
-        return (
-            f"role actor, phase {call.phase}: the KV cache of one sequence needs "
-            f"{per_seq:,.0f} bytes per GPU but only {max(free, 0):,.0f} of {capacity:,} are free "
-            f"after resident weights and optimizer state; short by {per_seq - max(free, 0):,.0f}"
-        )
-    shape = calls.GenerationShape(
-        num_seqs=math.ceil(call.num_samples / gen.num_replicas),
-        prompt_len=batch.prompt_len,
-        lengths=lengths,  # a greedy baseline stops at the same lengths in expectation
-        kv_capacity_seqs=kv_seqs,
+    if kv_seqs >= 1:
+        return set_index, kv_seqs, None
+    return (
+        set_index,
+        0,
+        (
+            f"role actor, phase generate: the KV cache of one sequence needs {per_seq:,.0f} bytes "
+            f"per GPU but only {max(free, 0):,.0f} of {capacity:,} are free after resident weights "
+            f"and optimizer state; short by {per_seq - max(free, 0):,.0f}"
+        ),
     )
-    return calls.generation_cost(_cm(plan, cms, set_index), actor, gen, shape)
 
 
 def _cost_calls(
     plan: Plan, cms: CostModels, resident: list[float]
 ) -> tuple[list[_Call], list[str]]:
     wl = plan.workload
-    lengths = LengthModel.of(wl.batch)
-    seq = wl.batch.prompt_len + max(1, round(lengths.mean))
+    gen_set_index, kv_seqs, problem = _kv_seqs(plan, resident)
+    costs: dict[Phase, tuple[int, calls.CallCost]] = {}
+    for role in wl.roles:
+        set_index = plan.set_of(role)
+        s = plan.sets[set_index]
+        gen = _gen_layout(plan) if role is Role.ACTOR and kv_seqs else None
+        role_costs = role_call_costs(
+            wl,
+            role,
+            plan.parallelism[role],
+            _cm(plan, cms, set_index),
+            first_device=s.first_device,
+            gpus_per_node=plan.pool_of(set_index).gpus_per_node,
+            gen=gen,
+            kv_seqs=kv_seqs,
+        )
+        for phase, cost in role_costs.items():
+            costs[phase] = (set_index, cost)
+    if problem:
+        infinite = calls.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
+        costs[Phase.GENERATE] = (gen_set_index, infinite)
     out: list[_Call] = []
-    problems: list[str] = []
-    gen_set = plan.generator_set()
-    actor_set = plan.set_of(Role.ACTOR)
     for call, preds in dataflow_calls(wl):
         if call.kind == CallKind.CONTROLLER:
             zero = calls.CallCost(time_s=0.0, transient_bytes=0.0, busy_s=0.0)
             out.append(_Call(phase=call.phase, roles=(), sets=(), cost=zero, preds=preds))
             continue
         assert call.role is not None
-        role, model = call.role, wl.models[call.role]
-        par = plan.parallelism[role]
-        set_index = plan.set_of(role)
+        set_index, cost = costs[call.phase]
         if call.kind == CallKind.GENERATE:
-            gen_cost = _generation(plan, cms, call, resident)
-            if isinstance(gen_cost, str):
-                problems.append(gen_cost)
-                gen_cost = calls.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
-            set_index = gen_set if gen_set is not None else actor_set
-            cost = gen_cost
-        elif call.kind == CallKind.FORWARD:
-            cost = calls.forward_cost(
-                _cm(plan, cms, set_index),
-                model,
-                par,
-                call.num_samples,
-                seq,
-                value_head=role.has_value_head,
-            )
-        else:
-            dp_scope = max(
-                (group_scope(plan, set_index, grp) for grp in par.train.dp_groups()),
-                key=lambda s: s is Scope.INTER,
-            )
-            cost = calls.train_cost(
-                _cm(plan, cms, set_index),
-                model,
-                par,
-                call.num_samples,
-                seq,
-                wl.batch.ppo_epochs,
-                wl.batch.mini_batches,
-                dp_scope,
-                value_head=role.has_value_head,
-            )
+            set_index = gen_set_index
         out.append(
-            _Call(phase=call.phase, roles=(role,), sets=(set_index,), cost=cost, preds=preds)
+            _Call(phase=call.phase, roles=(call.role,), sets=(set_index,), cost=cost, preds=preds)
         )
-    out = _with_transitions(plan, cms, out)
-    return out, problems
+    return _with_transitions(plan, cms, out), [problem] if problem else []
 
 
 def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[_Call]:

@@ -1,0 +1,110 @@
+"""The calls of one role on one device set, costed: shared by the simulator and the planner.
+
+`role_call_costs` answers "what do this role's calls cost with this
+parallelism on these devices" without a whole Plan, so that the planner's
+cost table and the simulator's full step use the same phase model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.schema import Scope
+from placeflow.simulator import calls, memory
+from placeflow.simulator.dataflow import CallKind, dataflow_calls
+from placeflow.simulator.lengths import LengthModel
+
+from placeflow.layout import GenLayout
+from placeflow.models import ModelSpec
+from placeflow.phases import Phase
+from placeflow.plan import RoleParallelism
+from placeflow.workload import Role, Workload
+
+
+def span_scope(first_device: int, gpus_per_node: int, groups: Iterable[list[int]]) -> Scope:
+    """INTER if any group's devices (rank i on device first_device + i) span nodes."""
+    for ranks in groups:
+        if len({(first_device + r) // gpus_per_node for r in ranks}) > 1:
+            return Scope.INTER
+    return Scope.INTRA
+
+
+def train_seq_len(workload: Workload) -> int:
+    """Tokens per sample in forward and training calls: prompt plus mean response."""
+    return workload.batch.prompt_len + max(1, round(LengthModel.of(workload.batch).mean))
+
+
+def kv_bytes_per_seq(workload: Workload, gen: GenLayout) -> float:
+    """KV cache reserved per sequence per GPU (prompt plus maximum response)."""
+    actor = workload.models[Role.ACTOR]
+    batch = workload.batch
+    return (batch.prompt_len + batch.response_len) * memory.kv_bytes_per_token_per_gpu(
+        actor, gen.tg, gen.pg
+    )
+
+
+def colocated_gen_extra_bytes(actor: ModelSpec, gen: GenLayout) -> float:
+    """Generation weights beyond the training shard they reuse: M/(tg·pg) − M/(t·p)."""
+    return actor.num_bytes() / (gen.tg * gen.pg) - actor.num_bytes() / (gen.train.t * gen.train.p)
+
+
+def role_call_costs(
+    workload: Workload,
+    role: Role,
+    par: RoleParallelism,
+    cm: CostModel,
+    *,
+    first_device: int,
+    gpus_per_node: int,
+    gen: GenLayout | None = None,
+    kv_seqs: int = 0,
+) -> dict[Phase, calls.CallCost]:
+    """Cost of every call `role` makes in one step (generation only with `gen` and kv_seqs >= 1)."""
+    model = workload.models[role]
+    seq = train_seq_len(workload)
+    out: dict[Phase, calls.CallCost] = {}
+    for call, _ in dataflow_calls(workload):
+        if call.role is not role:
+            continue
+        if call.kind == CallKind.GENERATE:
+            if gen is None:
+                continue
+            assert kv_seqs >= 1, "callers check the KV capacity first"
+            shape = calls.GenerationShape(
+                num_seqs=math.ceil(call.num_samples / gen.num_replicas),
+                prompt_len=workload.batch.prompt_len,
+                lengths=LengthModel.of(workload.batch),  # a greedy baseline: same in expectation
+                kv_capacity_seqs=kv_seqs,
+            )
+            out[call.phase] = calls.generation_cost(cm, model, gen, shape)
+        elif call.kind == CallKind.FORWARD:
+            out[call.phase] = calls.forward_cost(
+                cm, model, par, call.num_samples, seq, value_head=role.has_value_head
+            )
+        else:
+            scope = span_scope(first_device, gpus_per_node, par.train.dp_groups())
+            out[call.phase] = calls.train_cost(
+                cm,
+                model,
+                par,
+                call.num_samples,
+                seq,
+                workload.batch.ppo_epochs,
+                workload.batch.mini_batches,
+                scope,
+                value_head=role.has_value_head,
+            )
+    return out
+
+
+def resident_bytes(model: ModelSpec, role: Role, par: RoleParallelism) -> float:
+    """Bytes per GPU a role keeps between its calls (weights; plus grads and Adam if trained)."""
+    if role in (Role.ACTOR, Role.CRITIC):
+        return memory.training_state_bytes_per_gpu(
+            model, par.train, par.zero, value_head=role.has_value_head
+        )
+    return memory.weight_bytes_per_gpu(
+        model, par.train.t, par.train.p, value_head=role.has_value_head
+    )
