@@ -52,6 +52,7 @@ from placeflow.profiles.timing import Timing, make_clock, plan_samples, summariz
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+COLLECTIVE_MIN_SAMPLE_S = 5e-3
 
 
 class CollectiveError(RuntimeError):
@@ -72,6 +73,7 @@ class CollectiveJob:
     repeats: int
     point_budget_s: float
     init_timeout_s: float
+    min_sample_s: float = COLLECTIVE_MIN_SAMPLE_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +159,9 @@ def time_collective(call: Callable[[], object], job: CollectiveJob, device: torc
         call()
     dist.barrier()
     (call_s,) = _max_over_ranks([clock.measure(call, 1)], device)
-    plan = plan_samples(call_s, repeats=job.repeats, budget_s=job.point_budget_s)
+    plan = plan_samples(
+        call_s, repeats=job.repeats, budget_s=job.point_budget_s, min_sample_s=job.min_sample_s
+    )
     samples = []
     for _ in range(plan.num_samples):
         dist.barrier()

@@ -1,0 +1,1 @@
+"""One module per constraint family of the placement model (see planner.variables)."""

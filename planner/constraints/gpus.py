@@ -1,0 +1,24 @@
+"""GPU budget: the sets of the chosen placement fit in each pool.
+
+    (4)  Σ_{P,j,n} n · y[P,j,q,n] <= G_q                  for every pool q
+
+Sets take whole nodes or power-of-two divisors of a node (planner.space), so
+any selection within G_q packs into the pool's nodes; `solution.assign_devices`
+does the packing and the validator re-checks it.
+"""
+
+from __future__ import annotations
+
+from ortools.sat.python import cp_model
+from placeflow.planner.variables import Variables
+
+from placeflow.cluster import ClusterSpec
+
+
+def gpus_used(v: Variables, pool: str) -> cp_model.LinearExpr:
+    return sum(n * var for (_, _, q, n), var in v.y.items() if q == pool)  # type: ignore[return-value]
+
+
+def add_gpu_budget(model: cp_model.CpModel, v: Variables, cluster: ClusterSpec) -> None:
+    for pool in cluster.pools:
+        model.Add(gpus_used(v, pool.name) <= pool.num_gpus)  # (4)

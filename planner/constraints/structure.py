@@ -1,0 +1,36 @@
+"""Structure: one placement, one device count per set, one option per role.
+
+    (1)  Σ_P x[P] = 1
+    (2)  Σ_{q,n} y[P,j,q,n] = x[P]                       for every P, j
+    (3)  Σ_o z[r,q,n,o] = Σ_P y[P, j_P(r), q, n]          for every r, q, n
+
+where j_P(r) is the set of P holding r. With (1) and (2) exactly one set
+count is active per role, so (3) picks exactly one option per role, on the
+pool and count of its set.
+"""
+
+from __future__ import annotations
+
+from ortools.sat.python import cp_model
+from placeflow.planner.costtable import CostTable
+from placeflow.planner.space import Placement
+from placeflow.planner.variables import Variables
+
+
+def add_structure(
+    model: cp_model.CpModel, v: Variables, placements: list[Placement], table: CostTable
+) -> None:
+    model.AddExactlyOne(v.x.values())  # (1)
+    for p, placement in enumerate(placements):
+        for j in range(len(placement.sets)):
+            counts = [var for (pp, jj, _, _), var in v.y.items() if (pp, jj) == (p, j)]
+            model.Add(sum(counts) == v.x[p])  # (2)
+    for key, opts in table.options.items():
+        role, q, n = key
+        chosen = [v.z[(key, o)] for o in range(len(opts))]
+        sets = [
+            var
+            for (p, j, qq, nn), var in v.y.items()
+            if qq == q and nn == n and role in placements[p].sets[j]
+        ]
+        model.Add(sum(chosen) == sum(sets))  # (3)

@@ -1,0 +1,184 @@
+"""The cost table: every role's options on every candidate GPU count, costed once.
+
+An option is one (pool, GPU count, parallelism[, KV budget]) for one role,
+with its time in each stage of the step, the bytes it keeps on each GPU
+(`resident_bytes`) and the most it adds during one of its calls
+(`transient_bytes`). Costs come from the simulator's phase model
+(`placeflow.simulator.roles`), so that the solver and the simulator agree.
+
+Stages: the step's dataflow has three barriers, so its time is the sum of
+three stages: generation (the actor, after its reshard), the forward calls
+(reference, old log-probs, values, rewards, costs) and the updates.
+
+The actor's generation time depends on how many sequences' KV cache fit,
+which depends on what is colocated with it. The table offers the actor a few
+KV budgets (fractions of device memory); the memory constraint then charges
+the chosen budget to the actor's set. The full simulator, which re-scores the
+top plans, gives generation all the memory left.
+
+Options dominated in every stage time and both memory figures by another
+option of the same role, pool and count are dropped (Pareto pruning).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from placeflow.planner.space import candidate_counts, parallelism_options
+from placeflow.profiles.costmodel import CostModel
+from placeflow.simulator import calls
+from placeflow.simulator.roles import (
+    colocated_gen_extra_bytes,
+    kv_bytes_per_seq,
+    resident_bytes,
+    role_call_costs,
+    span_scope,
+)
+
+from placeflow.cluster import ClusterSpec, PoolSpec
+from placeflow.phases import Phase
+from placeflow.plan import RoleParallelism
+from placeflow.workload import Role, Workload
+
+KV_BUDGET_FRACTIONS = (0.15, 0.3, 0.5, 0.7)
+GENERATION_STAGE = (Phase.RESHARD, Phase.GENERATE, Phase.GENERATE_BASELINE)
+UPDATE_STAGE = (Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE)
+NUM_STAGES = 3
+
+
+def stage_of(phase: Phase) -> int:
+    if phase in GENERATION_STAGE:
+        return 0
+    return 2 if phase in UPDATE_STAGE else 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleOption:
+    role: Role
+    pool: str
+    num_gpus: int
+    par: RoleParallelism
+    kv_seqs: int  # actor only: sequences whose KV cache the budget holds; 0 otherwise
+    stage_s: tuple[float, float, float]
+    resident_bytes: float
+    transient_bytes: float
+
+    def dominates(self, other: RoleOption) -> bool:
+        mine = (*self.stage_s, self.resident_bytes, self.transient_bytes)
+        theirs = (*other.stage_s, other.resident_bytes, other.transient_bytes)
+        return all(a <= b for a, b in zip(mine, theirs, strict=True)) and mine != theirs
+
+
+TableKey = tuple[Role, str, int]  # role, pool name, GPU count
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostTable:
+    options: dict[TableKey, list[RoleOption]]
+    # Smallest memory shortfall seen per role (bytes per GPU), for infeasibility reasons.
+    shortfall: dict[Role, tuple[float, str]]
+
+
+def _stage_times(costs: dict[Phase, calls.CallCost]) -> tuple[float, float, float]:
+    stages = [0.0] * NUM_STAGES
+    for phase, cost in costs.items():
+        stages[stage_of(phase)] += cost.time_s
+    return stages[0], stages[1], stages[2]
+
+
+def _actor_options(
+    wl: Workload, par: RoleParallelism, pool: PoolSpec, n: int, cm: CostModel
+) -> list[tuple[int, dict[Phase, calls.CallCost], float]]:
+    """(kv_seqs, costs incl. reshard, transient bytes) per KV budget for one actor layout."""
+    gen = par.gen_layout()
+    per_seq = kv_bytes_per_seq(wl, gen)
+    seqs_needed = math.ceil(wl.batch.num_samples / gen.num_replicas)
+    budgets = sorted(
+        {min(seqs_needed, int(f * pool.gpu.memory_bytes // per_seq)) for f in KV_BUDGET_FRACTIONS}
+    )
+    out = []
+    extra = colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen)
+    for kv_seqs in budgets:
+        if kv_seqs < 1:
+            continue
+        costs = role_call_costs(
+            wl,
+            Role.ACTOR,
+            par,
+            cm,
+            first_device=0,
+            gpus_per_node=pool.gpus_per_node,
+            gen=gen,
+            kv_seqs=kv_seqs,
+        )
+        if gen.dg > 1:
+            scope = span_scope(0, pool.gpus_per_node, gen.micro_dp_groups())
+            costs[Phase.RESHARD] = calls.reshard_cost(cm, wl.models[Role.ACTOR], gen, scope)
+        out.append((kv_seqs, costs, extra + kv_seqs * per_seq))
+    return out
+
+
+def _options_for(
+    wl: Workload, role: Role, pool: PoolSpec, n: int, cm: CostModel
+) -> tuple[list[RoleOption], float, str]:
+    """Pareto-optimal options of `role` on n GPUs of `pool`, and the smallest shortfall."""
+    model = wl.models[role]
+    capacity = pool.gpu.memory_bytes
+    kept: list[RoleOption] = []
+    best_short, best_reason = math.inf, ""
+    for par in parallelism_options(model, role, n, pool):
+        resident = resident_bytes(model, role, par)
+        if role is Role.ACTOR:
+            variants = _actor_options(wl, par, pool, n, cm)
+        else:
+            costs = role_call_costs(
+                wl, role, par, cm, first_device=0, gpus_per_node=pool.gpus_per_node
+            )
+            variants = [(0, costs, 0.0)]
+        for kv_seqs, costs, gen_bytes in variants:
+            transient = max(
+                [
+                    gen_bytes,
+                    *(c.transient_bytes for p, c in costs.items() if p not in GENERATION_STAGE),
+                ]
+            )
+            short = resident + transient - capacity
+            if short > 0:
+                if short < best_short:
+                    best_short = short
+                    best_reason = (
+                        f"{n} x {pool.name} with p={par.train.p} t={par.train.t} "
+                        f"d={par.train.d} zero={par.zero} micro_batch={par.micro_batch}"
+                    )
+                continue
+            opt = RoleOption(
+                role=role,
+                pool=pool.name,
+                num_gpus=n,
+                par=par,
+                kv_seqs=kv_seqs,
+                stage_s=_stage_times(costs),
+                resident_bytes=resident,
+                transient_bytes=transient,
+            )
+            if any(k.dominates(opt) or k == opt for k in kept):
+                continue
+            kept = [k for k in kept if not opt.dominates(k)] + [opt]
+    return kept, best_short, best_reason
+
+
+def build_cost_table(wl: Workload, cluster: ClusterSpec, cms: dict[str, CostModel]) -> CostTable:
+    """Cost every role's options on every candidate count of every pool."""
+    options: dict[TableKey, list[RoleOption]] = {}
+    shortfall: dict[Role, tuple[float, str]] = {}
+    for pool in cluster.pools:
+        cm = cms[pool.profile]
+        for role in wl.roles:
+            for n in candidate_counts(pool):
+                opts, short, reason = _options_for(wl, role, pool, n, cm)
+                if opts:
+                    options[(role, pool.name, n)] = opts
+                elif short < shortfall.get(role, (math.inf, ""))[0]:
+                    shortfall[role] = (short, reason)
+    return CostTable(options=options, shortfall=shortfall)

@@ -1,0 +1,86 @@
+"""The CP-SAT model: variables, the constraint families, and one of three objectives.
+
+Notation as in `planner.variables`; constraints (1)-(8) in `planner.constraints`.
+
+Objectives, with T the step time in µs (8), W the tokens of one step,
+R = Σ_q price_q · Σ_{P,j,n} n·y[P,j,q,n] the price per hour of the GPUs used
+(in hundredths of a cent) and N = Σ n·y the GPUs used:
+
+- throughput: minimise T·(N_max + 1) + N  (the fastest plan; among equally fast
+  ones, the fewest GPUs)
+- cost:       minimise R·T                 (price per token = R·T / W; W is fixed)
+- gpus:       minimise N  subject to  T <= W / target_tokens_per_s
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ortools.sat.python import cp_model
+from placeflow.planner.constraints.gpus import add_gpu_budget, gpus_used
+from placeflow.planner.constraints.memory import add_memory
+from placeflow.planner.constraints.stages import US, add_stages
+from placeflow.planner.constraints.structure import add_structure
+from placeflow.planner.costtable import CostTable
+from placeflow.planner.space import Placement
+from placeflow.planner.variables import Variables, make_variables
+
+from placeflow.cluster import ClusterSpec
+from placeflow.errors import SpecError
+
+
+class Objective(StrEnum):
+    THROUGHPUT = "throughput"
+    COST = "cost"
+    GPUS = "gpus"
+
+
+@dataclass
+class BuiltModel:
+    model: cp_model.CpModel
+    variables: Variables
+    step_us: cp_model.IntVar
+
+
+def build_model(
+    placements: list[Placement],
+    table: CostTable,
+    cluster: ClusterSpec,
+    objective: Objective,
+    *,
+    tokens_per_step: float,
+    target_tokens_per_s: float | None = None,
+) -> BuiltModel:
+    model = cp_model.CpModel()
+    pools = [p.name for p in cluster.pools]
+    v = make_variables(model, placements, table, pools)
+    add_structure(model, v, placements, table)
+    add_gpu_budget(model, v, cluster)
+    add_memory(model, v, placements, table, cluster)
+    horizon = max(
+        (sum(max(o.stage_s) for o in opts) for opts in table.options.values()), default=1.0
+    )
+    horizon_us = int(min(horizon * len(table.options) * US, 2**40)) + 1
+    step = add_stages(model, v, placements, table, horizon_us)
+    gpus = sum(gpus_used(v, q) for q in pools)
+    if objective is Objective.THROUGHPUT:
+        model.Minimize(step * (cluster.num_gpus + 1) + gpus)
+    elif objective is Objective.COST:
+        prices = {p.name: p.price_per_gpu_hour for p in cluster.pools}
+        missing = [q for q, price in prices.items() if price is None]
+        if missing:
+            raise SpecError(
+                f"objective cost needs price_per_gpu_hour for every pool; missing for {missing}"
+            )
+        rate = model.NewIntVar(0, 10**12, "R")
+        model.Add(rate == sum(round(prices[q] * 10**4) * gpus_used(v, q) for q in pools))
+        cost = model.NewIntVar(0, 2**62, "RT")
+        model.AddMultiplicationEquality(cost, [rate, step])
+        model.Minimize(cost)
+    else:
+        if not target_tokens_per_s or target_tokens_per_s <= 0:
+            raise SpecError("objective gpus needs --target-tokens-per-s, a positive number")
+        model.Add(step <= int(tokens_per_step / target_tokens_per_s * US))
+        model.Minimize(gpus)
+    return BuiltModel(model=model, variables=v, step_us=step)

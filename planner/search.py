@@ -1,0 +1,135 @@
+"""plan_search: the planner end to end.
+
+1. Cost table of every role's options (`costtable`).
+2. CP-SAT over all placements for the optimum (`solve`), and once per
+   placement for the per-placement table.
+3. Each resulting plan is checked by the independent validator and re-scored
+   by the full simulator; plans are ranked by the objective on the simulator's
+   numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from placeflow.planner.costtable import build_cost_table
+from placeflow.planner.model import Objective
+from placeflow.planner.solution import solution_to_plan
+from placeflow.planner.solve import Infeasible, Solution, SolverTimeout, Status, solve
+from placeflow.planner.space import Placement, enumerate_placements
+from placeflow.planner.validate import validate_plan
+from placeflow.profiles.costmodel import CostModel
+from placeflow.simulator import StepEstimate, simulate
+
+from placeflow.cluster import ClusterSpec
+from placeflow.plan import Plan
+from placeflow.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankedPlan:
+    plan: Plan
+    estimate: StepEstimate
+    model_step_s: float  # the solver's stage-structured estimate
+    price_per_mtoken: float | None  # USD per million tokens, when prices are known
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementResult:
+    placement: Placement
+    best: RankedPlan | None
+    reason: str | None  # why no plan, when best is None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerResult:
+    status: Status
+    objective: Objective
+    solve_s: float
+    best: RankedPlan
+    ranked: tuple[RankedPlan, ...]
+    per_placement: tuple[PlacementResult, ...]
+
+
+def _price_per_mtoken(plan: Plan, estimate: StepEstimate) -> float | None:
+    prices = {p.name: p.price_per_gpu_hour for p in plan.cluster.pools}
+    if any(prices[s.pool] is None for s in plan.sets) or not estimate.tokens_per_s:
+        return None
+    usd_per_s = sum(prices[s.pool] * s.num_devices for s in plan.sets) / 3600  # type: ignore[operator]
+    return usd_per_s / estimate.tokens_per_s * 1e6
+
+
+def _rank(plan: Plan, solution: Solution, costs: dict[str, CostModel]) -> RankedPlan:
+    problems = validate_plan(plan, costs)
+    assert not problems, f"the solver returned a plan the validator rejects: {problems}"
+    estimate = simulate(plan, costs)
+    return RankedPlan(
+        plan=plan,
+        estimate=estimate,
+        model_step_s=solution.step_s,
+        price_per_mtoken=_price_per_mtoken(plan, estimate),
+    )
+
+
+def _sort_key(objective: Objective, target: float | None) -> Callable[[RankedPlan], tuple]:
+    def key(r: RankedPlan) -> tuple:
+        tps = r.estimate.tokens_per_s
+        if objective is Objective.COST:
+            return (r.price_per_mtoken if r.price_per_mtoken is not None else float("inf"), -tps)
+        if objective is Objective.GPUS:
+            return (tps < (target or 0), r.plan.num_gpus, -tps)
+        return (-tps, r.plan.num_gpus)
+
+    return key
+
+
+def plan_search(
+    cluster: ClusterSpec,
+    workload: Workload,
+    costs: dict[str, CostModel],
+    *,
+    objective: Objective = Objective.THROUGHPUT,
+    target_tokens_per_s: float | None = None,
+    time_limit_s: float = 60.0,
+    top_k: int = 5,
+    progress: Callable[[int, int], None] | None = None,
+) -> PlannerResult:
+    """Search placements, GPU counts and parallelism; raises Infeasible or SolverTimeout."""
+    start = time.perf_counter()
+    table = build_cost_table(workload, cluster, costs)
+    placements = enumerate_placements(workload.roles)
+    common = dict(
+        tokens_per_step=workload.batch.tokens_per_step, target_tokens_per_s=target_tokens_per_s
+    )
+    overall = solve(placements, table, cluster, objective, time_limit_s=time_limit_s / 2, **common)  # type: ignore[arg-type]
+    status = overall.status
+    per_limit = max(1.0, time_limit_s / 2 / len(placements))
+    results = []
+    for i, placement in enumerate(placements):
+        if progress:
+            progress(i, len(placements))
+        try:
+            sol = solve([placement], table, cluster, objective, time_limit_s=per_limit, **common)  # type: ignore[arg-type]
+        except (Infeasible, SolverTimeout) as exc:
+            results.append(PlacementResult(placement=placement, best=None, reason=str(exc)))
+            continue
+        if sol.status is Status.FEASIBLE:
+            status = Status.FEASIBLE
+        ranked = _rank(solution_to_plan(sol, workload, cluster), sol, costs)
+        results.append(PlacementResult(placement=placement, best=ranked, reason=None))
+    if progress:
+        progress(len(placements), len(placements))
+    best_overall = _rank(solution_to_plan(overall, workload, cluster), overall, costs)
+    candidates = [best_overall] + [r.best for r in results if r.best is not None]
+    unique = {c.plan.content_hash(): c for c in candidates}
+    ranked = sorted(unique.values(), key=_sort_key(objective, target_tokens_per_s))
+    return PlannerResult(
+        status=status,
+        objective=objective,
+        solve_s=time.perf_counter() - start,
+        best=ranked[0],
+        ranked=tuple(ranked[:top_k]),
+        per_placement=tuple(results),
+    )

@@ -1,0 +1,127 @@
+"""Solving: a pure function from the model's inputs to a solution with an explicit status.
+
+`solve` does not mutate its inputs, read globals or print. It returns a
+`Solution` whose status is OPTIMAL or FEASIBLE (the time limit stopped the
+search), or raises `Infeasible` (with the reason) or `SolverTimeout` (the
+limit passed before any solution).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ortools.sat.python import cp_model
+from placeflow.planner.costtable import CostTable, RoleOption
+from placeflow.planner.model import Objective, build_model
+from placeflow.planner.space import Placement
+
+from placeflow.cluster import ClusterSpec
+from placeflow.errors import SpecError
+from placeflow.workload import Role
+
+
+class Status(StrEnum):
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    INFEASIBLE = "infeasible"
+
+
+class Infeasible(SpecError):
+    """No plan satisfies the constraints; the message says why."""
+
+
+class SolverTimeout(SpecError):
+    """The time limit passed before the solver found any plan."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetChoice:
+    roles: tuple[Role, ...]
+    pool: str
+    num_gpus: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Solution:
+    status: Status
+    placement: Placement
+    sets: tuple[SetChoice, ...]
+    options: dict[Role, RoleOption]
+    step_s: float  # the model's stage-structured step time
+    solve_s: float
+
+
+def solve(
+    placements: list[Placement],
+    table: CostTable,
+    cluster: ClusterSpec,
+    objective: Objective,
+    *,
+    tokens_per_step: float,
+    target_tokens_per_s: float | None = None,
+    time_limit_s: float = 30.0,
+    num_workers: int = 2,
+) -> Solution:
+    built = build_model(
+        placements,
+        table,
+        cluster,
+        objective,
+        tokens_per_step=tokens_per_step,
+        target_tokens_per_s=target_tokens_per_s,
+    )
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = num_workers
+    code = solver.Solve(built.model)
+    if code == cp_model.INFEASIBLE:
+        raise Infeasible(infeasibility_reason(table, objective, target_tokens_per_s))
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if code == cp_model.MODEL_INVALID:
+            raise AssertionError(built.model.Validate())
+        raise SolverTimeout(
+            f"no plan found within the time limit of {time_limit_s:g} s; raise --time-limit"
+        )
+    v = built.variables
+    p = next(i for i, var in v.x.items() if solver.BooleanValue(var))
+    placement = placements[p]
+    sets = tuple(
+        SetChoice(roles=placement.sets[j], pool=q, num_gpus=n)
+        for (pp, j, q, n), var in sorted(v.y.items(), key=lambda kv: kv[0][1])
+        if pp == p and solver.BooleanValue(var)
+    )
+    options = {
+        key[0]: table.options[key][o] for (key, o), var in v.z.items() if solver.BooleanValue(var)
+    }
+    return Solution(
+        status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
+        placement=placement,
+        sets=sets,
+        options=options,
+        step_s=solver.Value(built.step_us) / 1e6,
+        solve_s=solver.WallTime(),
+    )
+
+
+def infeasibility_reason(
+    table: CostTable, objective: Objective, target_tokens_per_s: float | None
+) -> str:
+    """The telling reason: a role that fits nowhere, else memory together, else the target."""
+    roles_with_options = {k[0] for k in table.options}
+    for role, (short, where) in sorted(table.shortfall.items(), key=lambda kv: kv[1][0]):
+        if role not in roles_with_options:
+            return (
+                f"role {role} fits on no candidate device count: its smallest memory "
+                f"shortfall is {short / 2**30:.2f} GiB per GPU ({where}); "
+                "use more or larger GPUs"
+            )
+    if objective is Objective.GPUS:
+        return (
+            f"no plan within the cluster reaches {target_tokens_per_s:g} tokens/s; "
+            "lower the target or add GPUs"
+        )
+    return (
+        "the roles do not fit the cluster together: every placement runs out of devices or "
+        "of memory per device; add GPUs or use smaller models"
+    )

@@ -1,0 +1,139 @@
+"""The search space: placements, GPU counts per set and parallelism per role.
+
+- Placements are the set partitions of the workload's roles (Bell numbers: 15
+  for PPO's four models, 52 for Safe-RLHF's five), each named by its kind:
+  colocate (one set), standalone (every role alone), split (actor+ref |
+  critic+reward), hybrid (any other partition).
+- A set gets either whole nodes of one pool, or a power-of-two divisor of a
+  node. Power-of-two sizes divide one another, so sub-node sets always pack
+  into the nodes left over (first-fit decreasing is then exact).
+- A role's parallelism on n GPUs: tensor t a power of two within a node that
+  divides n and the heads (and agrees with the KV heads), pipeline p a power
+  of two up to 8 dividing the layers with p·t | n, d = n/(p·t); ZeRO 1 or 3
+  for trained roles; micro-batches of 1, 4 or 16 samples; for the actor a
+  generation tensor size tg | t (generation pipeline pg = 1: a single decode
+  batch gains no time from pipelining, see simulator.compute).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+from placeflow.cluster import PoolSpec
+from placeflow.layout import TrainLayout
+from placeflow.models import ModelSpec
+from placeflow.plan import RoleParallelism
+from placeflow.workload import Role
+
+MICRO_BATCHES = (1, 4, 16)
+MAX_PIPELINE = 8
+
+
+class PlacementKind(StrEnum):
+    COLOCATE = "colocate"
+    STANDALONE = "standalone"
+    SPLIT = "split"
+    HYBRID = "hybrid"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A partition of roles into colocated sets, in canonical order."""
+
+    sets: tuple[tuple[Role, ...], ...]
+    kind: PlacementKind
+
+    def label(self) -> str:
+        return " | ".join("+".join(r.value for r in s) for s in self.sets)
+
+
+def set_partitions(items: tuple[Role, ...]) -> Iterator[tuple[tuple[Role, ...], ...]]:
+    """All partitions of `items`; each block and the block list keep the input order."""
+    if not items:
+        yield ()
+        return
+    first, rest = items[0], items[1:]
+    for partition in set_partitions(rest):
+        yield ((first,), *partition)
+        for i in range(len(partition)):
+            yield (*partition[:i], (first, *partition[i]), *partition[i + 1 :])
+
+
+def placement_kind(sets: tuple[tuple[Role, ...], ...]) -> PlacementKind:
+    if len(sets) == 1:
+        return PlacementKind.COLOCATE
+    if all(len(s) == 1 for s in sets):
+        return PlacementKind.STANDALONE
+    blocks = {frozenset(s) for s in sets}
+    if blocks == {frozenset({Role.ACTOR, Role.REF}), frozenset({Role.CRITIC, Role.REWARD})}:
+        return PlacementKind.SPLIT
+    return PlacementKind.HYBRID
+
+
+def enumerate_placements(roles: tuple[Role, ...]) -> list[Placement]:
+    order = list(Role)
+    out = []
+    for partition in set_partitions(roles):
+        canon = tuple(
+            sorted(
+                (tuple(sorted(b, key=order.index)) for b in partition),
+                key=lambda b: order.index(b[0]),
+            )
+        )
+        out.append(Placement(sets=canon, kind=placement_kind(canon)))
+    return out
+
+
+def candidate_counts(pool: PoolSpec) -> list[int]:
+    """GPU counts a set may take in `pool`: power-of-two divisors of a node, or whole nodes."""
+    per_node = pool.gpus_per_node
+    sub = [
+        c
+        for c in (1 << i for i in range(per_node.bit_length()))
+        if c < per_node and per_node % c == 0
+    ]
+    return sub + [k * per_node for k in range(1, pool.num_nodes + 1)]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
+
+
+def tp_ok(model: ModelSpec, t: int) -> bool:
+    kv = model.num_kv_heads
+    return model.num_heads % t == 0 and (kv % t == 0 if t <= kv else t % kv == 0)
+
+
+def parallelism_options(
+    model: ModelSpec, role: Role, n: int, pool: PoolSpec
+) -> list[RoleParallelism]:
+    trained = role in (Role.ACTOR, Role.CRITIC)
+    out = []
+    for t in _powers_of_two(min(n, pool.gpus_per_node)):
+        if n % t or not tp_ok(model, t):
+            continue
+        for p in _powers_of_two(MAX_PIPELINE):
+            if n % (p * t) or model.num_layers % p:
+                continue
+            layout = TrainLayout(p=p, t=t, d=n // (p * t))
+            tgs = (
+                [tg for tg in _powers_of_two(t) if t % tg == 0 and tp_ok(model, tg)]
+                if role is Role.ACTOR
+                else [1]
+            )
+            for zero in (1, 3) if trained else (1,):
+                for mb in MICRO_BATCHES:
+                    for tg in tgs:
+                        out.append(
+                            RoleParallelism(
+                                train=layout,
+                                tg=tg,
+                                pg=1,
+                                micro_batch=mb,
+                                zero=zero,
+                                recompute=trained,
+                            )
+                        )
+    return out
