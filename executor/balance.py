@@ -44,7 +44,7 @@ from placeflow.models import ModelSpec
 
 
 MAX_SEARCH_ITEMS = 64  # deeper recursion than this is not worth it: LDM is near-optimal there
-SEARCH_BUDGET = 20_000  # branch-and-bound nodes: ~20 ms in CPython
+SEARCH_BUDGET = 5_000  # branch-and-bound nodes: a few ms in CPython
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,10 +175,18 @@ def _karmarkar_karp(works: Sequence[float], k: int, *, equal_counts: bool) -> li
         _, _, a = heapq.heappop(heap)
         _, _, b = heapq.heappop(heap)
         # Heaviest of one with lightest of the other: the difference is what remains.
-        merged = [(a[j][0] + b[k - 1 - j][0], a[j][1] + b[k - 1 - j][1]) for j in range(k)]
+        merged = [(a[j][0] + b[k - 1 - j][0], _union(a[j][1], b[k - 1 - j][1])) for j in range(k)]
         merged.sort(key=lambda e: -e[0])
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), next(tie), merged))
     return [[i for i in s if i >= 0] for _, s in heap[0][2]]
+
+
+def _union(x: list[int], y: list[int]) -> list[int]:
+    """Extend the longer list by the shorter (both are consumed): O(n log n) over all merges."""
+    if len(x) < len(y):
+        x, y = y, x
+    x.extend(y)
+    return x
 
 
 def _improve(works: Sequence[float], bins: list[list[int]], *, allow_moves: bool) -> None:
@@ -274,18 +282,18 @@ def _branch_and_bound(
     def place(pos: int) -> None:
         nonlocal best, found, budget
         budget -= 1
-        if budget < 0:
-            return
+        limit = best * (1 - 1e-12)  # an improvement must be real, not rounding
+        if budget < 0 or max(sums) >= limit:
+            return  # a deeper call lowered `best` below a bin filled earlier on this path
         if pos == n:
             best, found = max(sums), [list(b) for b in bins]
             return
-        limit = best * (1 - 1e-12)  # an improvement must be real, not rounding
-        if sum(max(0.0, limit - s) for s in sums) < suffix[pos]:
+        if sum(limit - s for s in sums) < suffix[pos]:
             return  # the remaining work cannot fit under the incumbent
         item, tried = order[pos], set()
         for j in range(k):
             key = (sums[j], len(bins[j]))
-            if key in tried or sums[j] + works[item] >= limit or not count_ok(j):
+            if key in tried or sums[j] + works[item] >= best or not count_ok(j):
                 continue
             tried.add(key)
             bins[j].append(item)

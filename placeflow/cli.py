@@ -224,6 +224,122 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _placement_json(result: object) -> dict[str, object]:
+    from placeflow.planner.search import RankedPlan
+
+    assert isinstance(result, RankedPlan)
+    plan, est = result.plan, result.estimate
+    return {
+        "name": plan.name,
+        "plan_hash": plan.content_hash(),
+        "placement_kind": result.kind.value,
+        "placement": [[r.value for r in s.roles] for s in plan.sets],
+        "gpus_per_set": [s.num_devices for s in plan.sets],
+        "pools": [s.pool for s in plan.sets],
+        "parallelism": {
+            role.value: {
+                "p": par.train.p,
+                "t": par.train.t,
+                "d": par.train.d,
+                **({"tg": par.tg, "pg": par.pg} if role.value == "actor" else {}),
+                "micro_batch": par.micro_batch,
+                "zero": par.zero,
+                "recompute": par.recompute,
+            }
+            for role, par in plan.parallelism.items()
+        },
+        "iteration_s": est.iteration_s,
+        "tokens_per_s": est.tokens_per_s,
+        "model_step_s": result.model_step_s,
+        "peak_memory_bytes": est.peak_memory_bytes,
+        "price_per_mtoken_usd": result.price_per_mtoken,
+    }
+
+
+def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import Progress
+
+    from placeflow.cluster import load_cluster
+    from placeflow.plan import save_plan
+    from placeflow.planner import Objective, plan_search
+    from placeflow.profiles.registry import fitted_cost_model
+    from placeflow.workload import load_workload
+
+    cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
+    costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
+    with Progress(
+        console=Console(stderr=True), transient=True, disable=args.json or not console.is_terminal
+    ) as bar:
+        task = bar.add_task("solving per placement", total=None)
+        result = plan_search(
+            cluster,
+            workload,
+            costs,
+            objective=Objective(args.objective),
+            target_tokens_per_s=args.target_tokens_per_s,
+            time_limit_s=args.time_limit,
+            top_k=args.top,
+            progress=lambda i, n: bar.update(task, completed=i, total=n),
+        )
+    if args.out:
+        save_plan(result.best.plan, args.out)
+    per_placement = []
+    for pr in result.per_placement:
+        entry: dict[str, object] = {
+            "placement_kind": pr.placement.kind.value,
+            "placement": [[r.value for r in s] for s in pr.placement.sets],
+        }
+        if pr.best is None:
+            entry["infeasible_reason"] = pr.reason
+        else:
+            entry.update(
+                {
+                    k: v
+                    for k, v in _placement_json(pr.best).items()
+                    if k in ("gpus_per_set", "iteration_s", "tokens_per_s", "plan_hash")
+                }
+            )
+        per_placement.append(entry)
+    out = {
+        "status": result.status.value,
+        "objective": result.objective.value,
+        "solve_s": result.solve_s,
+        "best": _placement_json(result.best),
+        "ranked": [_placement_json(r) for r in result.ranked],
+        "per_placement": per_placement,
+    }
+    if args.json:
+        console.print_json(json.dumps(out))
+        return 0
+    table = Table(
+        title=f"{workload.name} on {cluster.name}: best plan per placement "
+        f"({result.status.value}, {result.solve_s:.1f} s)"
+    )
+    for col in ("placement", "kind", "GPUs per set", "iteration s", "tokens/s"):
+        table.add_column(col, justify="left" if col in ("placement", "kind") else "right")
+    for entry in sorted(per_placement, key=lambda e: -float(e.get("tokens_per_s", 0))):  # type: ignore[arg-type]
+        label = " | ".join("+".join(s) for s in entry["placement"])  # type: ignore[attr-defined]
+        if "infeasible_reason" in entry:
+            table.add_row(label, str(entry["placement_kind"]), "-", "-", "infeasible")
+        else:
+            table.add_row(
+                label,
+                str(entry["placement_kind"]),
+                str(entry["gpus_per_set"]),
+                f"{entry['iteration_s']:.2f}",
+                f"{entry['tokens_per_s']:,.0f}",
+            )
+    console.print(table)
+    best = out["best"]
+    console.print(
+        f"best: {best['name']}: {best['placement']} on {best['gpus_per_set']} GPUs, "  # type: ignore[index]
+        f"{best['tokens_per_s']:,.0f} tokens/s, iteration {best['iteration_s']:.2f} s"
+    )  # type: ignore[index]
+    if args.out:
+        console.print(f"wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="placeflow",
@@ -243,6 +359,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="profile name (default: the --out file stem or <device>-local)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_cmd_profile)
+
+    p = sub.add_parser("plan", help="choose placement and parallelism with CP-SAT")
+    p.add_argument("--cluster", required=True, help="cluster TOML")
+    p.add_argument("--workload", required=True, help="workload TOML")
+    p.add_argument("--objective", choices=("throughput", "cost", "gpus"), default="throughput")
+    p.add_argument("--target-tokens-per-s", type=float, help="with --objective gpus")
+    p.add_argument("--time-limit", type=float, default=60.0, help="solver seconds in all")
+    p.add_argument("--top", type=int, default=5, help="how many ranked plans to report")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", help="write the best plan as TOML (simulate and run accept it)")
+    p.set_defaults(handler=_cmd_plan)
 
     p = sub.add_parser("simulate", help="predict one RL step of a plan, phase by phase")
     p.add_argument("plan", help="plan TOML file")

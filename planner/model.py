@@ -75,7 +75,7 @@ def build_model(
             )
         rate = model.NewIntVar(0, 10**12, "R")
         model.Add(rate == sum(round(prices[q] * 10**4) * gpus_used(v, q) for q in pools))
-        cost = model.NewIntVar(0, 2**62, "RT")
+        cost = model.NewIntVar(0, 10**18, "RT")
         model.AddMultiplicationEquality(cost, [rate, step])
         model.Minimize(cost)
     else:

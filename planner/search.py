@@ -18,7 +18,7 @@ from placeflow.planner.costtable import build_cost_table
 from placeflow.planner.model import Objective
 from placeflow.planner.solution import solution_to_plan
 from placeflow.planner.solve import Infeasible, Solution, SolverTimeout, Status, solve
-from placeflow.planner.space import Placement, enumerate_placements
+from placeflow.planner.space import Placement, PlacementKind, enumerate_placements
 from placeflow.planner.validate import validate_plan
 from placeflow.profiles.costmodel import CostModel
 from placeflow.simulator import StepEstimate, simulate
@@ -31,6 +31,7 @@ from placeflow.workload import Workload
 @dataclass(frozen=True, kw_only=True)
 class RankedPlan:
     plan: Plan
+    kind: PlacementKind
     estimate: StepEstimate
     model_step_s: float  # the solver's stage-structured estimate
     price_per_mtoken: float | None  # USD per million tokens, when prices are known
@@ -67,6 +68,7 @@ def _rank(plan: Plan, solution: Solution, costs: dict[str, CostModel]) -> Ranked
     estimate = simulate(plan, costs)
     return RankedPlan(
         plan=plan,
+        kind=solution.placement.kind,
         estimate=estimate,
         model_step_s=solution.step_s,
         price_per_mtoken=_price_per_mtoken(plan, estimate),

@@ -63,6 +63,9 @@ def solve(
     time_limit_s: float = 30.0,
     num_workers: int = 2,
 ) -> Solution:
+    roles = {r for placement in placements for block in placement.sets for r in block}
+    if roles - {key[0] for key in table.options}:
+        raise Infeasible(infeasibility_reason(table, objective, target_tokens_per_s))
     built = build_model(
         placements,
         table,
