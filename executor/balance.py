@@ -200,7 +200,9 @@ def _improve(works: Sequence[float], bins: list[list[int]], *, allow_moves: bool
         heavy = max(range(len(bins)), key=lambda j: sums[j])
         lighter = sorted((j for j in range(len(bins)) if j != heavy), key=lambda j: sums[j])
         for light in lighter:
-            step = _best_step(works, bins[heavy], bins[light], sums[heavy] - sums[light], allow_moves)
+            step = _best_step(
+                works, bins[heavy], bins[light], sums[heavy] - sums[light], allow_moves
+            )
             if step is not None:
                 give, take = step
                 bins[heavy].remove(give)

@@ -20,11 +20,11 @@ from enum import StrEnum
 from ortools.sat.python import cp_model
 from placeflow.planner.constraints.gpus import add_gpu_budget, gpus_used
 from placeflow.planner.constraints.memory import add_memory
-from placeflow.planner.constraints.stages import US, add_stages
+from placeflow.planner.constraints.stages import add_stages
 from placeflow.planner.constraints.structure import add_structure
 from placeflow.planner.costtable import CostTable
 from placeflow.planner.space import Placement
-from placeflow.planner.variables import Variables, make_variables
+from placeflow.planner.variables import US, Variables, make_variables
 
 from placeflow.cluster import ClusterSpec
 from placeflow.errors import SpecError
@@ -41,6 +41,7 @@ class BuiltModel:
     model: cp_model.CpModel
     variables: Variables
     step_us: cp_model.IntVar
+    objective: cp_model.LinearExprT
 
 
 def build_model(
@@ -57,15 +58,16 @@ def build_model(
     v = make_variables(model, placements, table, pools)
     add_structure(model, v, placements, table)
     add_gpu_budget(model, v, cluster)
-    add_memory(model, v, placements, table, cluster)
+    add_memory(model, v, placements, cluster)
     horizon = max(
         (sum(max(o.stage_s) for o in opts) for opts in table.options.values()), default=1.0
     )
     horizon_us = int(min(horizon * len(table.options) * US, 2**40)) + 1
-    step = add_stages(model, v, placements, table, horizon_us)
+    step = add_stages(model, v, placements, horizon_us)
     gpus = sum(gpus_used(v, q) for q in pools)
+    goal: cp_model.LinearExprT
     if objective is Objective.THROUGHPUT:
-        model.Minimize(step * (cluster.num_gpus + 1) + gpus)
+        goal = step * (cluster.num_gpus + 1) + gpus
     elif objective is Objective.COST:
         prices = {p.name: p.price_per_gpu_hour for p in cluster.pools}
         missing = [q for q, price in prices.items() if price is None]
@@ -77,10 +79,11 @@ def build_model(
         model.Add(rate == sum(round(prices[q] * 10**4) * gpus_used(v, q) for q in pools))
         cost = model.NewIntVar(0, 10**18, "RT")
         model.AddMultiplicationEquality(cost, [rate, step])
-        model.Minimize(cost)
+        goal = cost
     else:
         if not target_tokens_per_s or target_tokens_per_s <= 0:
             raise SpecError("objective gpus needs --target-tokens-per-s, a positive number")
         model.Add(step <= int(tokens_per_step / target_tokens_per_s * US))
-        model.Minimize(gpus)
-    return BuiltModel(model=model, variables=v, step_us=step)
+        goal = gpus
+    model.Minimize(goal)
+    return BuiltModel(model=model, variables=v, step_us=step, objective=goal)

@@ -105,24 +105,43 @@ def plan_search(
     common = dict(
         tokens_per_step=workload.batch.tokens_per_step, target_tokens_per_s=target_tokens_per_s
     )
-    overall = solve(placements, table, cluster, objective, time_limit_s=time_limit_s / 2, **common)  # type: ignore[arg-type]
-    status = overall.status
     per_limit = max(1.0, time_limit_s / 2 / len(placements))
-    results = []
+    results, solutions = [], []
+    bounds_known = True
     for i, placement in enumerate(placements):
         if progress:
             progress(i, len(placements))
         try:
             sol = solve([placement], table, cluster, objective, time_limit_s=per_limit, **common)  # type: ignore[arg-type]
-        except (Infeasible, SolverTimeout) as exc:
+        except Infeasible as exc:
             results.append(PlacementResult(placement=placement, best=None, reason=str(exc)))
             continue
-        if sol.status is Status.FEASIBLE:
-            status = Status.FEASIBLE
+        except SolverTimeout as exc:
+            bounds_known = False
+            results.append(PlacementResult(placement=placement, best=None, reason=str(exc)))
+            continue
+        solutions.append(sol)
         ranked = _rank(solution_to_plan(sol, workload, cluster), sol, costs)
         results.append(PlacementResult(placement=placement, best=ranked, reason=None))
     if progress:
         progress(len(placements), len(placements))
+    # The whole model chooses the placement. Seeded with the best per-placement solution
+    # and bounded below by the least per-placement bound (exact: the optimum over all
+    # placements is the least of the per-placement optima), it closes the gap at once.
+    seed = min(solutions, key=lambda s: s.objective_value, default=None)
+    overall = solve(
+        placements,
+        table,
+        cluster,
+        objective,
+        time_limit_s=max(1.0, time_limit_s / 2),
+        hint=seed,
+        lower_bound=min(s.objective_bound for s in solutions) if seed and bounds_known else None,
+        **common,  # type: ignore[arg-type]
+    )
+    status = overall.status
+    if any(s.status is Status.FEASIBLE for s in solutions):
+        status = Status.FEASIBLE
     best_overall = _rank(solution_to_plan(overall, workload, cluster), overall, costs)
     candidates = [best_overall] + [r.best for r in results if r.best is not None]
     unique = {c.plan.content_hash(): c for c in candidates}

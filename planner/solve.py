@@ -15,6 +15,7 @@ from ortools.sat.python import cp_model
 from placeflow.planner.costtable import CostTable, RoleOption
 from placeflow.planner.model import Objective, build_model
 from placeflow.planner.space import Placement
+from placeflow.planner.variables import Variables
 
 from placeflow.cluster import ClusterSpec
 from placeflow.errors import SpecError
@@ -50,6 +51,8 @@ class Solution:
     options: dict[Role, RoleOption]
     step_s: float  # the model's stage-structured step time
     solve_s: float
+    objective_value: int
+    objective_bound: int  # proven lower bound (equals the value when optimal)
 
 
 def solve(
@@ -62,7 +65,13 @@ def solve(
     target_tokens_per_s: float | None = None,
     time_limit_s: float = 30.0,
     num_workers: int = 2,
+    hint: Solution | None = None,
+    lower_bound: int | None = None,
 ) -> Solution:
+    """Solve over `placements`. `hint` (a solution over a subset of them) seeds the search;
+    `lower_bound` is a proven bound on the objective (e.g. the least of exact per-placement
+    optima), which lets the solver close the gap at once.
+    """
     roles = {r for placement in placements for block in placement.sets for r in block}
     if roles - {key[0] for key in table.options}:
         raise Infeasible(infeasibility_reason(table, objective, target_tokens_per_s))
@@ -74,6 +83,10 @@ def solve(
         tokens_per_step=tokens_per_step,
         target_tokens_per_s=target_tokens_per_s,
     )
+    if hint is not None:
+        _add_hint(built.model, built.variables, placements, table, hint)
+    if lower_bound is not None:
+        built.model.Add(built.objective >= lower_bound)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = num_workers
@@ -104,7 +117,26 @@ def solve(
         options=options,
         step_s=solver.Value(built.step_us) / 1e6,
         solve_s=solver.WallTime(),
+        objective_value=round(solver.ObjectiveValue()),
+        objective_bound=round(solver.BestObjectiveBound()),
     )
+
+
+def _add_hint(
+    model: cp_model.CpModel,
+    v: Variables,
+    placements: list[Placement],
+    table: CostTable,
+    hint: Solution,
+) -> None:
+    p = placements.index(hint.placement)
+    for i, var in v.x.items():
+        model.AddHint(var, i == p)
+    chosen = {(p, j, s.pool, s.num_gpus) for j, s in enumerate(hint.sets)}
+    for key, var in v.y.items():
+        model.AddHint(var, key in chosen)
+    for (key, o), var in v.z.items():
+        model.AddHint(var, table.options[key][o] is hint.options.get(key[0]))
 
 
 def infeasibility_reason(

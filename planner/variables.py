@@ -10,15 +10,26 @@ Variables:
 - x[P] = 1 iff placement P is chosen;
 - y[P, j, q, n] = 1 iff set j of P gets n devices of pool q;
 - z[r, q, n, o] = 1 iff role r runs option o (on n devices of pool q).
+
+Derived integers, one per role, so that constraints over many placements refer
+to a role's choice through one variable rather than repeating its option sum:
+- stage_us[r, k] = Σ_o t_k(o)·z[r,q,n,o]   (µs of role r in stage k)
+- res_mib[r] = Σ_o ⌈res(o)⌉·z,  tr_mib[r] = Σ_o ⌈tr(o)⌉·z   (MiB per device)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
-from placeflow.planner.costtable import CostTable, RoleOption, TableKey
+from placeflow.planner.costtable import NUM_STAGES, CostTable, RoleOption, TableKey
 from placeflow.planner.space import Placement
+
+from placeflow.workload import Role
+
+MIB = 1 << 20
+US = 1_000_000
 
 YKey = tuple[int, int, str, int]  # placement index, set index, pool, count
 
@@ -28,6 +39,9 @@ class Variables:
     x: dict[int, cp_model.IntVar]
     y: dict[YKey, cp_model.IntVar]
     z: dict[tuple[TableKey, int], cp_model.IntVar]
+    stage_us: dict[tuple[Role, int], cp_model.IntVar]
+    res_mib: dict[Role, cp_model.IntVar]
+    tr_mib: dict[Role, cp_model.IntVar]
 
     def role_terms(
         self, table: CostTable, role: object
@@ -56,4 +70,20 @@ def make_variables(
         for key, opts in table.options.items()
         for o in range(len(opts))
     }
-    return Variables(x=x, y=y, z=z)
+    v = Variables(x=x, y=y, z=z, stage_us={}, res_mib={}, tr_mib={})
+    for role in {key[0] for key in table.options}:
+        terms = v.role_terms(table, role)
+        for k in range(NUM_STAGES):
+            coeffs = [round(o.stage_s[k] * US) for o, _ in terms]
+            var = model.NewIntVar(0, max(coeffs, default=0), f"stage_us[{role},{k}]")
+            model.Add(var == sum(c * z for c, (_, z) in zip(coeffs, terms, strict=True)))
+            v.stage_us[(role, k)] = var
+        for name, attr, store in (
+            ("res", "resident_bytes", v.res_mib),
+            ("tr", "transient_bytes", v.tr_mib),
+        ):
+            coeffs = [math.ceil(getattr(o, attr) / MIB) for o, _ in terms]
+            var = model.NewIntVar(0, max(coeffs, default=0), f"{name}_mib[{role}]")
+            model.Add(var == sum(c * z for c, (_, z) in zip(coeffs, terms, strict=True)))
+            store[role] = var
+    return v

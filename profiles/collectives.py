@@ -213,10 +213,13 @@ def run_world(
     ]
     for p in procs:
         p.start()
+    grace_s = 0.0  # on any failure, kill the other ranks at once
     try:
-        return _collect(job, procs, results, on_point, stall_timeout_s)
+        timings = _collect(job, procs, results, on_point, stall_timeout_s)
+        grace_s = 10.0  # every rank reported done: let them exit on their own
+        return timings
     finally:
-        _stop(procs)
+        _stop(procs, grace_s)
         results.close()
 
 
@@ -286,9 +289,9 @@ def _check_alive(job: CollectiveJob, procs: list[Any], results: Any, done: set[i
     )
 
 
-def _stop(procs: list[Any]) -> None:
-    """Let finished ranks exit; kill any still running (e.g. blocked on a dead peer)."""
-    deadline = time.monotonic() + 10.0
+def _stop(procs: list[Any], grace_s: float) -> None:
+    """Give the ranks `grace_s` to exit, then kill those still running (blocked on a dead peer)."""
+    deadline = time.monotonic() + grace_s
     for p in procs:
         p.join(timeout=max(0.0, deadline - time.monotonic()))
     for p in procs:

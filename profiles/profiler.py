@@ -309,15 +309,18 @@ _NOTES = (
 )
 
 
-def _provenance(device: str, grid: ProfilerGrid, gqa: bool) -> Provenance:
+def _provenance(device: str, grid: ProfilerGrid, measured: _Measured) -> Provenance:
     is_cuda = device == "cuda"
     notes = _NOTES.format(
         clock="CUDA events" if is_cuda else "time.perf_counter",
-        gqa="enable_gqa=True" if gqa else "repeat_interleave of KV heads",
+        gqa="enable_gqa=True" if measured.enable_gqa else "repeat_interleave of KV heads",
         backend="NCCL" if is_cuda else "gloo (1 thread per rank)",
         threads=torch.get_num_threads(),
         retries=MAX_RETRIES,
     )
+    if measured.skipped:
+        shown = "; ".join(measured.skipped[:20])
+        notes += f"; {len(measured.skipped)} points skipped, out of GPU memory: {shown}"
     return Provenance(
         source=Source.MEASURED,
         device_name=torch.cuda.get_device_name(0) if is_cuda else _cpu_model(),
@@ -383,24 +386,26 @@ def _label(point: GridPoint) -> str:
     return f"{point.op.value} " + " ".join(str(v) for v in point.params.values())
 
 
-def suspect_points(points: Sequence[GridPoint], timings: Sequence[Timing]) -> list[int]:
+def suspect_points(points: Sequence[GridPoint], timings: Sequence[Timing | None]) -> list[int]:
     """Indices of points whose time looks inflated by interference, judged within their series.
 
     Along a series (`ops.series_key`) sorted by size, a point is suspect if it is
     slower than the next larger point by RETRY_RATIO, or if it grew from the
     next smaller point by more than RETRY_RATIO times its work ratio (size
     ratio, squared for prefill attention). Both happen genuinely too (kernel
-    changes, cache edges); re-timing such a point merely confirms it.
+    changes, cache edges); re-timing such a point merely confirms it. Points
+    without a timing (skipped) are ignored.
     """
     series: dict[tuple[Op, ops.SeriesKey], list[int]] = defaultdict(list)
     for i, point in enumerate(points):
-        series[(point.op, ops.series_key(point.op, point.params))].append(i)
+        if timings[i] is not None:
+            series[(point.op, ops.series_key(point.op, point.params))].append(i)
     suspects: set[int] = set()
     for (op, _), idx in series.items():
         idx.sort(key=lambda i: ops.size(op, points[i].params))
         exponent = 2 if op in (Op.ATTN_PREFILL_FWD, Op.ATTN_PREFILL_BWD) else 1
         for a, b in itertools.pairwise(idx):
-            t_a, t_b = timings[a].median_s, timings[b].median_s
+            t_a, t_b = _median(timings[a]), _median(timings[b])
             work = (ops.size(op, points[b].params) / ops.size(op, points[a].params)) ** exponent
             if t_a > RETRY_RATIO * t_b:
                 suspects.add(a)
@@ -409,15 +414,35 @@ def suspect_points(points: Sequence[GridPoint], timings: Sequence[Timing]) -> li
     return sorted(suspects)
 
 
-def _time_point(point: GridPoint, ctx: _Ctx, clock: Clock, grid: ProfilerGrid) -> Timing:
-    bench = _BENCHES[point.op](point.params, ctx)
-    return time_fn(
-        bench, clock, warmup=grid.warmup, repeats=grid.repeats, budget_s=grid.point_budget_s
-    )
+def _median(timing: Timing | None) -> float:
+    assert timing is not None
+    return timing.median_s
 
 
-def _measure_points(device: str, grid: ProfilerGrid, report: Report) -> tuple[list[Entry], bool]:
-    """Time every non-collective point; returns the entries and whether SDPA took enable_gqa.
+def _time_point(point: GridPoint, ctx: _Ctx, clock: Clock, grid: ProfilerGrid) -> Timing | None:
+    """The point's timing, or None if it does not fit in GPU memory."""
+    try:
+        bench = _BENCHES[point.op](point.params, ctx)
+        return time_fn(
+            bench, clock, warmup=grid.warmup, repeats=grid.repeats, budget_s=grid.point_budget_s
+        )
+    except torch.OutOfMemoryError:
+        # One oversized point (e.g. attention falling back to the math kernel) must not
+        # end a long run; it is listed in the provenance notes instead.
+        bench = None
+        torch.cuda.empty_cache()
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Measured:
+    entries: list[Entry]
+    enable_gqa: bool
+    skipped: list[str]  # labels of points that ran out of GPU memory
+
+
+def _measure_points(device: str, grid: ProfilerGrid, report: Report) -> _Measured:
+    """Time every non-collective point.
 
     Suspect points (see `suspect_points`) are re-timed up to MAX_RETRIES times,
     keeping the lowest median: interference only ever adds time.
@@ -430,13 +455,15 @@ def _measure_points(device: str, grid: ProfilerGrid, report: Report) -> tuple[li
         report(_label(point), 1)
         timings.append(_time_point(point, ctx, clock, grid))
     for _ in range(MAX_RETRIES):
-        suspects = suspect_points(points, timings)
-        for i in suspects:
+        for i in suspect_points(points, timings):
             report(f"re-timing {_label(points[i])}", 0)
             again = _time_point(points[i], ctx, clock, grid)
-            timings[i] = min(timings[i], again, key=lambda t: t.median_s)
-    entries = [_entry(p.op, p.params, t) for p, t in zip(points, timings, strict=True)]
-    return entries, ctx.enable_gqa
+            timings[i] = min(timings[i], again or timings[i], key=_median)
+    return _Measured(
+        entries=[_entry(p.op, p.params, t) for p, t in zip(points, timings, strict=True) if t],
+        enable_gqa=ctx.enable_gqa,
+        skipped=[_label(p) for p, t in zip(points, timings, strict=True) if t is None],
+    )
 
 
 def profile_device(device: str, *, grid: ProfilerGrid, name: str, progress: bool = True) -> Profile:
@@ -452,15 +479,15 @@ def profile_device(device: str, *, grid: ProfilerGrid, name: str, progress: bool
     try:
         total = len(grid.points()) + grid.num_collective_points()
         with _progress(total, progress) as report:
-            entries, gqa = _measure_points(device, grid, report)
-            entries += measure_collectives(grid, on_point=lambda: report("collectives", 1))
-        provenance = _provenance(device, grid, gqa)
+            measured = _measure_points(device, grid, report)
+            collectives = measure_collectives(grid, on_point=lambda: report("collectives", 1))
+        provenance = _provenance(device, grid, measured)
     finally:
         torch.set_num_threads(previous_threads)
     return Profile(
         name=name,
         device_kind=device,
         provenance=provenance,
-        entries=tuple(entries),
+        entries=(*measured.entries, *collectives),
         grid=grid.to_json(),
     )

@@ -13,7 +13,7 @@ from placeflow.cli import main
 from placeflow.cluster import ClusterSpec, PoolSpec
 from placeflow.hardware import HARDWARE
 from placeflow.planner import Infeasible, Objective, Status, plan_search
-from placeflow.planner.constraints.memory import MIB
+from placeflow.planner.variables import MIB
 from placeflow.planner.constraints.stages import stage_us
 from placeflow.planner.costtable import CostTable, build_cost_table
 from placeflow.planner.solution import assign_devices, solution_to_plan

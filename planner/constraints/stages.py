@@ -1,6 +1,6 @@
 """Stage structure: the step time the objective minimises.
 
-    (6)  L[P,j,k] = Σ_{r ∈ S_{P,j}} Σ_o t_k(o) · z[r,q,n,o]      load of set j in stage k
+    (6)  L[P,j,k] = Σ_{r ∈ S_{P,j}} stage_us[r,k]                 load of set j in stage k
     (7)  M_k >= L[P,j,k]                   for every P, j, k, enforced only if x[P]
     (8)  T = Σ_k M_k
 
@@ -12,11 +12,9 @@ integers in microseconds.
 from __future__ import annotations
 
 from ortools.sat.python import cp_model
-from placeflow.planner.costtable import NUM_STAGES, CostTable
+from placeflow.planner.costtable import NUM_STAGES
 from placeflow.planner.space import Placement
-from placeflow.planner.variables import Variables
-
-US = 1e6
+from placeflow.planner.variables import US, Variables
 
 
 def stage_us(seconds: float) -> int:
@@ -24,26 +22,15 @@ def stage_us(seconds: float) -> int:
 
 
 def add_stages(
-    model: cp_model.CpModel,
-    v: Variables,
-    placements: list[Placement],
-    table: CostTable,
-    horizon_us: int,
+    model: cp_model.CpModel, v: Variables, placements: list[Placement], horizon_us: int
 ) -> cp_model.IntVar:
     """Adds (6)-(8) and returns T."""
-    roles = {k[0] for k in table.options}
-    load = {
-        (r, k): sum(stage_us(o.stage_s[k]) * z for o, z in v.role_terms(table, r))
-        for r in roles
-        for k in range(NUM_STAGES)
-    }
     stage_max = [model.NewIntVar(0, horizon_us, f"M[{k}]") for k in range(NUM_STAGES)]
     for p, placement in enumerate(placements):
         for roles_in_set in placement.sets:
             for k in range(NUM_STAGES):
-                model.Add(stage_max[k] >= sum(load[(r, k)] for r in roles_in_set)).OnlyEnforceIf(
-                    v.x[p]
-                )  # (6), (7)
+                load = sum(v.stage_us[(r, k)] for r in roles_in_set)  # (6)
+                model.Add(stage_max[k] >= load).OnlyEnforceIf(v.x[p])  # (7)
     total = model.NewIntVar(0, NUM_STAGES * horizon_us, "T")
     model.Add(total == sum(stage_max))  # (8)
     return total

@@ -1,0 +1,195 @@
+"""Worker: the process on one device, holding the ranks of every role placed there.
+
+One Ray actor per device of a device set. Colocated roles (say actor and ref on
+the same four devices) do not get a process each: the single `Worker` on a
+device holds one `RoleRank` per role, explicitly, in a dict keyed by Role; the
+engines of a later issue join them there. `WorkerActor` is `ray.remote(Worker)`,
+made once at import time; the plain class stays usable in-process for tests.
+
+Distributed state. All workers of a set form one torch.distributed world
+(gloo for a CPU pool, NCCL for CUDA), rank = the device's index in the set; the
+plan guarantees every role of the set spans exactly those devices, so each
+role's TP, PP and DP groups are subgroups of that world, built from
+placeflow.layout and nothing else. Process groups are created in the order the
+controller calls `setup_role`, which is the same on every worker.
+
+Threads: a CPU "device" is one core's worth of work, so the worker sets torch's
+intra-op threads itself (default 1) instead of inheriting the host's count.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+
+import ray
+import torch
+import torch.distributed as dist
+
+from placeflow.executor.balance import WorkModel
+from placeflow.executor.batch import Batch
+from placeflow.executor.dispatch import DispatchLayout
+from placeflow.executor.groups import RoleLayout
+from placeflow.hardware import DeviceKind
+from placeflow.workload import Role
+
+
+class Axis(StrEnum):
+    TP = "tp"
+    PP = "pp"
+    DP = "dp"
+
+
+class Failure(StrEnum):
+    """Failures a test can inject with `Worker.fail`."""
+
+    RAISE = "raise"  # raise an exception from the method
+    EXIT = "exit"  # end the process at once, as a crash would
+    HANG = "hang"  # never answer
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSpec:
+    set_index: int
+    device_index: int  # index in the device set = rank in every role of the set
+    num_devices: int  # of the set: the world size
+    roles: tuple[Role, ...]
+    device_kind: DeviceKind
+    num_threads: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerIdentity:
+    set_index: int
+    device_index: int
+    roles: tuple[Role, ...]
+    pid: int
+    node_ip: str
+    device: str
+    num_threads: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankInfo:
+    """Where one role's rank sits in its layouts."""
+
+    role: Role
+    rank: int
+    pp: int
+    tp: int
+    dp: int
+    holds_result: bool  # returns its DP replica's results (see dispatch.py)
+    gen_replica: int | None = None
+    gen_pp: int | None = None
+    gen_tp: int | None = None
+
+
+@dataclass(kw_only=True)
+class RoleRank:
+    """A role's state in this process: its rank and its process groups."""
+
+    info: RankInfo
+    groups: dict[Axis, dist.ProcessGroup]
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        torch.set_num_threads(spec.num_threads)
+        if spec.device_kind is DeviceKind.CUDA:
+            torch.cuda.set_device(0)  # Ray exposes this actor's one GPU as device 0
+        self.spec = spec
+        self.roles: dict[Role, RoleRank] = {}
+
+    def identity(self) -> WorkerIdentity:
+        return WorkerIdentity(
+            set_index=self.spec.set_index,
+            device_index=self.spec.device_index,
+            roles=self.spec.roles,
+            pid=os.getpid(),
+            node_ip=ray.util.get_node_ip_address(),
+            device="cuda:0" if self.spec.device_kind is DeviceKind.CUDA else "cpu",
+            num_threads=torch.get_num_threads(),
+        )
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's address and a port free on it now, for the set's TCP store."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return ray.util.get_node_ip_address(), port
+
+    def init_distributed(self, *, host: str, port: int, timeout_s: float) -> None:
+        """Join the set's world; every worker of the set calls this at the same time."""
+        backend = "nccl" if self.spec.device_kind is DeviceKind.CUDA else "gloo"
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{host}:{port}",
+            rank=self.spec.device_index,
+            world_size=self.spec.num_devices,
+            timeout=timedelta(seconds=timeout_s),
+        )
+
+    def setup_role(self, role: Role, layout: RoleLayout) -> RankInfo:
+        """Build the role's TP, PP and DP subgroups (collective over the set's world)."""
+        assert role in self.spec.roles and layout.train.world_size == self.spec.num_devices
+        rank = self.spec.device_index
+        groups: dict[Axis, dist.ProcessGroup] = {}
+        for axis, ranks in (
+            (Axis.TP, layout.train.tp_groups()),
+            (Axis.PP, layout.train.pp_groups()),
+            (Axis.DP, layout.train.dp_groups()),
+        ):
+            mine, _ = dist.new_subgroups_by_enumeration(ranks)
+            groups[axis] = mine
+        pp, tp, dp = layout.train.coords(rank)
+        gen = layout.gen.coords(rank) if layout.gen is not None else (None, None, None)
+        info = RankInfo(
+            role=role,
+            rank=rank,
+            pp=pp,
+            tp=tp,
+            dp=dp,
+            holds_result=rank in DispatchLayout.of_train(layout.train).result_ranks,
+            gen_replica=gen[0],
+            gen_pp=gen[1],
+            gen_tp=gen[2],
+        )
+        self.roles[role] = RoleRank(info=info, groups=groups)
+        return info
+
+    def rank_info(self, role: Role) -> RankInfo:
+        return self.roles[role].info
+
+    def all_reduce(self, role: Role, axis: Axis, value: float) -> float:
+        """Sum `value` over this rank's `axis` group of `role` (a check that the groups work)."""
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, group=self.roles[role].groups[axis])
+        return float(t.item())
+
+    def compute_work(self, role: Role, batch: Batch, model: WorkModel) -> Batch:
+        """Per-sample work a·s + s² of this rank's shard, tagged with who computed it."""
+        info = self.roles[role].info
+        n = len(batch)
+        work = torch.tensor(model.works(batch.seq_lens()), dtype=torch.float64)
+        return Batch(
+            tensors={
+                "work": work,
+                "rank": torch.full((n,), info.rank, dtype=torch.long),
+                "dp_rank": torch.full((n,), info.dp, dtype=torch.long),
+            },
+            meta=batch.meta,
+        )
+
+    def fail(self, failure: Failure) -> None:
+        if failure is Failure.RAISE:
+            raise RuntimeError(f"injected failure on device {self.spec.device_index}")
+        if failure is Failure.EXIT:
+            os._exit(1)  # no cleanup, no exception: what a segfault or OOM kill looks like
+        time.sleep(1e6)
+
+
+WorkerActor = ray.remote(Worker)
