@@ -73,11 +73,27 @@ class RoleOption:
 TableKey = tuple[Role, str, int]  # role, pool name, GPU count
 
 
+TIME_STEPS = 20_000
+
+
 @dataclass(frozen=True, kw_only=True)
 class CostTable:
     options: dict[TableKey, list[RoleOption]]
     # Smallest memory shortfall seen per role (bytes per GPU), for infeasibility reasons.
     shortfall: dict[Role, tuple[float, str]]
+
+    @property
+    def time_unit_s(self) -> float:
+        """The solver's time unit: the longest option stage in TIME_STEPS steps (>= 1 µs).
+
+        Integers scaled to the problem keep the model's numbers small, which makes
+        CP-SAT's proofs fast; the final ranking uses the simulator's exact times.
+        """
+        longest = max((max(o.stage_s) for opts in self.options.values() for o in opts), default=0.0)
+        return max(1e-6, longest / TIME_STEPS)
+
+    def to_units(self, seconds: float) -> int:
+        return round(seconds / self.time_unit_s)
 
 
 def _stage_times(costs: dict[Phase, calls.CallCost]) -> tuple[float, float, float]:

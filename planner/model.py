@@ -2,7 +2,7 @@
 
 Notation as in `planner.variables`; constraints (1)-(8) in `planner.constraints`.
 
-Objectives, with T the step time in µs (8), W the tokens of one step,
+Objectives, with T the step time in the table's time unit (8), W the tokens of one step,
 R = Σ_q price_q · Σ_{P,j,n} n·y[P,j,q,n] the price per hour of the GPUs used
 (in hundredths of a cent) and N = Σ n·y the GPUs used:
 
@@ -24,7 +24,7 @@ from placeflow.planner.constraints.stages import add_stages
 from placeflow.planner.constraints.structure import add_structure
 from placeflow.planner.costtable import CostTable
 from placeflow.planner.space import Placement
-from placeflow.planner.variables import US, Variables, make_variables
+from placeflow.planner.variables import Variables, make_variables
 
 from placeflow.cluster import ClusterSpec
 from placeflow.errors import SpecError
@@ -40,7 +40,7 @@ class Objective(StrEnum):
 class BuiltModel:
     model: cp_model.CpModel
     variables: Variables
-    step_us: cp_model.IntVar
+    step: cp_model.IntVar
     objective: cp_model.LinearExprT
 
 
@@ -59,11 +59,12 @@ def build_model(
     add_structure(model, v, placements, table)
     add_gpu_budget(model, v, cluster)
     add_memory(model, v, placements, cluster)
-    horizon = max(
-        (sum(max(o.stage_s) for o in opts) for opts in table.options.values()), default=1.0
-    )
-    horizon_us = int(min(horizon * len(table.options) * US, 2**40)) + 1
-    step = add_stages(model, v, placements, horizon_us)
+    # No stage exceeds the sum over roles of each role's longest option stage.
+    longest = {key[0]: 0 for key in table.options}
+    for (role, _, _), opts in table.options.items():
+        longest[role] = max(longest[role], *(table.to_units(max(o.stage_s)) for o in opts))
+    horizon = sum(longest.values()) + 1
+    step = add_stages(model, v, placements, horizon)
     gpus = sum(gpus_used(v, q) for q in pools)
     goal: cp_model.LinearExprT
     if objective is Objective.THROUGHPUT:
@@ -83,7 +84,7 @@ def build_model(
     else:
         if not target_tokens_per_s or target_tokens_per_s <= 0:
             raise SpecError("objective gpus needs --target-tokens-per-s, a positive number")
-        model.Add(step <= int(tokens_per_step / target_tokens_per_s * US))
+        model.Add(step <= table.to_units(tokens_per_step / target_tokens_per_s))
         goal = gpus
     model.Minimize(goal)
-    return BuiltModel(model=model, variables=v, step_us=step, objective=goal)
+    return BuiltModel(model=model, variables=v, step=step, objective=goal)

@@ -115,7 +115,7 @@ def solve(
         placement=placement,
         sets=sets,
         options=options,
-        step_s=solver.Value(built.step_us) / 1e6,
+        step_s=solver.Value(built.step) * table.time_unit_s,
         solve_s=solver.WallTime(),
         objective_value=round(solver.ObjectiveValue()),
         objective_bound=round(solver.BestObjectiveBound()),

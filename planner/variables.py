@@ -13,7 +13,8 @@ Variables:
 
 Derived integers, one per role, so that constraints over many placements refer
 to a role's choice through one variable rather than repeating its option sum:
-- stage_us[r, k] = Σ_o t_k(o)·z[r,q,n,o]   (µs of role r in stage k)
+- stage_t[r, k] = Σ_o t_k(o)·z[r,q,n,o]    (time of role r in stage k, in the
+  table's time unit)
 - res_mib[r] = Σ_o ⌈res(o)⌉·z,  tr_mib[r] = Σ_o ⌈tr(o)⌉·z   (MiB per device)
 """
 
@@ -29,7 +30,6 @@ from placeflow.planner.space import Placement
 from placeflow.workload import Role
 
 MIB = 1 << 20
-US = 1_000_000
 
 YKey = tuple[int, int, str, int]  # placement index, set index, pool, count
 
@@ -39,7 +39,7 @@ class Variables:
     x: dict[int, cp_model.IntVar]
     y: dict[YKey, cp_model.IntVar]
     z: dict[tuple[TableKey, int], cp_model.IntVar]
-    stage_us: dict[tuple[Role, int], cp_model.IntVar]
+    stage_t: dict[tuple[Role, int], cp_model.IntVar]
     res_mib: dict[Role, cp_model.IntVar]
     tr_mib: dict[Role, cp_model.IntVar]
 
@@ -70,14 +70,14 @@ def make_variables(
         for key, opts in table.options.items()
         for o in range(len(opts))
     }
-    v = Variables(x=x, y=y, z=z, stage_us={}, res_mib={}, tr_mib={})
+    v = Variables(x=x, y=y, z=z, stage_t={}, res_mib={}, tr_mib={})
     for role in {key[0] for key in table.options}:
         terms = v.role_terms(table, role)
         for k in range(NUM_STAGES):
-            coeffs = [round(o.stage_s[k] * US) for o, _ in terms]
-            var = model.NewIntVar(0, max(coeffs, default=0), f"stage_us[{role},{k}]")
+            coeffs = [table.to_units(o.stage_s[k]) for o, _ in terms]
+            var = model.NewIntVar(0, max(coeffs, default=0), f"stage_t[{role},{k}]")
             model.Add(var == sum(c * z for c, (_, z) in zip(coeffs, terms, strict=True)))
-            v.stage_us[(role, k)] = var
+            v.stage_t[(role, k)] = var
         for name, attr, store in (
             ("res", "resident_bytes", v.res_mib),
             ("tr", "transient_bytes", v.tr_mib),

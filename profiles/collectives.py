@@ -27,9 +27,11 @@ Failure handling: a worker that raises sends its traceback to the parent over
 the result queue; a worker that dies without one is noticed by its exit code;
 no message for `stall_timeout_s` counts as a hang. In every case the parent
 kills the remaining ranks and raises `CollectiveError` — it never waits forever.
-The port is found by binding port 0 and releasing it, so another process could
-take it before rank 0 listens; init then fails (within `init_timeout_s`) and
-the error says so.
+Workers start with the "spawn" method, which re-imports the caller's main
+module: a script that profiles must guard its entry point with
+`if __name__ == "__main__":`. The port is found by binding port 0 and
+releasing it, so another process could take it before rank 0 listens; init
+then fails (within `init_timeout_s`) and the error says so.
 """
 
 from __future__ import annotations

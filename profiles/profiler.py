@@ -33,8 +33,10 @@ of multi-GB operands); GEMM outputs go to a separate buffer so no input is
 ever overwritten. A point that is inconsistent with its own series (slower
 than a larger size, or growing faster than its work) is re-timed, keeping the
 lowest median: on a shared machine a burst of other work can inflate every
-sample of a fast point. On CPU the profiler sets torch's thread count to the cores
-this process may use (restored afterwards) and records it in the provenance.
+sample of a fast point. A CUDA point that runs out of GPU memory is skipped and
+listed in the provenance notes, so one oversized point cannot end a long run.
+On CPU the profiler sets torch's thread count to the cores this process may use
+(restored afterwards) and records it in the provenance.
 """
 
 from __future__ import annotations
@@ -429,8 +431,6 @@ def _time_point(point: GridPoint, ctx: _Ctx, clock: Clock, grid: ProfilerGrid) -
     except torch.OutOfMemoryError:
         # One oversized point (e.g. attention falling back to the math kernel) must not
         # end a long run; it is listed in the provenance notes instead.
-        bench = None
-        torch.cuda.empty_cache()
         return None
 
 
@@ -459,10 +459,11 @@ def _measure_points(device: str, grid: ProfilerGrid, report: Report) -> _Measure
             report(f"re-timing {_label(points[i])}", 0)
             again = _time_point(points[i], ctx, clock, grid)
             timings[i] = min(timings[i], again or timings[i], key=_median)
+    pairs = list(zip(points, timings, strict=True))
     return _Measured(
-        entries=[_entry(p.op, p.params, t) for p, t in zip(points, timings, strict=True) if t],
+        entries=[_entry(p.op, p.params, t) for p, t in pairs if t is not None],
         enable_gqa=ctx.enable_gqa,
-        skipped=[_label(p) for p, t in zip(points, timings, strict=True) if t is None],
+        skipped=[_label(p) for p, t in pairs if t is None],
     )
 
 

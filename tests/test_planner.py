@@ -7,14 +7,7 @@ import math
 import random
 
 import pytest
-
-from placeflow.catalogue import CATALOGUE
-from placeflow.cli import main
-from placeflow.cluster import ClusterSpec, PoolSpec
-from placeflow.hardware import HARDWARE
 from placeflow.planner import Infeasible, Objective, Status, plan_search
-from placeflow.planner.variables import MIB
-from placeflow.planner.constraints.stages import stage_us
 from placeflow.planner.costtable import CostTable, build_cost_table
 from placeflow.planner.solution import assign_devices, solution_to_plan
 from placeflow.planner.solve import SetChoice, solve
@@ -25,7 +18,13 @@ from placeflow.planner.space import (
     parallelism_options,
 )
 from placeflow.planner.validate import validate_plan
+from placeflow.planner.variables import MIB
 from placeflow.profiles.registry import fitted_cost_model
+
+from placeflow.catalogue import CATALOGUE
+from placeflow.cli import main
+from placeflow.cluster import ClusterSpec, PoolSpec
+from placeflow.hardware import HARDWARE
 from placeflow.workload import Algorithm, BatchSpec, Role, Workload
 
 PPO_ROLES = (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD)
@@ -93,11 +92,11 @@ def test_parallelism_options_respect_divisibility():
     assert {p.train.t for p in parallelism_options(model, Role.ACTOR, 8, pool)} == {1, 2, 4}
 
 
-def objective_value(choice, table_cluster, objective):
-    """Brute-force objective of one complete choice, as the model defines it (µs, MiB)."""
+def objective_value(choice, table, table_cluster):
+    """Brute-force objective of one complete choice, as the model defines it (time units, MiB)."""
     sets, options = choice
     step = sum(
-        max(sum(stage_us(options[r].stage_s[k]) for r in roles) for roles, _ in sets)
+        max(sum(table.to_units(options[r].stage_s[k]) for r in roles) for roles, _ in sets)
         for k in range(3)
     )
     gpus = sum(n for _, n in sets)
@@ -113,12 +112,16 @@ def brute_force(placements, table: CostTable, cl: ClusterSpec):
         for ns in itertools.product(counts, repeat=len(placement.sets)):
             if sum(ns) > pool.num_gpus:
                 continue
-            keys = {r: (r, pool.name, n) for roles, n in zip(placement.sets, ns) for r in roles}
+            keys = {
+                r: (r, pool.name, n)
+                for roles, n in zip(placement.sets, ns, strict=True)
+                for r in roles
+            }
             if any(k not in table.options for k in keys.values()):
                 continue
             roles = list(keys)
             for combo in itertools.product(*(table.options[keys[r]] for r in roles)):
-                opts = dict(zip(roles, combo))
+                opts = dict(zip(roles, combo, strict=True))
                 ok = all(
                     sum(math.ceil(opts[r].resident_bytes / MIB) for r in s)
                     + math.ceil(opts[rp].transient_bytes / MIB)
@@ -128,7 +131,7 @@ def brute_force(placements, table: CostTable, cl: ClusterSpec):
                 )
                 if ok:
                     value = objective_value(
-                        (list(zip(placement.sets, ns)), opts), cl, Objective.THROUGHPUT
+                        (list(zip(placement.sets, ns, strict=True)), opts), table, cl
                     )
                     best = min(best, value)
     return best
@@ -163,7 +166,7 @@ def test_cpsat_optimum_equals_brute_force(h100, seed):
     sol = solve(placements, table, cl, Objective.THROUGHPUT, tokens_per_step=1.0)
     assert sol.status is Status.OPTIMAL
     sets = [(s.roles, s.num_gpus) for s in sol.sets]
-    assert objective_value((sets, sol.options), cl, Objective.THROUGHPUT) == expected
+    assert objective_value((sets, sol.options), table, cl) == expected
     plan = solution_to_plan(sol, wl, cl)
     assert validate_plan(plan, h100) == []
 
@@ -210,7 +213,7 @@ def test_memory_feasible_and_infeasible(h100):
         is Status.OPTIMAL
     )
     tight = cluster(1, 2, memory_gib=24.0)  # four 7B models cannot share 2 x 24 GiB
-    with pytest.raises(Infeasible, match="memory|fits on no"):
+    with pytest.raises(Infeasible, match=r"memory|fits on no"):
         solve(
             colocate,
             build_cost_table(wl, tight, h100),
@@ -267,7 +270,7 @@ def test_search_end_to_end_and_infeasible_reason(h100):
     assert result.best.estimate.feasible
     assert result.best.estimate.tokens_per_s == max(r.estimate.tokens_per_s for r in result.ranked)
     huge = workload({r: CATALOGUE["llama-2-70b"] for r in PPO_ROLES})
-    with pytest.raises(Infeasible, match="role .* fits on no candidate"):
+    with pytest.raises(Infeasible, match=r"role .* fits on no candidate"):
         plan_search(cluster(1, 2), huge, h100, time_limit_s=10)
 
 

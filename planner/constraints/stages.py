@@ -1,12 +1,12 @@
 """Stage structure: the step time the objective minimises.
 
-    (6)  L[P,j,k] = Σ_{r ∈ S_{P,j}} stage_us[r,k]                 load of set j in stage k
+    (6)  L[P,j,k] = Σ_{r ∈ S_{P,j}} stage_t[r,k]                  load of set j in stage k
     (7)  M_k >= L[P,j,k]                   for every P, j, k, enforced only if x[P]
     (8)  T = Σ_k M_k
 
 Stages are generation, forward calls and updates (planner.costtable): calls on
 one set add up, sets run in parallel within a stage, stages add up. Times are
-integers in microseconds.
+integers in the cost table's time unit (`CostTable.time_unit_s`).
 """
 
 from __future__ import annotations
@@ -14,23 +14,19 @@ from __future__ import annotations
 from ortools.sat.python import cp_model
 from placeflow.planner.costtable import NUM_STAGES
 from placeflow.planner.space import Placement
-from placeflow.planner.variables import US, Variables
-
-
-def stage_us(seconds: float) -> int:
-    return round(seconds * US)
+from placeflow.planner.variables import Variables
 
 
 def add_stages(
-    model: cp_model.CpModel, v: Variables, placements: list[Placement], horizon_us: int
+    model: cp_model.CpModel, v: Variables, placements: list[Placement], horizon: int
 ) -> cp_model.IntVar:
     """Adds (6)-(8) and returns T."""
-    stage_max = [model.NewIntVar(0, horizon_us, f"M[{k}]") for k in range(NUM_STAGES)]
+    stage_max = [model.NewIntVar(0, horizon, f"M[{k}]") for k in range(NUM_STAGES)]
     for p, placement in enumerate(placements):
         for roles_in_set in placement.sets:
             for k in range(NUM_STAGES):
-                load = sum(v.stage_us[(r, k)] for r in roles_in_set)  # (6)
+                load = sum(v.stage_t[(r, k)] for r in roles_in_set)  # (6)
                 model.Add(stage_max[k] >= load).OnlyEnforceIf(v.x[p])  # (7)
-    total = model.NewIntVar(0, NUM_STAGES * horizon_us, "T")
+    total = model.NewIntVar(0, NUM_STAGES * horizon, "T")
     model.Add(total == sum(stage_max))  # (8)
     return total
