@@ -15,9 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
-
 from placeflow.executor.errors import FailureKind, WorkerError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
 R = TypeVar("R")
 

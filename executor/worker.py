@@ -29,11 +29,11 @@ from enum import StrEnum
 import ray
 import torch
 import torch.distributed as dist
-
 from placeflow.executor.balance import WorkModel
 from placeflow.executor.batch import Batch
 from placeflow.executor.dispatch import DispatchLayout
 from placeflow.executor.groups import RoleLayout
+
 from placeflow.hardware import DeviceKind
 from placeflow.workload import Role
 
@@ -100,7 +100,11 @@ class Worker:
     def __init__(self, spec: WorkerSpec) -> None:
         torch.set_num_threads(spec.num_threads)
         if spec.device_kind is DeviceKind.CUDA:
-            torch.cuda.set_device(0)  # Ray exposes this actor's one GPU as device 0
+            # Ray exposes this actor's one GPU as device 0 (CUDA_VISIBLE_DEVICES).
+            self.device = torch.device("cuda", 0)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
         self.spec = spec
         self.roles: dict[Role, RoleRank] = {}
 
@@ -111,7 +115,7 @@ class Worker:
             roles=self.spec.roles,
             pid=os.getpid(),
             node_ip=ray.util.get_node_ip_address(),
-            device="cuda:0" if self.spec.device_kind is DeviceKind.CUDA else "cpu",
+            device=str(self.device),
             num_threads=torch.get_num_threads(),
         )
 
@@ -166,7 +170,7 @@ class Worker:
 
     def all_reduce(self, role: Role, axis: Axis, value: float) -> float:
         """Sum `value` over this rank's `axis` group of `role` (a check that the groups work)."""
-        t = torch.tensor([value], dtype=torch.float64)
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)  # NCCL needs CUDA
         dist.all_reduce(t, group=self.roles[role].groups[axis])
         return float(t.item())
 

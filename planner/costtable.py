@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from placeflow.planner.space import candidate_counts, parallelism_options
 from placeflow.profiles.costmodel import CostModel
@@ -82,7 +83,7 @@ class CostTable:
     # Smallest memory shortfall seen per role (bytes per GPU), for infeasibility reasons.
     shortfall: dict[Role, tuple[float, str]]
 
-    @property
+    @cached_property
     def time_unit_s(self) -> float:
         """The solver's time unit: the longest option stage in TIME_STEPS steps (>= 1 µs).
 

@@ -11,8 +11,9 @@ Variables:
 - y[P, j, q, n] = 1 iff set j of P gets n devices of pool q;
 - z[r, q, n, o] = 1 iff role r runs option o (on n devices of pool q).
 
-Derived integers, one per role, so that constraints over many placements refer
-to a role's choice through one variable rather than repeating its option sum:
+Linear expressions of a role's choice, built once and used by the constraints
+(CP-SAT sees the option sums directly, which propagates better than
+equality-defined auxiliary integers):
 - stage_t[r, k] = Σ_o t_k(o)·z[r,q,n,o]    (time of role r in stage k, in the
   table's time unit)
 - res_mib[r] = Σ_o ⌈res(o)⌉·z,  tr_mib[r] = Σ_o ⌈tr(o)⌉·z   (MiB per device)
@@ -39,9 +40,9 @@ class Variables:
     x: dict[int, cp_model.IntVar]
     y: dict[YKey, cp_model.IntVar]
     z: dict[tuple[TableKey, int], cp_model.IntVar]
-    stage_t: dict[tuple[Role, int], cp_model.IntVar]
-    res_mib: dict[Role, cp_model.IntVar]
-    tr_mib: dict[Role, cp_model.IntVar]
+    stage_t: dict[tuple[Role, int], cp_model.LinearExprT]
+    res_mib: dict[Role, cp_model.LinearExprT]
+    tr_mib: dict[Role, cp_model.LinearExprT]
 
     def role_terms(
         self, table: CostTable, role: object
@@ -58,6 +59,7 @@ def make_variables(
         counts[q].add(n)
     x = {p: model.NewBoolVar(f"x[{p}]") for p in range(len(placements))}
     y = {}
+    usable: set[TableKey] = set()  # (role, pool, count) that some set can actually take
     for p, placement in enumerate(placements):
         for j, roles in enumerate(placement.sets):
             for q in pools:
@@ -65,25 +67,24 @@ def make_variables(
                     # A set can take a count only if every role in it has an option there.
                     if all((r, q, n) in table.options for r in roles):
                         y[(p, j, q, n)] = model.NewBoolVar(f"y[{p},{j},{q},{n}]")
+                        usable.update((r, q, n) for r in roles)
     z = {
         (key, o): model.NewBoolVar(f"z[{key[0]},{key[1]},{key[2]},{o}]")
         for key, opts in table.options.items()
+        if key in usable
         for o in range(len(opts))
     }
     v = Variables(x=x, y=y, z=z, stage_t={}, res_mib={}, tr_mib={})
     for role in {key[0] for key in table.options}:
         terms = v.role_terms(table, role)
+        zs = [z for _, z in terms]
         for k in range(NUM_STAGES):
             coeffs = [table.to_units(o.stage_s[k]) for o, _ in terms]
-            var = model.NewIntVar(0, max(coeffs, default=0), f"stage_t[{role},{k}]")
-            model.Add(var == sum(c * z for c, (_, z) in zip(coeffs, terms, strict=True)))
-            v.stage_t[(role, k)] = var
-        for name, attr, store in (
-            ("res", "resident_bytes", v.res_mib),
-            ("tr", "transient_bytes", v.tr_mib),
-        ):
-            coeffs = [math.ceil(getattr(o, attr) / MIB) for o, _ in terms]
-            var = model.NewIntVar(0, max(coeffs, default=0), f"{name}_mib[{role}]")
-            model.Add(var == sum(c * z for c, (_, z) in zip(coeffs, terms, strict=True)))
-            store[role] = var
+            v.stage_t[(role, k)] = cp_model.LinearExpr.WeightedSum(zs, coeffs)
+        v.res_mib[role] = cp_model.LinearExpr.WeightedSum(
+            zs, [math.ceil(o.resident_bytes / MIB) for o, _ in terms]
+        )
+        v.tr_mib[role] = cp_model.LinearExpr.WeightedSum(
+            zs, [math.ceil(o.transient_bytes / MIB) for o, _ in terms]
+        )
     return v

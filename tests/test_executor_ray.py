@@ -8,14 +8,12 @@ came back.
 from __future__ import annotations
 
 import time
-
 from pathlib import Path
 
 import numpy as np
 import pytest
 import ray
 import torch
-
 from placeflow.executor.balance import WorkModel, balanced_partition, positional_partition
 from placeflow.executor.batch import Batch
 from placeflow.executor.controller import Controller
@@ -26,7 +24,9 @@ from placeflow.executor.errors import (
     PlacementTimeoutError,
     WorkerError,
 )
+from placeflow.executor.groups import WorkerGroup
 from placeflow.executor.worker import Axis, Failure
+
 from placeflow.plan import plan_from_dict
 from placeflow.workload import Role
 
@@ -47,7 +47,8 @@ def skewed_batch(n: int, seed: int = 0) -> Batch:
 
 
 @pytest.mark.parametrize("kind", ["colocate", "split", "standalone"])
-def test_pools_and_groups_on_four_logical_workers(cpu4_plans, kind):
+def test_plan_runs_on_four_logical_workers(cpu4_plans, kind):
+    """Pools, one process per device shared by colocated roles, rank layouts, dispatch."""
     plan = cpu4_plans[kind]
     with Controller(plan, timeout_s=TIMEOUT_S) as c:
         assert [p.placement_group.bundle_specs for p in c.pools] == [
@@ -59,10 +60,13 @@ def test_pools_and_groups_on_four_logical_workers(cpu4_plans, kind):
             assert [ident.device_index for ident in per_set] == list(range(s.num_devices))
             assert all(ident.roles == s.roles and ident.num_threads == 1 for ident in per_set)
         for group in c.groups:
-            check_group(c, group)
+            # Colocated roles' groups are views of the set's workers, not processes of their own.
+            assert group.workers == c.workers[group.spec.set_index]
+            check_ranks(c, group)
+            check_round_trip(c, group)
 
 
-def check_group(c: Controller, group) -> None:
+def check_ranks(c: Controller, group: WorkerGroup) -> None:
     train = group.spec.layout.train
     infos = c.gather(group, [w.rank_info.remote(group.role) for w in group.workers], "rank_info")
     assert [i.rank for i in infos] == list(range(train.world_size))
@@ -78,40 +82,35 @@ def check_group(c: Controller, group) -> None:
             assert all(sums[r] == sum(ranks) for r in ranks)
 
 
-def test_colocated_roles_share_one_worker_per_device(cpu4_plans):
+def check_round_trip(c: Controller, group: WorkerGroup) -> None:
+    """Positional and token-aware splits come back in the original order, each sample's result
+    from the result-holding rank of the replica it was sent to."""
+    batch = skewed_batch(40)
+    works = WORK.works(batch.seq_lens())
+    num_dp = group.dispatch.num_dp
+    for partition in (
+        positional_partition(works, num_dp),
+        balanced_partition(works, num_dp, groups=list(batch.meta["prompt_id"])),
+    ):
+        shards = split_by_dp(batch, group.dispatch, partition)
+        refs = [
+            w.compute_work.remote(group.role, shard, WORK)
+            for w, shard in zip(group.workers, shards, strict=True)
+        ]
+        out = collect(group.dispatch, c.gather(group, refs, "compute_work"), partition)
+        assert out.meta == batch.meta
+        assert out.tensors["work"].tolist() == pytest.approx(works)
+        for dp, ix in enumerate(partition.indices):
+            assert set(out.tensors["dp_rank"][list(ix)].tolist()) <= {dp}
+            assert set(out.tensors["rank"][list(ix)].tolist()) <= {group.dispatch.result_ranks[dp]}
+
+
+def test_failing_workers_are_named_and_nothing_hangs(cpu4_plans):
+    """One plan, four failures in turn (a Controller takes seconds to start on 2 cores)."""
     with Controller(cpu4_plans["colocate"], timeout_s=TIMEOUT_S) as c:
         actor, ref = c.group(Role.ACTOR), c.group(Role.REF)
-        assert actor.workers == ref.workers
-        # Same process: a pid asked through either role's group is the same.
-        pids = c.gather(actor, [w.identity.remote() for w in actor.workers], "identity")
-        assert [p.pid for p in pids] == [i.pid for i in c.identities[0]]
 
-        batch = skewed_batch(40)
-        for group in (actor, ref):
-            num_dp = group.dispatch.num_dp
-            works = WORK.works(batch.seq_lens())
-            for partition in (
-                positional_partition(works, num_dp),
-                balanced_partition(works, num_dp, groups=list(batch.meta["prompt_id"])),
-            ):
-                shards = split_by_dp(batch, group.dispatch, partition)
-                refs = [
-                    w.compute_work.remote(group.role, shard, WORK)
-                    for w, shard in zip(group.workers, shards, strict=True)
-                ]
-                out = collect(group.dispatch, c.gather(group, refs, "compute_work"), partition)
-                assert out.meta == batch.meta  # original order, metadata intact
-                assert out.tensors["work"].tolist() == pytest.approx(works)
-                for dp, ix in enumerate(partition.indices):
-                    assert set(out.tensors["dp_rank"][list(ix)].tolist()) <= {dp}
-                    assert set(out.tensors["rank"][list(ix)].tolist()) <= {
-                        group.dispatch.result_ranks[dp]
-                    }
-
-
-def test_a_raising_or_hanging_worker_is_named(cpu4_plans):
-    with Controller(cpu4_plans["split"], timeout_s=TIMEOUT_S) as c:
-        ref = c.group(Role.REF)
+        # 1. A raise names role, rank and cause, and leaves the worker alive.
         refs = [
             w.fail.remote(Failure.RAISE) if r == 1 else w.identity.remote()
             for r, w in enumerate(ref.workers)
@@ -120,34 +119,31 @@ def test_a_raising_or_hanging_worker_is_named(cpu4_plans):
             c.gather(ref, refs, "fail")
         assert (info.value.role, info.value.rank, info.value.kind) == ("ref", 1, FailureKind.RAISED)
         assert "RuntimeError: injected failure on device 1" in str(info.value)
-        # A raise leaves the worker alive.
         c.gather(ref, [w.identity.remote() for w in ref.workers], "identity")
 
-        actor = c.group(Role.ACTOR)
-        refs = [actor.workers[0].fail.remote(Failure.HANG), actor.workers[1].identity.remote()]
-        start = time.monotonic()
-        with pytest.raises(WorkerError) as info:
-            c.gather(actor, refs, "fail", timeout_s=1.0)
-        assert time.monotonic() - start < 5.0
-        assert (info.value.role, info.value.rank, info.value.kind) == ("actor", 0, "timeout")
-    # Leaving the block killed the hung worker; ray_cluster checks its CPU came back.
-
-
-def test_a_killed_or_exited_worker_is_named_within_the_timeout(cpu4_plans):
-    with Controller(cpu4_plans["colocate"], timeout_s=TIMEOUT_S) as c:
-        actor, ref = c.group(Role.ACTOR), c.group(Role.REF)
+        # 2. A worker killed through the actor's group is reported through the ref's:
+        #    one process holds both roles.
         ray.kill(actor.workers[3])
         start = time.monotonic()
         with pytest.raises(WorkerError) as info:
             c.gather(ref, [w.identity.remote() for w in ref.workers], "identity", timeout_s=10.0)
         assert time.monotonic() - start < 10.0
-        # Killed through the actor's group, reported through the ref's: one process.
         assert (info.value.role, info.value.rank, info.value.kind) == ("ref", 3, FailureKind.DIED)
 
+        # 3. A process that exits in the middle of a call.
         refs = [actor.workers[1].fail.remote(Failure.EXIT)]
         with pytest.raises(WorkerError) as info:
             c.gather(actor, refs, "fail", ranks=[1], timeout_s=10.0)
         assert (info.value.role, info.value.rank, info.value.kind) == ("actor", 1, "died")
+
+        # 4. A call that never answers meets its timeout.
+        refs = [actor.workers[0].fail.remote(Failure.HANG), actor.workers[2].identity.remote()]
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            c.gather(actor, refs, "fail", ranks=[0, 2], timeout_s=1.0)
+        assert time.monotonic() - start < 5.0
+        assert (info.value.role, info.value.rank, info.value.kind) == ("actor", 0, "timeout")
+    # Leaving the block killed the hung worker; ray_cluster checks every CPU came back.
 
 
 def test_a_plan_larger_than_ray_fails_before_anything_starts():

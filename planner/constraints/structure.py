@@ -25,12 +25,12 @@ def add_structure(
         for j in range(len(placement.sets)):
             counts = [var for (pp, jj, _, _), var in v.y.items() if (pp, jj) == (p, j)]
             model.Add(sum(counts) == v.x[p])  # (2)
+    sets_by_key: dict[tuple[object, str, int], list[cp_model.IntVar]] = {}
+    for (p, j, q, n), var in v.y.items():
+        for role in placements[p].sets[j]:
+            sets_by_key.setdefault((role, q, n), []).append(var)
     for key, opts in table.options.items():
-        role, q, n = key
+        if (key, 0) not in v.z:
+            continue  # no set can take this count: the role's options there are not modelled
         chosen = [v.z[(key, o)] for o in range(len(opts))]
-        sets = [
-            var
-            for (p, j, qq, nn), var in v.y.items()
-            if qq == q and nn == n and role in placements[p].sets[j]
-        ]
-        model.Add(sum(chosen) == sum(sets))  # (3)
+        model.Add(sum(chosen) == sum(sets_by_key[key]))  # (3)
