@@ -67,9 +67,9 @@ def report_group(c: Controller, group: WorkerGroup, batch: Batch, work: WorkMode
     print(
         f"\n  group {group.label}: p{train.p} t{train.t} d{train.d} on set "
         f"#{group.spec.set_index + 1}, {num_dp} DP ranks, results from ranks "
-        f"{list(group.dispatch.result_ranks)}"
+        f"{list(group.dispatch.result_ranks)}; work a*s + s^2 with a = {work.linear_coeff:.0f}"
     )
-    print("    split        " + "".join(f"{f'dp{r} (Mwork, n)':>20}" for r in range(num_dp)))
+    print("    split        " + "".join(f"{f'dp{r}: Mwork, n':>18}" for r in range(num_dp)))
     splits = {
         "positional": positional_partition(works, num_dp),
         "token-aware": balanced_partition(
@@ -80,23 +80,20 @@ def report_group(c: Controller, group: WorkerGroup, batch: Batch, work: WorkMode
         remote = dp_work(c, group, batch, p, work)
         assert np.allclose(remote, p.work)  # the workers saw the shards the partition planned
         cells = "".join(
-            f"{f'{w / 1e6:.2f}, {n}':>20}" for w, n in zip(remote, p.counts, strict=True)
+            f"{f'{w / 1e6:.2f}, {n}':>18}" for w, n in zip(remote, p.counts, strict=True)
         )
         print(f"    {name:<13}{cells}   imbalance {p.imbalance:.3f}")
 
 
 def run(plan: Plan, batch: Batch) -> None:
-    work = WorkModel.for_model(plan.workload.models[plan.workload.roles[0]])
     with Controller(plan, timeout_s=60.0) as c:
-        print(
-            f"\nplan {plan.name}: " + ", ".join(f"{s.label()} x{s.num_devices}" for s in plan.sets)
-        )
+        sets = ", ".join(f"{s.label()} x{s.num_devices}" for s in plan.sets)
+        print(f"\nplan {plan.name}: {sets}")
         for i, per_set in enumerate(c.identities):
             pids = [ident.pid for ident in per_set]
             print(f"  set #{i + 1}: one worker per device, pids {pids}")
-        print(f"  work model a*s + s^2 with a = {work.linear_coeff:.0f} (actor's model)")
         for group in c.groups:
-            report_group(c, group, batch, work)
+            report_group(c, group, batch, WorkModel.for_model(plan.workload.models[group.role]))
 
 
 def main() -> None:

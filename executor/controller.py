@@ -37,6 +37,11 @@ from placeflow.workload import Role
 
 
 class Controller:
+    """One plan's pools, workers and groups. Ray must already be initialised (ray.init).
+
+    `timeout_s` bounds every start-up step and, unless a call gives its own, every `gather`.
+    """
+
     def __init__(
         self,
         plan: Plan,

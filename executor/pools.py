@@ -87,16 +87,19 @@ def create_pools(plan: Plan, *, timeout_s: float, cpus_per_gpu: int = 1) -> list
     try:
         ray.get([p.placement_group.ready() for p in pools], timeout=timeout_s)
     except GetTimeoutError:
-        remove_pools(pools)
-        raise PlacementTimeoutError(
+        message = (
             f"plan {plan.name!r}: placement groups not ready within {timeout_s:g} s; Ray has "
             f"{_devices(ray.available_resources())} free of {_devices(ray.cluster_resources())} "
             "(are other placement groups or actors holding the devices?)"
-        ) from None
+        )
+        remove_pools(pools)
+        raise PlacementTimeoutError(message) from None
     return pools
 
 
 def remove_pools(pools: list[ResourcePool]) -> None:
+    """Remove the placement groups, killing any actor still on them. Ray frees the devices
+    asynchronously, within a second or so; a later `create_pools` waits for them."""
     for p in pools:
         remove_placement_group(p.placement_group)
 

@@ -91,7 +91,7 @@ def test_no_answer_within_the_deadline_names_the_pending_ranks():
 
 
 def test_other_ray_failures_are_named_too():
-    lost = ObjectLostError("00" * 28, "owner", "")
+    lost = ObjectLostError("00" * 28, None, "")
     with pytest.raises(WorkerError) as info:
         run({"r0": (1.0, lost)})
     assert info.value.kind == FailureKind.RAY
