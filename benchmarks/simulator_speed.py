@@ -38,8 +38,9 @@ def variants(plan):
             for mb in (4, 8, 16):
                 actor = RoleParallelism(train=TrainLayout(t=t, d=16 // t), tg=tg, micro_batch=mb)
                 critic = RoleParallelism(train=TrainLayout(t=t, d=16 // t), micro_batch=mb)
-                other = RoleParallelism(train=TrainLayout(t=max(1, t // 2), d=16 // max(1, t // 2)),
-                                        micro_batch=2 * mb)
+                other = RoleParallelism(
+                    train=TrainLayout(t=max(1, t // 2), d=16 // max(1, t // 2)), micro_batch=2 * mb
+                )
                 par = {Role.ACTOR: actor, Role.CRITIC: critic, Role.REF: other, Role.REWARD: other}
                 out.append(dataclasses.replace(plan, parallelism=par))
     return out

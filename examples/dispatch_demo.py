@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+
 from placeflow.executor.balance import (
     Partition,
     WorkModel,
@@ -31,7 +32,6 @@ from placeflow.executor.controller import Controller
 from placeflow.executor.dispatch import results_of_holders, split_by_dp
 from placeflow.executor.groups import WorkerGroup
 from placeflow.executor.pools import required_resources
-
 from placeflow.plan import Plan, load_plan
 
 PLANS = Path(__file__).resolve().parent / "plans"

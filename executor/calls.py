@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import ray
-from placeflow.executor.errors import FailureKind, WorkerError
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+
+from placeflow.executor.errors import FailureKind, WorkerError
 
 R = TypeVar("R")
 

@@ -22,7 +22,6 @@ from typing import TypeVar
 
 from placeflow.executor.balance import Partition
 from placeflow.executor.batch import Batch
-
 from placeflow.layout import GenLayout, TrainLayout
 
 T = TypeVar("T")

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from placeflow.executor.dispatch import DispatchLayout
-
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.plan import Plan
 from placeflow.workload import Role

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import ray
-from placeflow.executor.errors import InsufficientResourcesError, PlacementTimeoutError
 from ray.exceptions import GetTimeoutError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+from placeflow.executor.errors import InsufficientResourcesError, PlacementTimeoutError
 from placeflow.hardware import DeviceKind
 from placeflow.plan import DeviceSet, Plan
 

@@ -29,11 +29,11 @@ from enum import StrEnum
 import ray
 import torch
 import torch.distributed as dist
+
 from placeflow.executor.balance import WorkModel
 from placeflow.executor.batch import Batch
 from placeflow.executor.dispatch import DispatchLayout
 from placeflow.executor.groups import RoleLayout
-
 from placeflow.hardware import DeviceKind
 from placeflow.workload import Role
 

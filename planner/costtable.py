@@ -26,20 +26,19 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
+from placeflow.cluster import ClusterSpec, PoolSpec
+from placeflow.phases import Phase
+from placeflow.plan import RoleParallelism
 from placeflow.planner.space import candidate_counts, parallelism_options
 from placeflow.profiles.costmodel import CostModel
 from placeflow.simulator import calls
 from placeflow.simulator.roles import (
     colocated_gen_extra_bytes,
     kv_bytes_per_seq,
+    micro_dp_scope,
     resident_bytes,
     role_call_costs,
-    span_scope,
 )
-
-from placeflow.cluster import ClusterSpec, PoolSpec
-from placeflow.phases import Phase
-from placeflow.plan import RoleParallelism
 from placeflow.workload import Role, Workload
 
 KV_BUDGET_FRACTIONS = (0.15, 0.3, 0.5, 0.7)
@@ -130,7 +129,7 @@ def _actor_options(
             kv_seqs=kv_seqs,
         )
         if gen.dg > 1:
-            scope = span_scope(0, pool.gpus_per_node, gen.micro_dp_groups())
+            scope = micro_dp_scope(0, pool.gpus_per_node, gen)
             costs[Phase.RESHARD] = calls.reshard_cost(cm, wl.models[Role.ACTOR], gen, scope)
         out.append((kv_seqs, costs, extra + kv_seqs * per_seq))
     return out

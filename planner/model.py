@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ortools.sat.python import cp_model
+
+from placeflow.cluster import ClusterSpec
+from placeflow.errors import SpecError
 from placeflow.planner.constraints.gpus import add_gpu_budget, gpus_used
 from placeflow.planner.constraints.memory import add_memory
 from placeflow.planner.constraints.stages import add_stages
@@ -25,9 +28,6 @@ from placeflow.planner.constraints.structure import add_structure
 from placeflow.planner.costtable import CostTable
 from placeflow.planner.space import Placement
 from placeflow.planner.variables import Variables, make_variables
-
-from placeflow.cluster import ClusterSpec
-from placeflow.errors import SpecError
 
 
 class Objective(StrEnum):

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from placeflow.cluster import ClusterSpec
+from placeflow.plan import Plan
 from placeflow.planner.costtable import build_cost_table
 from placeflow.planner.model import Objective
 from placeflow.planner.solution import solution_to_plan
@@ -22,9 +24,6 @@ from placeflow.planner.space import Placement, PlacementKind, enumerate_placemen
 from placeflow.planner.validate import validate_plan
 from placeflow.profiles.costmodel import CostModel
 from placeflow.simulator import StepEstimate, simulate
-
-from placeflow.cluster import ClusterSpec
-from placeflow.plan import Plan
 from placeflow.workload import Workload
 
 

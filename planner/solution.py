@@ -8,11 +8,10 @@ another and the total fits (constraint (4)).
 
 from __future__ import annotations
 
-from placeflow.planner.solve import SetChoice, Solution
-
 from placeflow.cluster import ClusterSpec
 from placeflow.errors import SpecError
 from placeflow.plan import DeviceSet, Plan
+from placeflow.planner.solve import SetChoice, Solution
 from placeflow.workload import Workload
 
 

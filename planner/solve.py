@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ortools.sat.python import cp_model
+
+from placeflow.cluster import ClusterSpec
+from placeflow.errors import SpecError
 from placeflow.planner.costtable import CostTable, RoleOption
 from placeflow.planner.model import Objective, build_model
 from placeflow.planner.space import Placement
 from placeflow.planner.variables import Variables
-
-from placeflow.cluster import ClusterSpec
-from placeflow.errors import SpecError
 from placeflow.workload import Role
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from placeflow.plan import Plan, plan_from_dict, plan_to_dict
 from placeflow.profiles.costmodel import CostModel
 from placeflow.simulator import simulate
-
-from placeflow.plan import Plan, plan_from_dict, plan_to_dict
 
 
 def validate_plan(plan: Plan, costs: CostModel | dict[str, CostModel]) -> list[str]:

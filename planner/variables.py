@@ -25,9 +25,9 @@ import math
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
+
 from placeflow.planner.costtable import NUM_STAGES, CostTable, RoleOption, TableKey
 from placeflow.planner.space import Placement
-
 from placeflow.workload import Role
 
 MIB = 1 << 20

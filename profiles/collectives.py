@@ -48,6 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from placeflow.profiles.grid import DTYPE_BYTES, ProfilerGrid
 from placeflow.profiles.schema import CollectiveKind, Entry, Op, Scope, Source
 from placeflow.profiles.timing import Timing, make_clock, plan_samples, summarize

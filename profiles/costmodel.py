@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.schema import (
     CollectiveKind,
@@ -45,8 +47,6 @@ from placeflow.profiles.schema import (
     Source,
     _check_params,
 )
-
-from placeflow.errors import SpecError
 
 FamilyKey = tuple[str, ...]
 SeriesId = tuple[Op, ops.SeriesKey]

@@ -43,6 +43,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
+
+from placeflow.catalogue import CATALOGUE
+from placeflow.errors import SpecError
+from placeflow.models import DType, ModelSpec
 from placeflow.profiles import ops
 from placeflow.profiles.schema import (
     CollectiveKind,
@@ -54,10 +58,6 @@ from placeflow.profiles.schema import (
     Scope,
     Source,
 )
-
-from placeflow.catalogue import CATALOGUE
-from placeflow.errors import SpecError
-from placeflow.models import DType, ModelSpec
 
 GB = 1e9
 _DTYPE_BYTES = 2  # fp16 / bf16

@@ -41,16 +41,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from placeflow.catalogue import CATALOGUE
+from placeflow.errors import SpecError
+from placeflow.models import ModelSpec
 from placeflow.profiles.schema import (
     CollectiveKind,
     CopyDirection,
     ElementwiseKind,
     Op,
 )
-
-from placeflow.catalogue import CATALOGUE
-from placeflow.errors import SpecError
-from placeflow.models import ModelSpec
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DEVICES = ("cpu", "cuda")

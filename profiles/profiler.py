@@ -53,6 +53,17 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
 from placeflow.profiles.grid import DTYPE_BYTES, GridPoint, ProfilerGrid
@@ -66,17 +77,6 @@ from placeflow.profiles.schema import (
     Source,
 )
 from placeflow.profiles.timing import Clock, Timing, make_clock, time_fn
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-
-from placeflow.errors import SpecError
 
 Bench = Callable[[], object]
 ROW_ELEMENTS = 4096  # elementwise rows: a typical hidden size

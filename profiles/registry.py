@@ -13,10 +13,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from placeflow.errors import ProfileSchemaError, UnknownNameError
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Profile, load_profile_file
-
-from placeflow.errors import ProfileSchemaError, UnknownNameError
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data"
 

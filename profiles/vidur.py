@@ -45,6 +45,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from placeflow.errors import SpecError
 from placeflow.profiles.schema import (
     CollectiveKind,
     ElementwiseKind,
@@ -55,8 +56,6 @@ from placeflow.profiles.schema import (
     Scope,
     Source,
 )
-
-from placeflow.errors import SpecError
 
 VIDUR_REPO = "microsoft/vidur"
 VIDUR_COMMIT = "7d47513"

@@ -28,11 +28,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from placeflow.profiles.costmodel import CostModel
-from placeflow.profiles.schema import CollectiveKind, Scope
-from placeflow.simulator import compute, memory
-from placeflow.simulator.lengths import LengthModel
-
 from placeflow.layout import (
     GenLayout,
     TrainLayout,
@@ -41,6 +36,10 @@ from placeflow.layout import (
 )
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
+from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.schema import CollectiveKind, Scope
+from placeflow.simulator import compute, memory
+from placeflow.simulator.lengths import LengthModel
 
 DECODE_POINTS = 12
 WEIGHT_SYNC_BUCKET_BYTES = 512 << 20

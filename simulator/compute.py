@@ -16,10 +16,9 @@ the planner asks the same questions for thousands of plans.
 
 from __future__ import annotations
 
+from placeflow.models import ModelSpec
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, Scope
-
-from placeflow.models import ModelSpec
 
 
 def _kv_heads_per_rank(model: ModelSpec, t: int) -> int:

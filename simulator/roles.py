@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import cache
 
+from placeflow.layout import GenLayout, TrainLayout
+from placeflow.models import ModelSpec
+from placeflow.phases import Phase
+from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import calls, memory
 from placeflow.simulator.dataflow import CallKind, dataflow_calls
 from placeflow.simulator.lengths import LengthModel
-
-from placeflow.layout import GenLayout
-from placeflow.models import ModelSpec
-from placeflow.phases import Phase
-from placeflow.plan import RoleParallelism
 from placeflow.workload import Role, Workload
 
 
@@ -29,6 +29,18 @@ def span_scope(first_device: int, gpus_per_node: int, groups: Iterable[list[int]
         if len({(first_device + r) // gpus_per_node for r in ranks}) > 1:
             return Scope.INTER
     return Scope.INTRA
+
+
+@cache
+def dp_scope(first_device: int, gpus_per_node: int, layout: TrainLayout) -> Scope:
+    """Scope of the data-parallel groups of `layout` on a set starting at `first_device`."""
+    return span_scope(first_device, gpus_per_node, layout.dp_groups())
+
+
+@cache
+def micro_dp_scope(first_device: int, gpus_per_node: int, gen: GenLayout) -> Scope:
+    """Scope of the micro-DP groups (the colocated reshard's all-gathers)."""
+    return span_scope(first_device, gpus_per_node, gen.micro_dp_groups())
 
 
 def train_seq_len(workload: Workload) -> int:
@@ -84,7 +96,7 @@ def role_call_costs(
                 cm, model, par, call.num_samples, seq, value_head=role.has_value_head
             )
         else:
-            scope = span_scope(first_device, gpus_per_node, par.train.dp_groups())
+            scope = dp_scope(first_device, gpus_per_node, par.train)
             out[call.phase] = calls.train_cost(
                 cm,
                 model,

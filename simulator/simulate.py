@@ -18,6 +18,9 @@ import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
+from placeflow.layout import GenLayout
+from placeflow.phases import Phase
+from placeflow.plan import Plan
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import calls
@@ -32,10 +35,6 @@ from placeflow.simulator.roles import (
     span_scope,
 )
 from placeflow.simulator.schedule import Task, schedule
-
-from placeflow.layout import GenLayout
-from placeflow.phases import Phase
-from placeflow.plan import Plan
 from placeflow.workload import Role
 
 CONTROLLER = -1

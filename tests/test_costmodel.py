@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from placeflow.errors import ProfileSchemaError
 from placeflow.profiles.costmodel import (
     CostModel,
     ProfileCoverageError,
@@ -23,8 +25,6 @@ from placeflow.profiles.schema import (
     load_profile_file,
     save_profile,
 )
-
-from placeflow.errors import ProfileSchemaError
 
 OVERHEAD_S, PEAK_FLOPS, PEAK_BW = 5e-6, 1e11, 2e10  # the oracle's truth
 

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from placeflow.catalogue import get_model
 from placeflow.executor.balance import (
     Partition,
     WorkModel,
     balanced_partition,
     positional_partition,
 )
-
-from placeflow.catalogue import get_model
 
 WORK = WorkModel(linear_coeff=1442.0)  # tiny-llama's a
 

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from ray.exceptions import ActorDiedError, ObjectLostError, RayTaskError
+
 from placeflow.executor.calls import gather
 from placeflow.executor.errors import FailureKind, WorkerError
-from ray.exceptions import ActorDiedError, ObjectLostError, RayTaskError
 
 
 class FakeClock:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from placeflow.executor.balance import Partition, balanced_partition, positional_partition
 from placeflow.executor.batch import Batch
 from placeflow.executor.dispatch import (
@@ -17,7 +18,6 @@ from placeflow.executor.dispatch import (
     results_of_holders,
     split_by_dp,
 )
-
 from placeflow.layout import GenLayout, TrainLayout
 
 LAYOUTS = [

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from placeflow.errors import SpecError
 from placeflow.executor.errors import InsufficientResourcesError
 from placeflow.executor.groups import group_specs
 from placeflow.executor.pools import bundle, check_resources, required_resources, strategy
-
-from placeflow.errors import SpecError
 from placeflow.hardware import DeviceKind
 from placeflow.layout import TrainLayout
 from placeflow.plan import load_plan

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+
 from placeflow.executor.balance import WorkModel, balanced_partition, positional_partition
 from placeflow.executor.batch import Batch
 from placeflow.executor.controller import Controller
@@ -26,7 +27,6 @@ from placeflow.executor.errors import (
 )
 from placeflow.executor.groups import WorkerGroup
 from placeflow.executor.worker import Axis, Failure
-
 from placeflow.plan import plan_from_dict
 from placeflow.workload import Role
 

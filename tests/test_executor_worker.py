@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+
 from placeflow.executor.balance import WorkModel
 from placeflow.executor.batch import Batch
 from placeflow.executor.groups import RoleLayout
 from placeflow.executor.worker import Axis, Failure, Worker, WorkerSpec
-
 from placeflow.hardware import DeviceKind
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.workload import Role

@@ -7,6 +7,11 @@ import math
 import random
 
 import pytest
+
+from placeflow.catalogue import CATALOGUE
+from placeflow.cli import main
+from placeflow.cluster import ClusterSpec, PoolSpec
+from placeflow.hardware import HARDWARE
 from placeflow.planner import Infeasible, Objective, Status, plan_search
 from placeflow.planner.costtable import CostTable, build_cost_table
 from placeflow.planner.solution import assign_devices, solution_to_plan
@@ -20,11 +25,6 @@ from placeflow.planner.space import (
 from placeflow.planner.validate import validate_plan
 from placeflow.planner.variables import MIB
 from placeflow.profiles.registry import fitted_cost_model
-
-from placeflow.catalogue import CATALOGUE
-from placeflow.cli import main
-from placeflow.cluster import ClusterSpec, PoolSpec
-from placeflow.hardware import HARDWARE
 from placeflow.workload import Algorithm, BatchSpec, Role, Workload
 
 PPO_ROLES = (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD)

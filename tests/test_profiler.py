@@ -17,6 +17,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+
+from placeflow.catalogue import CATALOGUE
+from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import (
     CollectiveError,
@@ -52,9 +55,6 @@ from placeflow.profiles.timing import (
     summarize,
     time_fn,
 )
-
-from placeflow.catalogue import CATALOGUE
-from placeflow.errors import SpecError
 
 # The oracle pair: the same (n, k), m doubled. ~1 and ~2 GFLOP: milliseconds on any CPU,
 # far above timer noise.

@@ -1,6 +1,7 @@
 """Simulator: hand-computed steps on fake kernel costs, published figures, and invariants."""
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import pytest
@@ -49,21 +50,38 @@ class GemmOnlyCosts(CostModel):
 FAKE = GemmOnlyCosts(profile_name="fake", dtype_bytes=4, rooflines={}, series={})
 
 
-def tiny_plan(sets, parallelism, *, response_len=4, algorithm=Algorithm.GRPO, roles=None,
-              num_devices=4, memory_gib=5.0):
+def tiny_plan(
+    sets,
+    parallelism,
+    *,
+    response_len=4,
+    algorithm=Algorithm.GRPO,
+    roles=None,
+    num_devices=4,
+    memory_gib=5.0,
+):
     model = CATALOGUE["tiny-llama"]
     roles = roles or (Role.ACTOR, Role.REF)
     workload = Workload(
-        name="w", algorithm=algorithm, models={r: model for r in roles},
-        batch=BatchSpec(prompts_per_step=4, samples_per_prompt=2, prompt_len=8,
-                        response_len=response_len, mini_batches=2),
+        name="w",
+        algorithm=algorithm,
+        models={r: model for r in roles},
+        batch=BatchSpec(
+            prompts_per_step=4,
+            samples_per_prompt=2,
+            prompt_len=8,
+            response_len=response_len,
+            mini_batches=2,
+        ),
         reward_function="arith",
     )
     gpu = dataclasses.replace(HARDWARE["cpu"], memory_bytes=int(memory_gib * 2**30))
-    cluster = ClusterSpec(name="c", pools=(PoolSpec(name="cpu", gpu=gpu, num_nodes=1,
-                                                     gpus_per_node=num_devices),))
-    return Plan(name="p", workload=workload, cluster=cluster, sets=tuple(sets),
-                parallelism=parallelism)
+    cluster = ClusterSpec(
+        name="c", pools=(PoolSpec(name="cpu", gpu=gpu, num_nodes=1, gpus_per_node=num_devices),)
+    )
+    return Plan(
+        name="p", workload=workload, cluster=cluster, sets=tuple(sets), parallelism=parallelism
+    )
 
 
 def one_device(**kw):
@@ -71,9 +89,10 @@ def one_device(**kw):
 
 
 def test_hand_computed_colocated_step():
-    plan = tiny_plan([DeviceSet(roles=(Role.ACTOR, Role.REF), pool="cpu", first_device=0,
-                                num_devices=1)],
-                     {Role.ACTOR: one_device(), Role.REF: one_device()})
+    plan = tiny_plan(
+        [DeviceSet(roles=(Role.ACTOR, Role.REF), pool="cpu", first_device=0, num_devices=1)],
+        {Role.ACTOR: one_device(), Role.REF: one_device()},
+    )
     est = simulate(plan, FAKE)
     d = {p.name: p.duration_s for p in est.phases}
     # generate: prefill 2 layers x 4 GEMMs + LM head = 9 GEMMs; 4 decode steps of 9 GEMMs.
@@ -90,9 +109,13 @@ def test_hand_computed_colocated_step():
 
 
 def test_hand_computed_split_step_overlaps_forward_calls():
-    plan = tiny_plan([DeviceSet(roles=(Role.ACTOR,), pool="cpu", first_device=0, num_devices=1),
-                      DeviceSet(roles=(Role.REF,), pool="cpu", first_device=1, num_devices=1)],
-                     {Role.ACTOR: one_device(), Role.REF: one_device()})
+    plan = tiny_plan(
+        [
+            DeviceSet(roles=(Role.ACTOR,), pool="cpu", first_device=0, num_devices=1),
+            DeviceSet(roles=(Role.REF,), pool="cpu", first_device=1, num_devices=1),
+        ],
+        {Role.ACTOR: one_device(), Role.REF: one_device()},
+    )
     est = simulate(plan, FAKE)
     assert est.iteration_s == pytest.approx((45 + 18 + 54) * GEMM_S)
 
@@ -100,15 +123,26 @@ def test_hand_computed_split_step_overlaps_forward_calls():
 def test_dataflow_graphs():
     def phases(algorithm, roles, reward_function=None):
         model = CATALOGUE["tiny-llama"]
-        wl = Workload(name="w", algorithm=algorithm, models={r: model for r in roles},
-                      batch=BatchSpec(prompts_per_step=4, samples_per_prompt=2, prompt_len=8,
-                                      response_len=8),
-                      reward_function=reward_function)
+        wl = Workload(
+            name="w",
+            algorithm=algorithm,
+            models={r: model for r in roles},
+            batch=BatchSpec(prompts_per_step=4, samples_per_prompt=2, prompt_len=8, response_len=8),
+            reward_function=reward_function,
+        )
         return set(build_dataflow(wl).nodes)
 
     ppo = phases(Algorithm.PPO, (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD))
-    assert ppo == {Phase.GENERATE, Phase.REF_LOGPROB, Phase.OLD_LOGPROB, Phase.VALUES,
-                   Phase.REWARD, Phase.ADVANTAGE, Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE}
+    assert ppo == {
+        Phase.GENERATE,
+        Phase.REF_LOGPROB,
+        Phase.OLD_LOGPROB,
+        Phase.VALUES,
+        Phase.REWARD,
+        Phase.ADVANTAGE,
+        Phase.ACTOR_UPDATE,
+        Phase.CRITIC_UPDATE,
+    }
     grpo = phases(Algorithm.GRPO, (Role.ACTOR, Role.REF), "arith")
     assert Phase.VALUES not in grpo and Phase.CRITIC_UPDATE not in grpo
     remax = phases(Algorithm.REMAX, (Role.ACTOR, Role.REF, Role.REWARD))
@@ -143,8 +177,9 @@ def test_longer_response_never_shortens_generation(h100, short, extra):
     plan = load_plan(PLANS / "ppo-7b-colocate-h100x16.toml")
 
     def gen_s(response_len):
-        wl = dataclasses.replace(plan.workload, batch=dataclasses.replace(
-            plan.workload.batch, response_len=response_len))
+        wl = dataclasses.replace(
+            plan.workload, batch=dataclasses.replace(plan.workload.batch, response_len=response_len)
+        )
         est = simulate(dataclasses.replace(plan, workload=wl), h100)
         return next(p.duration_s for p in est.phases if p.name is Phase.GENERATE)
 
@@ -160,7 +195,7 @@ def test_calls_on_one_set_never_overlap(path):
     assert est.feasible, est.infeasible_reason
     for i in range(len(plan.sets)):
         on_set = sorted((p.start_s, p.end_s) for p in est.phases if p.device_set == i)
-        for (_, end), (start, _) in zip(on_set, on_set[1:], strict=False):
+        for (_, end), (start, _) in itertools.pairwise(on_set):
             assert start >= end - 1e-12
 
 
@@ -179,16 +214,18 @@ def test_plan_that_does_not_fit_names_role_phase_and_bytes(h100):
 
 def test_async_one_step_off_overlaps_generation_with_training(h100):
     plan = load_plan(PLANS / "ppo-7b-split-h100x16.toml")
-    sets = (DeviceSet(roles=(Role.ACTOR, Role.REF), pool="h100", first_device=0, num_devices=4),
-            DeviceSet(roles=(Role.ACTOR,), pool="h100", first_device=4, num_devices=4,
-                      generator=True),
-            *plan.sets[1:])
+    sets = (
+        DeviceSet(roles=(Role.ACTOR, Role.REF), pool="h100", first_device=0, num_devices=4),
+        DeviceSet(roles=(Role.ACTOR,), pool="h100", first_device=4, num_devices=4, generator=True),
+        *plan.sets[1:],
+    )
     par = dict(plan.parallelism)
     par[Role.ACTOR] = RoleParallelism(train=TrainLayout(t=4), tg=2, micro_batch=8)
     par[Role.REF] = RoleParallelism(train=TrainLayout(t=2, d=2), micro_batch=16)
     sync_plan = dataclasses.replace(plan, sets=sets, parallelism=par)
     async_plan = dataclasses.replace(
-        sync_plan, workload=dataclasses.replace(sync_plan.workload, async_one_step_off=True))
+        sync_plan, workload=dataclasses.replace(sync_plan.workload, async_one_step_off=True)
+    )
     sync_est, async_est = simulate(sync_plan, h100), simulate(async_plan, h100)
     assert sync_est.feasible and async_est.feasible
     assert Phase.WEIGHT_SYNC in {p.name for p in sync_est.phases}

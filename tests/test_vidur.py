@@ -14,13 +14,13 @@ import statistics
 from pathlib import Path
 
 import pytest
+
+from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.build_gpu_profiles import RECIPES, build_gpu_profiles
 from placeflow.profiles.datasheet import H100_SXM, derive_efficiencies
 from placeflow.profiles.schema import Op, Profile, Scope, Source, load_profile_file
 from placeflow.profiles.vidur import geometric_subset, import_vidur
-
-from placeflow.errors import SpecError
 
 REPO = Path(__file__).resolve().parents[1]
 VIDUR_DIR = Path(os.environ.get("PLACEFLOW_VIDUR_DIR", REPO.parent / "shared" / "vidur-profiles"))

@@ -10,9 +10,9 @@ does the packing and the validator re-checks it.
 from __future__ import annotations
 
 from ortools.sat.python import cp_model
-from placeflow.planner.variables import Variables
 
 from placeflow.cluster import ClusterSpec
+from placeflow.planner.variables import Variables
 
 
 def gpus_used(v: Variables, pool: str) -> cp_model.LinearExpr:

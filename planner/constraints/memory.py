@@ -14,10 +14,10 @@ and down for capacity, so a rounded solution is never optimistic.
 from __future__ import annotations
 
 from ortools.sat.python import cp_model
-from placeflow.planner.space import Placement
-from placeflow.planner.variables import MIB, Variables
 
 from placeflow.cluster import ClusterSpec
+from placeflow.planner.space import Placement
+from placeflow.planner.variables import MIB, Variables
 
 
 def add_memory(

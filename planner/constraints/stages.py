@@ -12,6 +12,7 @@ integers in the cost table's time unit (`CostTable.time_unit_s`).
 from __future__ import annotations
 
 from ortools.sat.python import cp_model
+
 from placeflow.planner.costtable import NUM_STAGES
 from placeflow.planner.space import Placement
 from placeflow.planner.variables import Variables

@@ -12,6 +12,7 @@ pool and count of its set.
 from __future__ import annotations
 
 from ortools.sat.python import cp_model
+
 from placeflow.planner.costtable import CostTable
 from placeflow.planner.space import Placement
 from placeflow.planner.variables import Variables
