@@ -104,7 +104,10 @@ def plan_search(
     common = dict(
         tokens_per_step=workload.batch.tokens_per_step, target_tokens_per_s=target_tokens_per_s
     )
-    per_limit = max(1.0, time_limit_s / 2 / len(placements))
+    # The time limit covers the whole search: what the table left, mostly for the
+    # per-placement solves; the seeded and bounded global solve needs little.
+    remaining = time_limit_s - (time.perf_counter() - start)
+    per_limit = max(0.5, 0.8 * remaining / len(placements))
     results, solutions = [], []
     bounds_known = True
     for i, placement in enumerate(placements):
@@ -133,7 +136,7 @@ def plan_search(
         table,
         cluster,
         objective,
-        time_limit_s=max(1.0, time_limit_s / 2),
+        time_limit_s=max(1.0, time_limit_s - (time.perf_counter() - start)),
         hint=seed,
         lower_bound=min(s.objective_bound for s in solutions) if seed and bounds_known else None,
         **common,  # type: ignore[arg-type]
