@@ -330,11 +330,12 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
                 f"{entry['tokens_per_s']:,.0f}",
             )
     console.print(table)
-    best = out["best"]
+    best = result.best
     console.print(
-        f"best: {best['name']}: {best['placement']} on {best['gpus_per_set']} GPUs, "  # type: ignore[index]
-        f"{best['tokens_per_s']:,.0f} tokens/s, iteration {best['iteration_s']:.2f} s"
-    )  # type: ignore[index]
+        f"best: {best.plan.name} ({best.kind}): {[list(map(str, s.roles)) for s in best.plan.sets]}"
+        f" on {[s.num_devices for s in best.plan.sets]} GPUs, "
+        f"{best.estimate.tokens_per_s:,.0f} tokens/s, iteration {best.estimate.iteration_s:.2f} s"
+    )
     if args.out:
         console.print(f"wrote {args.out}")
     return 0

@@ -65,7 +65,7 @@ def build_model(
         longest[role] = max(longest[role], *(table.to_units(max(o.stage_s)) for o in opts))
     horizon = sum(longest.values()) + 1
     step = add_stages(model, v, placements, horizon)
-    gpus = sum(gpus_used(v, q) for q in pools)
+    gpus = cp_model.LinearExpr.sum([gpus_used(v, q) for q in pools])
     goal: cp_model.LinearExprT
     if objective is Objective.THROUGHPUT:
         goal = step * (cluster.num_gpus + 1) + gpus
@@ -76,15 +76,16 @@ def build_model(
             raise SpecError(
                 f"objective cost needs price_per_gpu_hour for every pool; missing for {missing}"
             )
-        rate = model.NewIntVar(0, 10**12, "R")
-        model.Add(rate == sum(round(prices[q] * 10**4) * gpus_used(v, q) for q in pools))
-        cost = model.NewIntVar(0, 10**18, "RT")
-        model.AddMultiplicationEquality(cost, [rate, step])
+        rate = model.new_int_var(0, 10**12, "R")
+        cents = [round((prices[q] or 0.0) * 10**4) for q in pools]
+        model.add(rate == cp_model.LinearExpr.weighted_sum([gpus_used(v, q) for q in pools], cents))
+        cost = model.new_int_var(0, 10**18, "RT")
+        model.add_multiplication_equality(cost, [rate, step])
         goal = cost
     else:
         if not target_tokens_per_s or target_tokens_per_s <= 0:
             raise SpecError("objective gpus needs --target-tokens-per-s, a positive number")
-        model.Add(step <= table.to_units(tokens_per_step / target_tokens_per_s))
+        model.add(step <= table.to_units(tokens_per_step / target_tokens_per_s))
         goal = gpus
-    model.Minimize(goal)
+    model.minimize(goal)
     return BuiltModel(model=model, variables=v, step=step, objective=goal)

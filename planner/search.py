@@ -54,11 +54,13 @@ class PlannerResult:
 
 
 def _price_per_mtoken(plan: Plan, estimate: StepEstimate) -> float | None:
-    prices = {p.name: p.price_per_gpu_hour for p in plan.cluster.pools}
-    if any(prices[s.pool] is None for s in plan.sets) or not estimate.tokens_per_s:
-        return None
-    usd_per_s = sum(prices[s.pool] * s.num_devices for s in plan.sets) / 3600  # type: ignore[operator]
-    return usd_per_s / estimate.tokens_per_s * 1e6
+    usd_per_hour = 0.0
+    for s in plan.sets:
+        price = plan.pool_of(plan.sets.index(s)).price_per_gpu_hour
+        if price is None or not estimate.tokens_per_s:
+            return None
+        usd_per_hour += price * s.num_devices
+    return usd_per_hour / 3600 / estimate.tokens_per_s * 1e6
 
 
 def _rank(plan: Plan, solution: Solution, costs: dict[str, CostModel]) -> RankedPlan:
@@ -108,7 +110,8 @@ def plan_search(
     # per-placement solves; the seeded and bounded global solve needs little.
     remaining = time_limit_s - (time.perf_counter() - start)
     per_limit = max(0.5, 0.8 * remaining / len(placements))
-    results, solutions = [], []
+    results: list[PlacementResult] = []
+    solutions: list[Solution] = []
     bounds_known = True
     for i, placement in enumerate(placements):
         if progress:
@@ -123,8 +126,8 @@ def plan_search(
             results.append(PlacementResult(placement=placement, best=None, reason=str(exc)))
             continue
         solutions.append(sol)
-        ranked = _rank(solution_to_plan(sol, workload, cluster), sol, costs)
-        results.append(PlacementResult(placement=placement, best=ranked, reason=None))
+        scored = _rank(solution_to_plan(sol, workload, cluster), sol, costs)
+        results.append(PlacementResult(placement=placement, best=scored, reason=None))
     if progress:
         progress(len(placements), len(placements))
     # The whole model chooses the placement. Seeded with the best per-placement solution
@@ -145,7 +148,7 @@ def plan_search(
     if any(s.status is Status.FEASIBLE for s in solutions):
         status = Status.FEASIBLE
     best_overall = _rank(solution_to_plan(overall, workload, cluster), overall, costs)
-    candidates = [best_overall] + [r.best for r in results if r.best is not None]
+    candidates = [best_overall, *(r.best for r in results if r.best is not None)]
     unique = {c.plan.content_hash(): c for c in candidates}
     ranked = sorted(unique.values(), key=_sort_key(objective, target_tokens_per_s))
     return PlannerResult(

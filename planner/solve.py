@@ -86,39 +86,39 @@ def solve(
     if hint is not None:
         _add_hint(built.model, built.variables, placements, table, hint)
     if lower_bound is not None:
-        built.model.Add(built.objective >= lower_bound)
+        built.model.add(built.objective >= lower_bound)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = num_workers
-    code = solver.Solve(built.model)
+    code = solver.solve(built.model)
     if code == cp_model.INFEASIBLE:
         raise Infeasible(infeasibility_reason(table, objective, target_tokens_per_s))
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if code == cp_model.MODEL_INVALID:
-            raise AssertionError(built.model.Validate())
+            raise AssertionError(built.model.validate())
         raise SolverTimeout(
             f"no plan found within the time limit of {time_limit_s:g} s; raise --time-limit"
         )
     v = built.variables
-    p = next(i for i, var in v.x.items() if solver.BooleanValue(var))
+    p = next(i for i, var in v.x.items() if solver.boolean_value(var))
     placement = placements[p]
     sets = tuple(
         SetChoice(roles=placement.sets[j], pool=q, num_gpus=n)
         for (pp, j, q, n), var in sorted(v.y.items(), key=lambda kv: kv[0][1])
-        if pp == p and solver.BooleanValue(var)
+        if pp == p and solver.boolean_value(var)
     )
     options = {
-        key[0]: table.options[key][o] for (key, o), var in v.z.items() if solver.BooleanValue(var)
+        key[0]: table.options[key][o] for (key, o), var in v.z.items() if solver.boolean_value(var)
     }
     return Solution(
         status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
         placement=placement,
         sets=sets,
         options=options,
-        step_s=solver.Value(built.step) * table.time_unit_s,
-        solve_s=solver.WallTime(),
-        objective_value=round(solver.ObjectiveValue()),
-        objective_bound=round(solver.BestObjectiveBound()),
+        step_s=solver.value(built.step) * table.time_unit_s,
+        solve_s=solver.wall_time,
+        objective_value=round(solver.objective_value),
+        objective_bound=round(solver.best_objective_bound),
     )
 
 
@@ -131,12 +131,12 @@ def _add_hint(
 ) -> None:
     p = placements.index(hint.placement)
     for i, var in v.x.items():
-        model.AddHint(var, i == p)
+        model.add_hint(var, i == p)
     chosen = {(p, j, s.pool, s.num_gpus) for j, s in enumerate(hint.sets)}
     for key, var in v.y.items():
-        model.AddHint(var, key in chosen)
-    for (key, o), var in v.z.items():
-        model.AddHint(var, table.options[key][o] is hint.options.get(key[0]))
+        model.add_hint(var, key in chosen)
+    for (table_key, o), var in v.z.items():
+        model.add_hint(var, table.options[table_key][o] is hint.options.get(table_key[0]))
 
 
 def infeasibility_reason(

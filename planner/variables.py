@@ -40,9 +40,9 @@ class Variables:
     x: dict[int, cp_model.IntVar]
     y: dict[YKey, cp_model.IntVar]
     z: dict[tuple[TableKey, int], cp_model.IntVar]
-    stage_t: dict[tuple[Role, int], cp_model.LinearExprT]
-    res_mib: dict[Role, cp_model.LinearExprT]
-    tr_mib: dict[Role, cp_model.LinearExprT]
+    stage_t: dict[tuple[Role, int], cp_model.LinearExpr]
+    res_mib: dict[Role, cp_model.LinearExpr]
+    tr_mib: dict[Role, cp_model.LinearExpr]
 
     def role_terms(
         self, table: CostTable, role: object
@@ -57,7 +57,7 @@ def make_variables(
     counts: dict[str, set[int]] = {q: set() for q in pools}
     for _, q, n in table.options:
         counts[q].add(n)
-    x = {p: model.NewBoolVar(f"x[{p}]") for p in range(len(placements))}
+    x = {p: model.new_bool_var(f"x[{p}]") for p in range(len(placements))}
     y = {}
     usable: set[TableKey] = set()  # (role, pool, count) that some set can actually take
     for p, placement in enumerate(placements):
@@ -66,10 +66,10 @@ def make_variables(
                 for n in sorted(counts[q]):
                     # A set can take a count only if every role in it has an option there.
                     if all((r, q, n) in table.options for r in roles):
-                        y[(p, j, q, n)] = model.NewBoolVar(f"y[{p},{j},{q},{n}]")
+                        y[(p, j, q, n)] = model.new_bool_var(f"y[{p},{j},{q},{n}]")
                         usable.update((r, q, n) for r in roles)
     z = {
-        (key, o): model.NewBoolVar(f"z[{key[0]},{key[1]},{key[2]},{o}]")
+        (key, o): model.new_bool_var(f"z[{key[0]},{key[1]},{key[2]},{o}]")
         for key, opts in table.options.items()
         if key in usable
         for o in range(len(opts))
@@ -80,11 +80,11 @@ def make_variables(
         zs = [z for _, z in terms]
         for k in range(NUM_STAGES):
             coeffs = [table.to_units(o.stage_s[k]) for o, _ in terms]
-            v.stage_t[(role, k)] = cp_model.LinearExpr.WeightedSum(zs, coeffs)
-        v.res_mib[role] = cp_model.LinearExpr.WeightedSum(
+            v.stage_t[(role, k)] = cp_model.LinearExpr.weighted_sum(zs, coeffs)
+        v.res_mib[role] = cp_model.LinearExpr.weighted_sum(
             zs, [math.ceil(o.resident_bytes / MIB) for o, _ in terms]
         )
-        v.tr_mib[role] = cp_model.LinearExpr.WeightedSum(
+        v.tr_mib[role] = cp_model.LinearExpr.weighted_sum(
             zs, [math.ceil(o.transient_bytes / MIB) for o, _ in terms]
         )
     return v

@@ -125,7 +125,7 @@ def _is_exact(name: str, value: int | str) -> bool:
 
 def _index_series(
     series: Mapping[SeriesId, Series],
-) -> dict[Op, tuple[list[tuple[object, ...]], np.ndarray, list[Series]]]:
+) -> dict[Op, tuple[list[tuple[int | str, ...]], np.ndarray, list[Series]]]:
     grouped: dict[Op, list[tuple[ops.SeriesKey, Series]]] = {}
     for (op, key), s in series.items():
         grouped.setdefault(op, []).append((key, s))
@@ -142,7 +142,7 @@ def _index_series(
             ],
             dtype=float,
         ).reshape(len(items), -1)
-        index[op] = (exact, logs, [s for _, s in items])
+        index[op] = (list(exact), logs, [s for _, s in items])
     return index
 
 
@@ -178,7 +178,7 @@ class CostModel:
     # Answers already given, by (op, parameter values): the simulator asks the same
     # questions thousands of times while the planner re-scores plans.
     # Per op: exact key parts, log numeric key parts and the series, for nearest lookups.
-    series_index: Mapping[Op, tuple[list[tuple[object, ...]], np.ndarray, list[Series]]] = field(
+    series_index: Mapping[Op, tuple[list[tuple[int | str, ...]], np.ndarray, list[Series]]] = field(
         default_factory=dict, hash=False, compare=False, repr=False
     )
     memo: dict[tuple[object, ...], float] = field(

@@ -185,7 +185,7 @@ def _elementwise(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
     numel = int(p["num_bytes"]) // ctx.inputs.element_size()
     width = ROW_ELEMENTS if numel % ROW_ELEMENTS == 0 else numel
     x, y, w = _views(ctx.inputs, (numel // width, width), (numel // width, width), (width,))
-    kind = ElementwiseKind(p["kind"])
+    kind = ElementwiseKind(str(p["kind"]))
     benches: dict[ElementwiseKind, Bench] = {
         ElementwiseKind.RMSNORM: lambda: _rms_norm(x, w),
         ElementwiseKind.SILU_MUL: lambda: _silu_mul(x),
@@ -216,7 +216,7 @@ def _copy(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
     numel = int(p["num_bytes"])
     host = torch.empty(numel, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(numel, dtype=torch.uint8, device=ctx.device)
-    if CopyDirection(p["direction"]) is CopyDirection.H2D:
+    if CopyDirection(str(p["direction"])) is CopyDirection.H2D:
         return lambda: dev.copy_(host, non_blocking=True)
     return lambda: host.copy_(dev, non_blocking=True)
 

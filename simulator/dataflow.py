@@ -68,7 +68,7 @@ def build_dataflow(workload: Workload) -> nx.DiGraph:
 def _cached_dataflow(
     algorithm: Algorithm, roles: frozenset[Role], num_samples: int, num_prompts: int
 ) -> nx.DiGraph:
-    g = nx.DiGraph()
+    g: nx.DiGraph = nx.DiGraph()
 
     def add(call: ModelCall) -> Phase:
         g.add_node(call.phase, call=call)

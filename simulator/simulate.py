@@ -34,7 +34,7 @@ from placeflow.simulator.roles import (
     role_call_costs,
     span_scope,
 )
-from placeflow.simulator.schedule import Task, schedule
+from placeflow.simulator.schedule import Slot, Task, schedule
 from placeflow.workload import Role
 
 CONTROLLER = -1
@@ -153,6 +153,7 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
     actor_set, gen_set = plan.set_of(Role.ACTOR), plan.generator_set()
     gen = _gen_layout(plan)
     cm = _cm(plan, cms, actor_set)
+    sets: tuple[int, ...]
     if gen_set is not None:
         par = plan.parallelism[Role.ACTOR]
         same_node = group_scope(plan, actor_set, [0]) is Scope.INTRA and (
@@ -235,7 +236,9 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
             )
         else:
             num_steps = 3
-    slots = schedule(_tasks(costed, num_steps))
+    raw_slots = schedule(_tasks(costed, num_steps))
+    # Task ids are (step, phase) pairs (see _tasks).
+    slots: dict[tuple[int, Phase], Slot] = {k: v for k, v in raw_slots.items()}  # type: ignore[misc]
     by_phase = {c.phase: c for c in costed}
     phases = tuple(
         PhaseInterval(

@@ -16,9 +16,10 @@ from placeflow.planner.variables import Variables
 
 
 def gpus_used(v: Variables, pool: str) -> cp_model.LinearExpr:
-    return sum(n * var for (_, _, q, n), var in v.y.items() if q == pool)  # type: ignore[return-value]
+    keys = [(n, var) for (_, _, q, n), var in v.y.items() if q == pool]
+    return cp_model.LinearExpr.weighted_sum([var for _, var in keys], [n for n, _ in keys])
 
 
 def add_gpu_budget(model: cp_model.CpModel, v: Variables, cluster: ClusterSpec) -> None:
     for pool in cluster.pools:
-        model.Add(gpus_used(v, pool.name) <= pool.num_gpus)  # (4)
+        model.add(gpus_used(v, pool.name) <= pool.num_gpus)  # (4)

@@ -26,9 +26,10 @@ def add_memory(
     capacity_mib = {p.name: p.gpu.memory_bytes // MIB for p in cluster.pools}
     for p, placement in enumerate(placements):
         for j, roles in enumerate(placement.sets):
-            cap = sum(
-                capacity_mib[q] * var for (pp, jj, q, _), var in v.y.items() if (pp, jj) == (p, j)
+            keys = [(q, var) for (pp, jj, q, _), var in v.y.items() if (pp, jj) == (p, j)]
+            cap = cp_model.LinearExpr.weighted_sum(
+                [var for _, var in keys], [capacity_mib[q] for q, _ in keys]
             )
-            resident = sum(v.res_mib[r] for r in roles)
+            resident = cp_model.LinearExpr.sum([v.res_mib[r] for r in roles])
             for r_prime in roles:
-                model.Add(resident + v.tr_mib[r_prime] <= cap).OnlyEnforceIf(v.x[p])  # (5)
+                model.add(resident + v.tr_mib[r_prime] <= cap).only_enforce_if(v.x[p])  # (5)

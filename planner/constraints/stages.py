@@ -22,12 +22,12 @@ def add_stages(
     model: cp_model.CpModel, v: Variables, placements: list[Placement], horizon: int
 ) -> cp_model.IntVar:
     """Adds (6)-(8) and returns T."""
-    stage_max = [model.NewIntVar(0, horizon, f"M[{k}]") for k in range(NUM_STAGES)]
+    stage_max = [model.new_int_var(0, horizon, f"M[{k}]") for k in range(NUM_STAGES)]
     for p, placement in enumerate(placements):
         for roles_in_set in placement.sets:
             for k in range(NUM_STAGES):
                 load = sum(v.stage_t[(r, k)] for r in roles_in_set)  # (6)
-                model.Add(stage_max[k] >= load).OnlyEnforceIf(v.x[p])  # (7)
-    total = model.NewIntVar(0, NUM_STAGES * horizon, "T")
-    model.Add(total == sum(stage_max))  # (8)
+                model.add(stage_max[k] >= load).only_enforce_if(v.x[p])  # (7)
+    total = model.new_int_var(0, NUM_STAGES * horizon, "T")
+    model.add(total == sum(stage_max))  # (8)
     return total

@@ -21,11 +21,11 @@ from placeflow.planner.variables import Variables
 def add_structure(
     model: cp_model.CpModel, v: Variables, placements: list[Placement], table: CostTable
 ) -> None:
-    model.AddExactlyOne(v.x.values())  # (1)
+    model.add_exactly_one(v.x.values())  # (1)
     for p, placement in enumerate(placements):
         for j in range(len(placement.sets)):
             counts = [var for (pp, jj, _, _), var in v.y.items() if (pp, jj) == (p, j)]
-            model.Add(sum(counts) == v.x[p])  # (2)
+            model.add(sum(counts) == v.x[p])  # (2)
     sets_by_key: dict[tuple[object, str, int], list[cp_model.IntVar]] = {}
     for (p, j, q, n), var in v.y.items():
         for role in placements[p].sets[j]:
@@ -34,4 +34,4 @@ def add_structure(
         if (key, 0) not in v.z:
             continue  # no set can take this count: the role's options there are not modelled
         chosen = [v.z[(key, o)] for o in range(len(opts))]
-        model.Add(sum(chosen) == sum(sets_by_key[key]))  # (3)
+        model.add(sum(chosen) == sum(sets_by_key[key]))  # (3)
