@@ -400,7 +400,7 @@ def _full_recipe(device: str, num_gpus: int) -> _Recipe:
             elementwise_bytes=geometric(1 * KIB, 256 * MIB),
             optimizer_num_params=geometric(1 << 10, 1 << 26),
             collective_world_sizes=(2, 4), collective_bytes=geometric(1 * KIB, 64 * MIB),
-            copy_bytes=(), warmup=2, repeats=10, point_budget_s=1.0,
+            copy_bytes=(), warmup=2, repeats=10, point_budget_s=0.6,
         )  # fmt: skip
     return _Recipe(
         device="cuda", dtype="bf16", models=tuple(CATALOGUE),

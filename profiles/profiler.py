@@ -47,6 +47,7 @@ import itertools
 import os
 import platform
 import socket
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -291,6 +292,7 @@ def _host(device: str) -> dict[str, object]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "cpu_model": _cpu_model(),
+        "load_average_1m_end": os.getloadavg()[0],  # includes the profiler's own load
     }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
@@ -311,7 +313,23 @@ _NOTES = (
 )
 
 
-def _provenance(device: str, grid: ProfilerGrid, measured: _Measured) -> Provenance:
+@dataclass(frozen=True, kw_only=True)
+class _Load:
+    """How busy the machine was when profiling started (other work inflates CPU timings)."""
+
+    start: float  # 1-minute load average before the first point
+    started_s: float  # time.monotonic() at the start
+
+
+def _load_notes(load: _Load) -> str:
+    wall_s = time.monotonic() - load.started_s
+    text = f"; profiled in {wall_s:.0f} s; 1-min load average at start {load.start:.2f}"
+    if load.start > 0.5:
+        text += " (the machine was busy: CPU timings may be inflated)"
+    return text
+
+
+def _provenance(device: str, grid: ProfilerGrid, measured: _Measured, load: _Load) -> Provenance:
     is_cuda = device == "cuda"
     notes = _NOTES.format(
         clock="CUDA events" if is_cuda else "time.perf_counter",
@@ -320,6 +338,7 @@ def _provenance(device: str, grid: ProfilerGrid, measured: _Measured) -> Provena
         threads=torch.get_num_threads(),
         retries=MAX_RETRIES,
     )
+    notes += _load_notes(load)
     if measured.skipped:
         shown = "; ".join(measured.skipped[:20])
         notes += f"; {len(measured.skipped)} points skipped, out of GPU memory: {shown}"
@@ -477,12 +496,13 @@ def profile_device(device: str, *, grid: ProfilerGrid, name: str, progress: bool
     previous_threads = torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(_usable_cores())  # deliberate: every core this process may use
+    load = _Load(start=os.getloadavg()[0], started_s=time.monotonic())
     try:
         total = len(grid.points()) + grid.num_collective_points()
         with _progress(total, progress) as report:
             measured = _measure_points(device, grid, report)
             collectives = measure_collectives(grid, on_point=lambda: report("collectives", 1))
-        provenance = _provenance(device, grid, measured)
+        provenance = _provenance(device, grid, measured, load)
     finally:
         torch.set_num_threads(previous_threads)
     return Profile(
