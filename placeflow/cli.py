@@ -47,8 +47,8 @@ def _cmd_models(args: argparse.Namespace, console: Console) -> int:
         table.add_column(
             col, justify="left" if col in ("name", "dtype") else "right", no_wrap=col == "name"
         )
-    for r in rows:
-        params = int(r["params"])  # type: ignore[call-overload]
+    for m, r in zip(CATALOGUE.values(), rows, strict=True):
+        params = m.num_params()
         shown = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.2f}M"
         table.add_row(*(shown if k == "params" else str(v) for k, v in r.items()))
     console.print(table)
@@ -106,7 +106,9 @@ def _cmd_profiles_list(args: argparse.Namespace, console: Console) -> int:
         if "error" in r:
             table.add_row(str(r["name"]), "[red]unreadable[/red]", str(r["error"]), "", "", "")
             continue
-        cov = ", ".join(f"{k} {v}" for k, v in r["coverage"].items())  # type: ignore[attr-defined]
+        coverage = r["coverage"]
+        assert isinstance(coverage, dict)
+        cov = ", ".join(f"{k} {v}" for k, v in coverage.items())
         table.add_row(
             str(r["name"]),
             str(r["device"]),
@@ -317,17 +319,21 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     )
     for col in ("placement", "kind", "GPUs per set", "iteration s", "tokens/s"):
         table.add_column(col, justify="left" if col in ("placement", "kind") else "right")
-    for entry in sorted(per_placement, key=lambda e: -float(e.get("tokens_per_s", 0))):  # type: ignore[arg-type]
-        label = " | ".join("+".join(s) for s in entry["placement"])  # type: ignore[attr-defined]
-        if "infeasible_reason" in entry:
-            table.add_row(label, str(entry["placement_kind"]), "-", "-", "infeasible")
+    by_speed = sorted(
+        result.per_placement, key=lambda r: -(r.best.estimate.tokens_per_s if r.best else 0.0)
+    )
+    for pr in by_speed:
+        label = pr.placement.label()
+        if pr.best is None:
+            table.add_row(label, pr.placement.kind.value, "-", "-", "infeasible")
         else:
+            est = pr.best.estimate
             table.add_row(
                 label,
-                str(entry["placement_kind"]),
-                str(entry["gpus_per_set"]),
-                f"{entry['iteration_s']:.2f}",
-                f"{entry['tokens_per_s']:,.0f}",
+                pr.placement.kind.value,
+                str([s.num_devices for s in pr.best.plan.sets]),
+                f"{est.iteration_s:.2f}",
+                f"{est.tokens_per_s:,.0f}",
             )
     console.print(table)
     best = result.best

@@ -103,9 +103,7 @@ def plan_search(
     start = time.perf_counter()
     table = build_cost_table(workload, cluster, costs)
     placements = enumerate_placements(workload.roles)
-    common = dict(
-        tokens_per_step=workload.batch.tokens_per_step, target_tokens_per_s=target_tokens_per_s
-    )
+    tokens = float(workload.batch.tokens_per_step)
     # The time limit covers the whole search: what the table left, mostly for the
     # per-placement solves; the seeded and bounded global solve needs little.
     remaining = time_limit_s - (time.perf_counter() - start)
@@ -117,7 +115,15 @@ def plan_search(
         if progress:
             progress(i, len(placements))
         try:
-            sol = solve([placement], table, cluster, objective, time_limit_s=per_limit, **common)  # type: ignore[arg-type]
+            sol = solve(
+                [placement],
+                table,
+                cluster,
+                objective,
+                tokens_per_step=tokens,
+                target_tokens_per_s=target_tokens_per_s,
+                time_limit_s=per_limit,
+            )
         except Infeasible as exc:
             results.append(PlacementResult(placement=placement, best=None, reason=str(exc)))
             continue
@@ -142,7 +148,8 @@ def plan_search(
         time_limit_s=max(1.0, time_limit_s - (time.perf_counter() - start)),
         hint=seed,
         lower_bound=min(s.objective_bound for s in solutions) if seed and bounds_known else None,
-        **common,  # type: ignore[arg-type]
+        tokens_per_step=tokens,
+        target_tokens_per_s=target_tokens_per_s,
     )
     status = overall.status
     if any(s.status is Status.FEASIBLE for s in solutions):

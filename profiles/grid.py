@@ -369,9 +369,9 @@ def _quick_recipe(device: str, num_gpus: int) -> _Recipe:
             attn_batches=(1,), attn_seqs=geometric(32, 1024), max_attn_flops=3e9,
             decode_batches=(1, 8), decode_kv_lens=geometric(64, 8192),
             max_kv_cache_bytes=256 * MIB,
-            elementwise_bytes=geometric(4 * KIB, 64 * MIB, 4),
-            optimizer_num_params=geometric(1 << 12, 1 << 22, 4),
-            collective_world_sizes=(2, 4), collective_bytes=geometric(4 * KIB, 16 * MIB, 4),
+            elementwise_bytes=geometric(4 * KIB, 64 * MIB),
+            optimizer_num_params=geometric(1 << 12, 1 << 22),
+            collective_world_sizes=(2, 4), collective_bytes=geometric(4 * KIB, 16 * MIB),
             copy_bytes=(), warmup=1, repeats=7, point_budget_s=0.25,
         )  # fmt: skip
     return _Recipe(

@@ -292,7 +292,6 @@ def _host(device: str) -> dict[str, object]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "cpu_model": _cpu_model(),
-        "load_average_1m_end": os.getloadavg()[0],  # includes the profiler's own load
     }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
@@ -313,19 +312,44 @@ _NOTES = (
 )
 
 
+def cpu_busy_fraction(window_s: float = 0.5) -> float | None:
+    """Fraction of all cores' time spent busy over a short window (Linux /proc/stat), or None.
+
+    Taken while the profiler itself is idle, it measures other work on the machine,
+    which inflates CPU timings (a 2-thread op waits for a core another process holds).
+    """
+
+    def snapshot() -> tuple[int, int]:
+        with open("/proc/stat", encoding="utf-8") as stat:
+            ticks = [int(x) for x in stat.readline().split()[1:]]
+        return ticks[3] + ticks[4], sum(ticks)  # idle + iowait, total
+
+    try:
+        idle0, total0 = snapshot()
+        time.sleep(window_s)
+        idle1, total1 = snapshot()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return 1.0 - (idle1 - idle0) / total if total > 0 else 0.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Load:
-    """How busy the machine was when profiling started (other work inflates CPU timings)."""
+    """How busy the machine was around the run, and how long the run took."""
 
-    start: float  # 1-minute load average before the first point
+    busy_before: float | None  # cpu_busy_fraction() before the first point
     started_s: float  # time.monotonic() at the start
 
 
 def _load_notes(load: _Load) -> str:
-    wall_s = time.monotonic() - load.started_s
-    text = f"; profiled in {wall_s:.0f} s; 1-min load average at start {load.start:.2f}"
-    if load.start > 0.5:
-        text += " (the machine was busy: CPU timings may be inflated)"
+    text = f"; profiled in {time.monotonic() - load.started_s:.0f} s"
+    before, after = load.busy_before, cpu_busy_fraction()
+    if before is None or after is None:
+        return text
+    text += f"; CPU busy with other work before/after: {before:.0%}/{after:.0%}"
+    if max(before, after) > 0.2:
+        text += " (CPU timings may be inflated)"
     return text
 
 
@@ -408,7 +432,7 @@ def _label(point: GridPoint) -> str:
 
 
 def suspect_points(points: Sequence[GridPoint], timings: Sequence[Timing | None]) -> list[int]:
-    """Indices of points whose time looks inflated by interference, judged within their series.
+    """Indices of points whose time looks inflated by interference, most inflated first.
 
     Along a series (`ops.series_key`) sorted by size, a point is suspect if it is
     slower than the next larger point by RETRY_RATIO, or if it grew from the
@@ -421,18 +445,17 @@ def suspect_points(points: Sequence[GridPoint], timings: Sequence[Timing | None]
     for i, point in enumerate(points):
         if timings[i] is not None:
             series[(point.op, ops.series_key(point.op, point.params))].append(i)
-    suspects: set[int] = set()
+    excess: dict[int, float] = {}  # suspect -> how far past the allowed ratio it is
     for (op, _), idx in series.items():
         idx.sort(key=lambda i: ops.size(op, points[i].params))
         exponent = 2 if op in (Op.ATTN_PREFILL_FWD, Op.ATTN_PREFILL_BWD) else 1
         for a, b in itertools.pairwise(idx):
             t_a, t_b = _median(timings[a]), _median(timings[b])
             work = (ops.size(op, points[b].params) / ops.size(op, points[a].params)) ** exponent
-            if t_a > RETRY_RATIO * t_b:
-                suspects.add(a)
-            if t_b > RETRY_RATIO * work * t_a:
-                suspects.add(b)
-    return sorted(suspects)
+            for i, ratio in ((a, t_a / (RETRY_RATIO * t_b)), (b, t_b / (RETRY_RATIO * work * t_a))):
+                if ratio > 1:
+                    excess[i] = max(excess.get(i, 0.0), ratio)
+    return sorted(excess, key=lambda i: -excess[i])
 
 
 def _median(timing: Timing | None) -> float:
@@ -473,8 +496,11 @@ def _measure_points(device: str, grid: ProfilerGrid, report: Report) -> _Measure
     for point in points:
         report(_label(point), 1)
         timings.append(_time_point(point, ctx, clock, grid))
+    # On a machine busy for minutes most points look suspect and re-timing cannot help:
+    # re-time only the worst tenth per round.
+    max_per_round = max(10, len(points) // 10)
     for _ in range(MAX_RETRIES):
-        for i in suspect_points(points, timings):
+        for i in suspect_points(points, timings)[:max_per_round]:
             report(f"re-timing {_label(points[i])}", 0)
             again = _time_point(points[i], ctx, clock, grid)
             timings[i] = min(timings[i], again or timings[i], key=_median)
@@ -496,7 +522,7 @@ def profile_device(device: str, *, grid: ProfilerGrid, name: str, progress: bool
     previous_threads = torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(_usable_cores())  # deliberate: every core this process may use
-    load = _Load(start=os.getloadavg()[0], started_s=time.monotonic())
+    load = _Load(busy_before=cpu_busy_fraction(), started_s=time.monotonic())
     try:
         total = len(grid.points()) + grid.num_collective_points()
         with _progress(total, progress) as report:

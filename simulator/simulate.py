@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from placeflow.layout import GenLayout
 from placeflow.phases import Phase
@@ -238,7 +239,7 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
             num_steps = 3
     raw_slots = schedule(_tasks(costed, num_steps))
     # Task ids are (step, phase) pairs (see _tasks).
-    slots: dict[tuple[int, Phase], Slot] = {k: v for k, v in raw_slots.items()}  # type: ignore[misc]
+    slots = cast(dict[tuple[int, Phase], Slot], raw_slots)
     by_phase = {c.phase: c for c in costed}
     phases = tuple(
         PhaseInterval(
