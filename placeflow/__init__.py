@@ -7,4 +7,15 @@ the command-line interface. Everything else builds on these specs:
 `placeflow.planner`, `placeflow.executor` and `placeflow.reports`.
 """
 
+from pathlib import Path as _Path
+
 __version__ = "0.1.0"
+
+# Installed, the top-level folders of the repository (profiles/, simulator/, ...)
+# become subpackages of placeflow (pyproject's package-dir). Imported straight
+# from a source checkout instead, which happens whenever the repository root is
+# on sys.path (Ray puts the driver's working directory on its workers' paths),
+# the same folders are found by searching the repository root as well.
+_root = _Path(__file__).resolve().parent.parent
+if (_root / "pyproject.toml").is_file() and (_root / "profiles" / "costmodel.py").is_file():
+    __path__.append(str(_root))

@@ -163,7 +163,8 @@ def _attn_fwd(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
 
 def _attn_bwd(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
     q, k, v = _qkv(p, ctx, grad=True)
-    out = _sdpa(q, k, v, causal=True, gqa=ctx.enable_gqa)()
+    with torch.enable_grad():  # the graph must exist even if the caller disabled grad
+        out = _sdpa(q, k, v, causal=True, gqa=ctx.enable_gqa)()
     assert isinstance(out, torch.Tensor)
     grad_out = torch.rand_like(out) * 2 - 1
     return lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
