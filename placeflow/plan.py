@@ -25,6 +25,7 @@ pg = 1
 micro_batch = 8       # samples per micro-batch (forward and training)
 zero = 1              # ZeRO stage 0-3 over d
 recompute = true      # full activation recomputation in training
+offload_optimizer = false  # keep Adam state in host memory outside the update (GPU pools)
 ```
 
 A set may also be `generator = true` with `roles = ["actor"]`: the actor's
@@ -52,6 +53,7 @@ from placeflow.cluster import (
     load_cluster,
 )
 from placeflow.errors import SpecError
+from placeflow.hardware import DeviceKind
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.tomlio import Table, read_toml
 from placeflow.workload import Role, Workload, load_workload, workload_from_dict, workload_to_dict
@@ -85,6 +87,7 @@ class RoleParallelism:
     micro_batch: int = 1
     zero: int = 1
     recompute: bool = True
+    offload_optimizer: bool = False
 
     def __post_init__(self) -> None:
         if self.micro_batch <= 0:
@@ -238,6 +241,13 @@ def _validate_role(plan: Plan, role: Role) -> None:
             f"{where}: p*t*d = {par.train.p}*{par.train.t}*{par.train.d} = {par.train.world_size} "
             f"must equal the {s.num_devices} devices of its set"
         )
+    if par.offload_optimizer and (
+        role not in (Role.ACTOR, Role.CRITIC) or pool.gpu.kind is not DeviceKind.CUDA
+    ):
+        raise SpecError(
+            f"{where}: offload_optimizer needs a trained role (actor, critic) on a GPU pool; "
+            f"pool {pool.name!r} is {pool.gpu.kind}"
+        )
     _check_tp(where, par.train.t, model.num_heads, model.num_kv_heads, pool)
     _check_tp_groups_in_nodes(where, s, pool, par.train.tp_groups())
     if model.num_layers % par.train.p:
@@ -262,7 +272,7 @@ def _validate_role(plan: Plan, role: Role) -> None:
 
 # --- TOML --------------------------------------------------------------------
 
-_PAR_KEYS = ("p", "t", "d", "tg", "pg", "micro_batch", "zero", "recompute")
+_PAR_KEYS = ("p", "t", "d", "tg", "pg", "micro_batch", "zero", "recompute", "offload_optimizer")
 
 
 def _parallelism_from_table(t: Table) -> RoleParallelism:
@@ -274,6 +284,7 @@ def _parallelism_from_table(t: Table) -> RoleParallelism:
         micro_batch=t.get_int("micro_batch", 1),
         zero=t.get_int("zero", 1),
         recompute=t.get_bool("recompute", True),
+        offload_optimizer=t.get_bool("offload_optimizer", False),
     )
 
 
@@ -356,6 +367,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         if role is Role.ACTOR:
             row.update(tg=par.tg, pg=par.pg)
         row.update(micro_batch=par.micro_batch, zero=par.zero, recompute=par.recompute)
+        if par.offload_optimizer:
+            row["offload_optimizer"] = True
         parallelism[role.value] = row
     return {
         "name": plan.name,

@@ -203,6 +203,17 @@ def train_cost(
     transient = memory.training_activation_bytes(
         model, lay, mb, seq, num_micro, recompute=par.recompute, value_head=value_head
     )
+    offload_s = 0.0
+    if par.offload_optimizer:
+        # Reload the Adam state before the update and write it back after; while the
+        # update runs it is on the device again.
+        state = int(
+            memory.optimizer_state_bytes_per_gpu(model, lay, par.zero, value_head=value_head)
+        )
+        offload_s = cm.copy_s("h2d", state) + cm.copy_s("d2h", state)
+        transient += state
+        time_s += offload_s
+        busy += offload_s
     return CallCost(
         time_s=time_s,
         transient_bytes=transient,
@@ -214,6 +225,7 @@ def train_cost(
             "pipeline_s": pipeline_s,
             "dp_sync_s": sync_s,
             "optimizer_s": opt_s,
+            "offload_s": offload_s,
         },
     )
 

@@ -12,6 +12,10 @@
   layer's input (2·s·b·h) plus one layer's activations. 1F1B keeps at most p
   micro-batches in flight on the first stage.
 - Logits: float32 log-softmax over the vocabulary shard, kept for backward.
+- Optimizer offload: the Adam state lives in host memory outside the role's
+  update; it is resident only while the update runs (reloaded before, written
+  back after). The KV cache is never kept across phases: generation frees it,
+  so there is nothing of it to offload.
 - Generation: the KV cache, 2·layers·kv_heads·head_dim·bytes per token, split
   over tg (heads) and pg (layers).
 """
@@ -43,6 +47,15 @@ def training_state_bytes_per_gpu(
         3: (w + g + opt) / d,
     }[zero]
     return shard * per_param
+
+
+def optimizer_state_bytes_per_gpu(
+    model: ModelSpec, layout: TrainLayout, zero: int, *, value_head: bool
+) -> float:
+    """The Adam state part of `training_state_bytes_per_gpu` (what offloading moves)."""
+    shard = model.num_params(value_head=value_head) / (layout.t * layout.p)
+    opt = ADAM_BYTES_PER_PARAM - 2 * model.dtype.num_bytes
+    return shard * opt / (layout.d if zero >= 1 else 1)
 
 
 def logits_bytes(model: ModelSpec, t: int, tokens: int, *, value_head: bool) -> float:

@@ -114,9 +114,14 @@ def role_call_costs(
 def resident_bytes(model: ModelSpec, role: Role, par: RoleParallelism) -> float:
     """Bytes per GPU a role keeps between its calls (weights; plus grads and Adam if trained)."""
     if role in (Role.ACTOR, Role.CRITIC):
-        return memory.training_state_bytes_per_gpu(
+        state = memory.training_state_bytes_per_gpu(
             model, par.train, par.zero, value_head=role.has_value_head
         )
+        if par.offload_optimizer:
+            state -= memory.optimizer_state_bytes_per_gpu(
+                model, par.train, par.zero, value_head=role.has_value_head
+            )
+        return state
     return memory.weight_bytes_per_gpu(
         model, par.train.t, par.train.p, value_head=role.has_value_head
     )

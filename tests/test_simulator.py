@@ -230,3 +230,25 @@ def test_async_one_step_off_overlaps_generation_with_training(h100):
     assert sync_est.feasible and async_est.feasible
     assert Phase.WEIGHT_SYNC in {p.name for p in sync_est.phases}
     assert async_est.iteration_s < sync_est.iteration_s
+
+
+def test_optimizer_offload_trades_memory_for_copy_time(h100):
+    plan = load_plan(PLANS / "ppo-7b-standalone-h100x16.toml")
+    par = dict(plan.parallelism)
+    par[Role.ACTOR] = dataclasses.replace(par[Role.ACTOR], offload_optimizer=True)
+    offloaded = dataclasses.replace(plan, parallelism=par)
+    base, off = simulate(plan, h100), simulate(offloaded, h100)
+    actor_set = plan.set_of(Role.ACTOR)
+    assert off.sets[actor_set].resident_bytes < base.sets[actor_set].resident_bytes
+    update = {e.name: e for e in base.phases}[Phase.ACTOR_UPDATE]
+    update_off = {e.name: e for e in off.phases}[Phase.ACTOR_UPDATE]
+    assert update_off.duration_s > update.duration_s
+    assert update_off.detail["offload_s"] > 0
+
+
+def test_optimizer_offload_needs_a_gpu_pool():
+    plan = load_plan(PLANS / "grpo-tiny-cpu4-colocate.toml")
+    par = dict(plan.parallelism)
+    par[Role.ACTOR] = dataclasses.replace(par[Role.ACTOR], offload_optimizer=True)
+    with pytest.raises(ValueError, match="offload_optimizer needs"):
+        dataclasses.replace(plan, parallelism=par)
