@@ -22,7 +22,7 @@ from pathlib import Path
 
 from placeflow.catalogue import CATALOGUE
 from placeflow.cluster import load_cluster
-from placeflow.planner import plan_search
+from placeflow.planner import Infeasible, plan_search
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.workload import load_workload
 
@@ -42,7 +42,17 @@ def run_one(num_gpus: int, model: str, time_limit_s: float) -> dict[str, object]
     )
     costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
     t0 = time.perf_counter()
-    result = plan_search(cluster, wl, costs, time_limit_s=time_limit_s)
+    try:
+        result = plan_search(cluster, wl, costs, time_limit_s=time_limit_s)
+    except Infeasible as exc:
+        wall_s = time.perf_counter() - t0
+        return {
+            "num_gpus": num_gpus,
+            "model": model,
+            "wall_s": round(wall_s, 2),
+            "status": "infeasible",
+            "reason": str(exc),
+        }
     wall_s = time.perf_counter() - t0
     best = result.best
     return {
@@ -61,15 +71,17 @@ def main() -> None:
     parser.add_argument("--sizes", default="16,64,128,512,1024")
     parser.add_argument("--models", default="llama-2-7b,llama-2-13b,codellama-34b,llama-2-70b")
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--append", action="store_true", help="keep rows already in the file")
     args = parser.parse_args()
     fitted_cost_model("a100-80gb")  # fit once, outside the timings
-    rows = []
+    out = ROOT / "benchmarks/results/planner_speed.json"
+    previous = json.loads(out.read_text())["rows"] if args.append and out.exists() else []
+    rows = list(previous)
     for model in args.models.split(","):
         for n in (int(x) for x in args.sizes.split(",")):
             row = run_one(n, model, args.time_limit)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    out = ROOT / "benchmarks/results/planner_speed.json"
     out.write_text(
         json.dumps(
             {

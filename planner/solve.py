@@ -156,7 +156,13 @@ def infeasibility_reason(
             f"no plan within the cluster reaches {target_tokens_per_s:g} tokens/s; "
             "lower the target or add GPUs"
         )
+    # Each role fits alone somewhere; say how many devices each needs at least.
+    least = {
+        role: min(n for (r, _, n) in table.options if r == role) for role in roles_with_options
+    }
+    need = ", ".join(f"{role} {n}" for role, n in sorted(least.items()))
     return (
-        "the roles do not fit the cluster together: every placement runs out of devices or "
-        "of memory per device; add GPUs or use smaller models"
+        "the roles do not fit the cluster together: alone, each needs at least this many "
+        f"devices to fit in memory: {need} ({sum(least.values())} if every role is placed apart); "
+        "colocating them adds up their memory per device. Add GPUs or use smaller models"
     )

@@ -318,3 +318,21 @@ def test_cli_plan_json_and_out(tmp_path, capsys):
     sim = json.loads(capsys.readouterr().out)
     assert code == 0 and sim["feasible"]
     assert sim["iteration_s"] == pytest.approx(data["best"]["iteration_s"])
+
+
+def test_heterogeneous_cluster_puts_each_set_on_one_pool():
+    costs = {
+        "h100-sxm": fitted_cost_model("h100-sxm"),
+        "a100-80gb": fitted_cost_model("a100-80gb"),
+    }
+    from placeflow.cluster import load_cluster
+
+    cl = load_cluster("examples/clusters/hetero.toml")
+    wl = workload({r: CATALOGUE["qwen2.5-0.5b"] for r in PPO_ROLES})
+    result = plan_search(cl, wl, costs, time_limit_s=30)
+    for ranked in result.ranked:
+        plan = ranked.plan
+        assert validate_plan(plan, costs) == []
+        for s in plan.sets:
+            pool = plan.cluster.pool(s.pool)
+            assert s.first_device + s.num_devices <= pool.num_gpus
