@@ -22,7 +22,7 @@ from typing import Any
 
 from placeflow.errors import SpecError
 from placeflow.hardware import GIB, GpuSpec, get_hardware
-from placeflow.tomlio import Table, read_toml
+from placeflow.tomlio import Table, load_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,11 +122,7 @@ def cluster_from_dict(data: dict, where: str = "cluster") -> ClusterSpec:
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
-    try:
-        return cluster_from_dict(read_toml(path), str(path))
-    except SpecError as exc:
-        msg = str(exc)
-        raise SpecError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+    return load_spec(path, cluster_from_dict)
 
 
 def cluster_to_dict(c: ClusterSpec) -> dict[str, Any]:

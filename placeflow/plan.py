@@ -55,8 +55,15 @@ from placeflow.cluster import (
 from placeflow.errors import SpecError
 from placeflow.hardware import DeviceKind
 from placeflow.layout import GenLayout, TrainLayout
-from placeflow.tomlio import Table, read_toml
-from placeflow.workload import Role, Workload, load_workload, workload_from_dict, workload_to_dict
+from placeflow.tomlio import Table, load_spec
+from placeflow.workload import (
+    Role,
+    Workload,
+    load_workload,
+    parse_role,
+    workload_from_dict,
+    workload_to_dict,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,15 +295,6 @@ def _parallelism_from_table(t: Table) -> RoleParallelism:
     )
 
 
-def _role(name: str, where: str) -> Role:
-    try:
-        return Role(name)
-    except ValueError:
-        raise SpecError(
-            f"{where}: unknown role {name!r}; roles: {', '.join(r.value for r in Role)}"
-        ) from None
-
-
 def plan_from_dict(data: dict[str, Any], where: str, base_dir: Path) -> Plan:
     t = Table(data, where)
     t.reject_unknown(("name", "workload", "cluster", "sets", "parallelism"))
@@ -320,7 +318,9 @@ def plan_from_dict(data: dict[str, Any], where: str, base_dir: Path) -> Plan:
             raise SpecError(f"{st.where}: roles must be a list of role names, got {raw_roles!r}")
         sets.append(
             DeviceSet(
-                roles=tuple(sorted((_role(r, st.where) for r in raw_roles), key=list(Role).index)),
+                roles=tuple(
+                    sorted((parse_role(r, st.where) for r in raw_roles), key=list(Role).index)
+                ),
                 pool=st.get_str("pool", cluster.pools[0].name),
                 first_device=st.get_int("first_device", 0),
                 num_devices=st.get_int("num_devices"),
@@ -328,7 +328,7 @@ def plan_from_dict(data: dict[str, Any], where: str, base_dir: Path) -> Plan:
             )
         )
     pt = t.table("parallelism")
-    parallelism = {_role(k, pt.where): _parallelism_from_table(pt.table(k)) for k in pt.data}
+    parallelism = {parse_role(k, pt.where): _parallelism_from_table(pt.table(k)) for k in pt.data}
     return Plan(
         name=t.get_str("name", "plan"),
         workload=workload,
@@ -340,11 +340,7 @@ def plan_from_dict(data: dict[str, Any], where: str, base_dir: Path) -> Plan:
 
 def load_plan(path: str | Path) -> Plan:
     p = Path(path)
-    try:
-        return plan_from_dict(read_toml(p), str(p), p.parent)
-    except SpecError as exc:
-        msg = str(exc)
-        raise SpecError(msg if msg.startswith(str(p)) else f"{p}: {msg}") from None
+    return load_spec(p, lambda data, where: plan_from_dict(data, where, p.parent))
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

@@ -8,11 +8,13 @@ Unknown keys are rejected too: a misspelt key is a silent wrong answer otherwise
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from placeflow.errors import SpecError
+
+T = TypeVar("T")
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -28,6 +30,15 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{p}: malformed TOML: {exc}") from None
+
+
+def load_spec(path: str | Path, parse: Callable[[dict[str, Any], str], T]) -> T:
+    """Read a TOML file and parse it; every SpecError names the file (once)."""
+    try:
+        return parse(read_toml(path), str(path))
+    except SpecError as exc:
+        msg = str(exc)
+        raise SpecError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
 
 
 class Table:

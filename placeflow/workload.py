@@ -32,7 +32,7 @@ from typing import Any
 from placeflow.catalogue import get_model
 from placeflow.errors import SpecError
 from placeflow.models import ModelSpec
-from placeflow.tomlio import Table, read_toml
+from placeflow.tomlio import Table, load_spec
 
 
 class Algorithm(StrEnum):
@@ -177,7 +177,8 @@ class Workload:
         return tuple(r for r in Role if r in self.models)
 
 
-def _parse_role(name: str, where: str) -> Role:
+def parse_role(name: str, where: str) -> Role:
+    """A role by name; an unknown name is a SpecError listing the roles."""
     try:
         return Role(name)
     except ValueError:
@@ -214,7 +215,7 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         ) from None
     models_t = t.table("models")
     models = {
-        _parse_role(role, models_t.where): get_model(models_t.get_str(role))
+        parse_role(role, models_t.where): get_model(models_t.get_str(role))
         for role in models_t.data
     }
     bt = t.table("batch")
@@ -242,11 +243,7 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
 
 
 def load_workload(path: str | Path) -> Workload:
-    try:
-        return workload_from_dict(read_toml(path), str(path))
-    except SpecError as exc:
-        msg = str(exc)
-        raise SpecError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+    return load_spec(path, workload_from_dict)
 
 
 def workload_to_dict(w: Workload) -> dict[str, Any]:
