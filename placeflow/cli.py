@@ -188,6 +188,10 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
 
     plan = load_plan(args.plan)
     estimate = simulate(plan, cost_models_for(plan, args.profile))
+    if args.report:
+        from placeflow.reports import simulate_report
+
+        print(f"wrote report {simulate_report(estimate, args.report)}", file=sys.stderr)
     if args.json:
         console.print_json(json.dumps(estimate.to_json()))
         return 0 if estimate.feasible else 1
@@ -285,6 +289,10 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         )
     if args.out:
         save_plan(result.best.plan, args.out)
+    if args.report:
+        from placeflow.reports import plan_report
+
+        print(f"wrote report {plan_report(result, args.report)}", file=sys.stderr)
     per_placement = []
     for pr in result.per_placement:
         entry: dict[str, object] = {
@@ -376,11 +384,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=5, help="how many ranked plans to report")
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", help="write the best plan as TOML (simulate and run accept it)")
+    p.add_argument("--report", help="write an HTML report (plotly, works offline)")
     p.set_defaults(handler=_cmd_plan)
 
     p = sub.add_parser("simulate", help="predict one RL step of a plan, phase by phase")
     p.add_argument("plan", help="plan TOML file")
     p.add_argument("--profile", help="profile for every pool (default: each pool's own)")
+    p.add_argument("--report", help="write an HTML report (plotly, works offline)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_cmd_simulate)
 

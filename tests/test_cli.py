@@ -50,3 +50,12 @@ def test_profile_of_another_schema_version(capsys, tmp_path):
     bad.write_text(json.dumps({"schema": "placeflow-profile", "schema_version": 0}))
     code, _, err = run(capsys, "profiles", "check", str(bad))
     assert code == 2 and "schema version 0" in err
+
+
+def test_simulate_writes_a_report(capsys, tmp_path):
+    out = tmp_path / "r.html"
+    code, _, err = run(
+        capsys, "simulate", "examples/plans/grpo-tiny-cpu4-split.toml", "--report", str(out)
+    )
+    assert code == 0 and out.exists() and "wrote report" in err
+    assert "grpo-tiny-cpu4-split" in out.read_text()

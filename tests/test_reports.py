@@ -1,0 +1,170 @@
+"""placeflow.reports: pages built from real simulator and planner results.
+
+The estimate is the shipped tiny GRPO plan simulated with its own cost model;
+the planner result is a real search on the 4-worker CPU cluster (about a
+second). The Chromium test renders a page headless with networking off, which
+is what proves the page works offline; it skips where Chromium is absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from plotly.offline import get_plotlyjs
+
+from placeflow.cluster import load_cluster
+from placeflow.plan import load_plan
+from placeflow.planner import plan_search
+from placeflow.planner.search import PlannerResult
+from placeflow.profiles.registry import fitted_cost_model
+from placeflow.reports import ScalingPoint, plan_report, scaling_report, simulate_report
+from placeflow.reports.colours import CONTROLLER_COLOUR, GIB, ROLE_COLOURS
+from placeflow.reports.memory import memory_figure
+from placeflow.reports.timeline import timeline_figure
+from placeflow.simulator import StepEstimate, simulate
+from placeflow.simulator.simulate import cost_models_for
+from placeflow.workload import Role, load_workload
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# HTML elements with no end tag; every other start tag must be closed.
+VOID = {"meta", "br", "hr", "img", "input", "link", "area", "base", "col", "source", "wbr"}
+
+
+@pytest.fixture(scope="module")
+def estimate() -> StepEstimate:
+    plan = load_plan(EXAMPLES / "plans" / "grpo-tiny-cpu4-colocate.toml")
+    return simulate(plan, cost_models_for(plan))
+
+
+@pytest.fixture(scope="module")
+def planner_result() -> PlannerResult:
+    cluster = load_cluster(EXAMPLES / "clusters" / "cpu4.toml")
+    workload = load_workload(EXAMPLES / "workloads" / "grpo-tiny-cpu.toml")
+    costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
+    return plan_search(cluster, workload, costs, time_limit_s=10)
+
+
+class _TagChecker(HTMLParser):
+    """Parses a page and records unbalanced tags (script bodies are CDATA to HTMLParser)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.seen: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.seen.add(tag)
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+            return
+        self.stack.pop()
+
+
+def assert_offline_html(text: str) -> None:
+    checker = _TagChecker()
+    checker.feed(text)
+    checker.close()
+    assert not checker.errors and not checker.stack, (checker.errors, checker.stack)
+    assert {"html", "head", "title", "body", "script"} <= checker.seen
+    # The library itself is inlined, and nothing is fetched from elsewhere.
+    assert get_plotlyjs()[-2000:] in text
+    assert "<script src=" not in text
+    assert text.count(get_plotlyjs()[-2000:]) == 1, "plotly.js must be inlined once per page"
+
+
+def test_simulate_report_is_self_contained(estimate: StepEstimate, tmp_path: Path) -> None:
+    path = simulate_report(estimate, tmp_path / "sub" / "sim.html")
+    assert path.exists()
+    text = path.read_text(encoding="utf-8")
+    assert_offline_html(text)
+    assert estimate.plan_name in text
+    assert estimate.plan_hash in text
+    for p in estimate.phases:
+        assert p.name.value in text
+
+
+def test_infeasible_estimate_is_flagged(estimate: StepEstimate, tmp_path: Path) -> None:
+    bad = dataclasses.replace(estimate, feasible=False, infeasible_reason="actor OOM in generate")
+    text = simulate_report(bad, tmp_path / "bad.html").read_text(encoding="utf-8")
+    assert 'class="bad">Infeasible: actor OOM in generate' in text
+
+
+def test_timeline_bars_match_phases(estimate: StepEstimate) -> None:
+    fig = timeline_figure(estimate)
+    bars = [t for t in fig.data if t.type == "bar"]
+    drawn = sorted((n, b) for t in bars for n, b in zip(t.text, t.base, strict=True))
+    expected = sorted((p.name.value, p.start_s) for p in estimate.phases if p.duration_s > 0)
+    assert drawn == expected
+    # Zero-length controller phases are markers, so they stay visible and hoverable.
+    markers = [n for t in fig.data if t.type == "scatter" for n in t.text]
+    assert markers == [p.name.value for p in estimate.phases if p.duration_s <= 0]
+
+
+def test_timeline_colours_by_role(estimate: StepEstimate) -> None:
+    colours = {t.name: t.marker.color for t in timeline_figure(estimate).data}
+    assert colours[Role.ACTOR.value] == ROLE_COLOURS[Role.ACTOR]
+    assert colours[Role.REF.value] == ROLE_COLOURS[Role.REF]
+    assert colours["controller"] == CONTROLLER_COLOUR
+
+
+def test_memory_capacity_line_per_set(estimate: StepEstimate) -> None:
+    fig = memory_figure(estimate)
+    lines = [s for s in fig.layout.shapes if s.type == "line"]
+    assert [s.y0 for s in lines] == [s.capacity_bytes / GIB for s in estimate.sets]
+    heights = {t.name: t.y[0] for t in fig.data}
+    for name, size_bytes in estimate.sets[0].memory_by_phase.items():
+        assert heights[name] == pytest.approx(size_bytes / GIB)
+
+
+def test_plan_report(planner_result: PlannerResult, tmp_path: Path) -> None:
+    text = plan_report(planner_result, tmp_path / "plan.html").read_text(encoding="utf-8")
+    assert_offline_html(text)
+    assert planner_result.best.plan.name in text
+    for r in planner_result.per_placement:
+        assert r.placement.label() in text
+    for p in planner_result.best.estimate.phases:
+        assert p.name.value in text
+
+
+def test_scaling_report_accepts_tuples(tmp_path: Path) -> None:
+    points = [(8, 10_000.0, "colocate"), (16, 18_000.0, "colocate"), (16, 15_000.0, "split")]
+    text = scaling_report(points, tmp_path / "scale.html").read_text(encoding="utf-8")
+    assert_offline_html(text)
+    assert "colocate" in text and "split" in text
+    with pytest.raises(ValueError, match="num_gpus"):
+        ScalingPoint(num_gpus=0, tokens_per_s=1.0, label="x")
+
+
+def _chromium() -> str | None:
+    if Path("/usr/bin/chromium").exists():
+        return "/usr/bin/chromium"
+    return shutil.which("chromium")
+
+
+def test_page_renders_in_headless_chromium(estimate: StepEstimate, tmp_path: Path) -> None:
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("Chromium is not installed")
+    page = simulate_report(estimate, tmp_path / "sim.html")
+    # Networking features are off so a page that needs the network fails here.
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"]
+    cmd += ["--no-first-run", "--disable-background-networking", "--disable-component-update"]
+    cmd += ["--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr"]
+    cmd += ["--v=0", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Uncaught" not in done.stderr and "ERROR:CONSOLE" not in done.stderr, done.stderr
+    # Every figure <div> (the timeline and the memory chart) holds a rendered plotly SVG.
+    figures = done.stdout.split('id="figure-')[1:]
+    assert len(figures) == 2
+    assert all('class="main-svg"' in f for f in figures)
