@@ -1,0 +1,363 @@
+"""Where each weight lives in training and in generation, and the colocated transfer between them.
+
+Pure (no torch.distributed): `reshard.py` executes these plans, tests check them
+without processes. Rank arithmetic comes from `placeflow.layout` only.
+
+Sharding is Megatron's. Column-parallel weights (q, k, v, gate, up) split along
+dim 0, row-parallel weights (o_proj, down_proj) along dim 1, embeddings and
+lm_head along the vocabulary (dim 0); norms are replicated across TP. A fused
+weight (qkv, gate_up) is split part by part: TP rank i holds
+[q_i; k_i; v_i], not rows i·n/t..(i+1)·n/t of the fused tensor. A shard is
+therefore a list of `Range`s of the full tensor along the split dim,
+concatenated in order. Pipeline stages hold contiguous layers; the embedding
+sits on the first stage, the final norm and lm_head on the last.
+
+Colocated transfer (HybridFlow §5): each micro-DP group all-gathers its
+training shards into generation shards. The departure from a plain all-gather
+of one flat buffer is bucketing by *slot*: every rank lists the pieces it sends
+(its stage's parameters in a stage-local order that aligns the stages: vocab
+weight first, then layers, then the final norm), and slot j all-gathers the
+j-th piece of every member, padded to the largest. The receiver places each
+piece straight into its preallocated generation tensors, so at peak a rank
+holds its generation shard plus one slot's gather buffer, never a second copy.
+
+Replicated norms need no transfer when pg = p (a rank already has its stage's
+norms). When pg < p a generation rank needs the norms of the other stages of its
+group; the mt = t/tg ranks of a stage each send 1/mt of them (a chunk along
+dim 0) so nothing is sent twice by one stage. Their bytes are counted apart
+from the sharded bytes, which alone follow HybridFlow's formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from placeflow.errors import SpecError
+from placeflow.layout import GenLayout, TrainLayout
+
+
+class Sharding(StrEnum):
+    COLUMN = "column"  # split dim 0, part by part for fused weights
+    ROW = "row"  # split dim 1
+    VOCAB = "vocab"  # split dim 0 (vocabulary)
+    REPLICATED = "replicated"  # every TP rank holds all of it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Range:
+    """Rows (or columns) start..start+length of a full tensor along its split dim."""
+
+    start: int
+    length: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Copy `length` slices along dim from `src_start` of a piece to `dst_start` of a shard."""
+
+    src_start: int
+    dst_start: int
+    length: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParamSpec:
+    """One weight. `layer` is -1 for the embedding and num_layers for the final norm / lm_head."""
+
+    name: str
+    shape: tuple[int, ...]
+    sharding: Sharding
+    parts: tuple[int, ...]  # sizes of the fused parts along `dim` (one part if unfused)
+    layer: int
+
+    @property
+    def dim(self) -> int:
+        return 1 if self.sharding is Sharding.ROW else 0
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def numel_of(self, ranges: tuple[Range, ...]) -> int:
+        """Elements of the shard made of `ranges` along `dim`."""
+        return self.numel // self.shape[self.dim] * sum(r.length for r in ranges)
+
+    def shard_shape(self, ranges: tuple[Range, ...]) -> tuple[int, ...]:
+        shape = list(self.shape)
+        shape[self.dim] = sum(r.length for r in ranges)
+        return tuple(shape)
+
+    def stage(self, num_layers: int, p: int) -> int:
+        """Pipeline stage of `p` holding this weight (contiguous layers per stage)."""
+        return min(max(self.layer, 0) * p // num_layers, p - 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyLlama:
+    """A Llama-shaped model with fused qkv and gate_up; dtype_bytes per element."""
+
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    ffn: int
+    vocab: int
+    dtype_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise SpecError(
+                f"hidden {self.hidden} must be a multiple of num_heads {self.num_heads}, "
+                f"itself a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+    def params(self) -> list[ParamSpec]:
+        """All weights, in the canonical order (the order a seeded generator fills them)."""
+        h, f, hd = self.hidden, self.ffn, self.head_dim
+        q, kv = self.num_heads * hd, self.num_kv_heads * hd
+        out = [ParamSpec(name="embed", shape=(self.vocab, h), sharding=Sharding.VOCAB,
+                         parts=(self.vocab,), layer=-1)]  # fmt: skip
+        for i in range(self.num_layers):
+            pre = f"layers.{i}."
+            out += [
+                ParamSpec(name=pre + "input_norm", shape=(h,), sharding=Sharding.REPLICATED,
+                          parts=(h,), layer=i),
+                ParamSpec(name=pre + "qkv", shape=(q + 2 * kv, h), sharding=Sharding.COLUMN,
+                          parts=(q, kv, kv), layer=i),
+                ParamSpec(name=pre + "o_proj", shape=(h, q), sharding=Sharding.ROW,
+                          parts=(q,), layer=i),
+                ParamSpec(name=pre + "post_norm", shape=(h,), sharding=Sharding.REPLICATED,
+                          parts=(h,), layer=i),
+                ParamSpec(name=pre + "gate_up", shape=(2 * f, h), sharding=Sharding.COLUMN,
+                          parts=(f, f), layer=i),
+                ParamSpec(name=pre + "down_proj", shape=(h, f), sharding=Sharding.ROW,
+                          parts=(f,), layer=i),
+            ]  # fmt: skip
+        n = self.num_layers
+        out += [
+            ParamSpec(name="norm", shape=(h,), sharding=Sharding.REPLICATED, parts=(h,), layer=n),
+            ParamSpec(name="lm_head", shape=(self.vocab, h), sharding=Sharding.VOCAB,
+                      parts=(self.vocab,), layer=n),
+        ]  # fmt: skip
+        return out
+
+    def check_layout(self, train: TrainLayout) -> None:
+        """Raise SpecError unless every weight splits evenly under `train`."""
+        if self.num_kv_heads % train.t:
+            raise SpecError(
+                f"num_kv_heads {self.num_kv_heads} must be a multiple of t={train.t} "
+                "(Megatron TP gives each rank whole heads)"
+            )
+        if self.num_layers % train.p:
+            raise SpecError(f"num_layers {self.num_layers} must be a multiple of p={train.p}")
+        for param in self.params():
+            if any(part % train.t for part in param.parts):
+                raise SpecError(
+                    f"{param.name}: parts {param.parts} must be multiples of t={train.t} "
+                    "(Megatron TP splits whole heads and rows)"
+                )
+
+    def total_bytes(self, *, sharded_only: bool = False) -> int:
+        return self.dtype_bytes * sum(
+            p.numel
+            for p in self.params()
+            if not (sharded_only and p.sharding is Sharding.REPLICATED)
+        )
+
+
+# --- shards ------------------------------------------------------------------
+
+
+def split_ranges(param: ParamSpec, degree: int, index: int) -> tuple[Range, ...]:
+    """Shard `index` of `degree` along `dim`: the index-th slice of every fused part."""
+    ranges, offset = [], 0
+    for part in param.parts:
+        size = part // degree
+        ranges.append(Range(start=offset + index * size, length=size))
+        offset += part
+    return tuple(ranges)
+
+
+def _full(param: ParamSpec) -> tuple[Range, ...]:
+    return (Range(start=0, length=param.shape[param.dim]),)
+
+
+def train_shard(
+    model: TinyLlama, param: ParamSpec, train: TrainLayout, rank: int
+) -> tuple[Range, ...] | None:
+    """Ranges of `param` that training `rank` holds; None if another stage holds it."""
+    pp, tp, _ = train.coords(rank)
+    if param.stage(model.num_layers, train.p) != pp:
+        return None
+    if param.sharding is Sharding.REPLICATED:
+        return _full(param)
+    return split_ranges(param, train.t, tp)
+
+
+def gen_shard(
+    model: TinyLlama, param: ParamSpec, gen: GenLayout, rank: int
+) -> tuple[Range, ...] | None:
+    """Ranges of `param` that `rank` holds for generation (GenLayout's tg, pg); None if none."""
+    _, gpp, gtp = gen.coords(rank)
+    if param.stage(model.num_layers, gen.pg) != gpp:
+        return None
+    if param.sharding is Sharding.REPLICATED:
+        return _full(param)
+    return split_ranges(param, gen.tg, gtp)
+
+
+def transfer_piece(
+    model: TinyLlama, param: ParamSpec, gen: GenLayout, rank: int
+) -> tuple[Range, ...] | None:
+    """Ranges of `param` that `rank` sends in its micro-DP all-gather; None if it sends none."""
+    ranges = train_shard(model, param, gen.train, rank)
+    if ranges is None or param.sharding is not Sharding.REPLICATED:
+        return ranges
+    mp, mt = gen.train.p // gen.pg, gen.train.t // gen.tg
+    if mp == 1:
+        return None  # every generation rank already holds its own stage's norms
+    # The stage's mt ranks in the group each send 1/mt of the norm, not mt copies of it.
+    chunk = param.shape[0] // mt
+    return (Range(start=(gen.train.coords(rank)[1] % mt) * chunk, length=chunk),)
+
+
+def placements(src: tuple[Range, ...], dst: tuple[Range, ...]) -> list[Placement]:
+    """Where each range of a piece lands in a shard; every src range lies inside one dst range."""
+    out, src_offset = [], 0
+    for s in src:
+        dst_offset = 0
+        for d in dst:
+            if d.start <= s.start and s.start + s.length <= d.start + d.length:
+                out.append(
+                    Placement(
+                        src_start=src_offset,
+                        dst_start=dst_offset + s.start - d.start,
+                        length=s.length,
+                    )
+                )
+                break
+            dst_offset += d.length
+        else:
+            raise AssertionError(f"range {s} is not inside the shard {dst}")
+        src_offset += s.length
+    return out
+
+
+# --- the colocated transfer plan --------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Slot:
+    """One bucket: member k sends `pieces[k]` (or nothing), padded to `padded_numel`."""
+
+    pieces: tuple[ParamSpec | None, ...]
+    numels: tuple[int, ...]
+    padded_numel: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupTransfer:
+    """The all-gathers of one micro-DP group, slot by slot; `ranks` in the layout's group order."""
+
+    ranks: tuple[int, ...]
+    slots: tuple[Slot, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankTransfer:
+    """What one rank moves and holds in the colocated reshard (bytes)."""
+
+    rank: int
+    received_sharded_bytes: int  # TP/PP-sharded weights from the other members (payload)
+    received_replicated_bytes: int  # norm chunks from the other members (payload)
+    wire_bytes: int  # received including slot padding; also what it sends in a ring all-gather
+    gen_shard_bytes: int  # its generation weights (allocated up front)
+    bucket_bytes: int  # largest slot: gather output plus a padded send buffer
+    peak_extra_bytes: int  # gen_shard_bytes + bucket_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReshardPlan:
+    model: TinyLlama
+    gen: GenLayout
+    groups: tuple[GroupTransfer, ...]
+    ranks: tuple[RankTransfer, ...]  # indexed by rank
+
+    def group_of(self, rank: int) -> GroupTransfer:
+        return next(g for g in self.groups if rank in g.ranks)
+
+
+def stage_order(model: TinyLlama, gen: GenLayout, rank: int) -> list[ParamSpec]:
+    """The pieces `rank` sends, vocab weight first so that the stages' slots line up."""
+    params = model.params()
+    sent = [p for p in params if transfer_piece(model, p, gen, rank) is not None]
+    return sorted(sent, key=lambda p: (p.sharding is not Sharding.VOCAB, params.index(p)))
+
+
+def _group_transfer(model: TinyLlama, gen: GenLayout, ranks: list[int]) -> GroupTransfer:
+    # A group of one (tg = t, pg = p) keeps its shards: nothing to gather.
+    lists = [stage_order(model, gen, r) for r in ranks] if len(ranks) > 1 else []
+    slots = []
+    for j in range(max((len(pl) for pl in lists), default=0)):
+        pieces = tuple(pl[j] if j < len(pl) else None for pl in lists)
+        numels = tuple(
+            0 if p is None else p.numel_of(transfer_piece(model, p, gen, r) or ())
+            for p, r in zip(pieces, ranks, strict=True)
+        )
+        slots.append(Slot(pieces=pieces, numels=numels, padded_numel=max(numels)))
+    return GroupTransfer(ranks=tuple(ranks), slots=tuple(slots))
+
+
+def _rank_transfer(
+    model: TinyLlama, gen: GenLayout, group: GroupTransfer, rank: int
+) -> RankTransfer:
+    me, size, b = group.ranks.index(rank), len(group.ranks), model.dtype_bytes
+    sharded = replicated = wire = bucket = 0
+    for slot in group.slots:
+        wire += (size - 1) * slot.padded_numel * b
+        bucket = max(bucket, (size + 1) * slot.padded_numel * b)
+        for k, (piece, numel) in enumerate(zip(slot.pieces, slot.numels, strict=True)):
+            if k == me or piece is None:
+                continue
+            if piece.sharding is Sharding.REPLICATED:
+                replicated += numel * b
+            else:
+                sharded += numel * b
+    gen_bytes = b * sum(
+        p.numel_of(ranges)
+        for p in model.params()
+        if (ranges := gen_shard(model, p, gen, rank)) is not None
+    )
+    return RankTransfer(
+        rank=rank,
+        received_sharded_bytes=sharded,
+        received_replicated_bytes=replicated,
+        wire_bytes=wire,
+        gen_shard_bytes=gen_bytes,
+        bucket_bytes=bucket,
+        peak_extra_bytes=gen_bytes + bucket,
+    )
+
+
+def plan_reshard(model: TinyLlama, gen: GenLayout) -> ReshardPlan:
+    """The colocated transfer of `model` from `gen.train` to `gen`, group by group."""
+    model.check_layout(gen.train)
+    groups = tuple(_group_transfer(model, gen, g) for g in gen.micro_dp_groups())
+    by_rank = {}
+    for group in groups:
+        for rank in group.ranks:
+            by_rank[rank] = _rank_transfer(model, gen, group, rank)
+    return ReshardPlan(
+        model=model,
+        gen=gen,
+        groups=groups,
+        ranks=tuple(by_rank[r] for r in range(gen.train.world_size)),
+    )
