@@ -21,8 +21,6 @@ spawn must guard their entry point with `if __name__ == "__main__":`.
 
 from __future__ import annotations
 
-import queue as queue_module
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -33,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from placeflow.executor.errors import ExecutorError
 from placeflow.executor.reshard_plan import (
@@ -49,6 +46,7 @@ from placeflow.executor.reshard_plan import (
     transfer_piece,
 )
 from placeflow.layout import GenLayout, TrainLayout
+from placeflow.procs import run_ranks
 
 # torch 2.13 renamed all_gather_into_tensor (which now warns); older torch has only the old name.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -261,12 +259,6 @@ class ReshardJob:
                 )
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _my_group(gen: GenLayout, rank: int) -> Any:
     """Create every micro-DP group (all ranks, same order, as new_group needs); return ours."""
     mine = None
@@ -339,72 +331,14 @@ def run_world(
     worker: Callable[[int, ReshardJob, Any], None] = reshard_worker,
 ) -> list[RankResult]:
     """Spawn the job's ranks; every rank's results. Raises ReshardError if a rank fails."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=worker, args=(rank, job, results), daemon=True, name=f"rank{rank}")
-        for rank in range(job.world_size)
-    ]
-    for p in procs:
-        p.start()
-    grace_s = 0.0  # on any failure, kill the other ranks at once
-    try:
-        out = _collect(job, procs, results, stall_timeout_s)
-        grace_s = 10.0
-        return out
-    finally:
-        _stop(procs, grace_s)
-        results.close()
-
-
-def _collect(
-    job: ReshardJob, procs: list[Any], results: Any, stall_timeout_s: float
-) -> list[RankResult]:
     out: list[RankResult] = []
-    done: set[int] = set()
-    last_message = time.monotonic()
-    while len(done) < job.world_size:
-        try:
-            msg = results.get(timeout=0.2)
-        except queue_module.Empty:
-            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if dead or time.monotonic() - last_message > stall_timeout_s:
-                raise ReshardError(_why_stuck(job, dead, results, stall_timeout_s)) from None
-            continue
-        last_message = time.monotonic()
-        if msg[0] == "error":
-            raise ReshardError(f"reshard rank {msg[1]} of {job.world_size} failed:\n{msg[2]}")
-        if msg[0] == "done":
-            done.add(msg[1])
-        else:
-            out.append(msg[1])
+    run_ranks(
+        worker,
+        job,
+        job.world_size,
+        label="reshard",
+        error=ReshardError,
+        on_message=lambda msg: out.append(msg[1]),
+        stall_timeout_s=stall_timeout_s,
+    )
     return out
-
-
-def _why_stuck(
-    job: ReshardJob, dead: list[tuple[int, int]], results: Any, stall_timeout_s: float
-) -> str:
-    # A dying rank may have queued its traceback just before exiting: give the queue a moment.
-    deadline = time.monotonic() + 2.0
-    while dead and time.monotonic() < deadline:
-        try:
-            msg = results.get(timeout=0.2)
-        except queue_module.Empty:
-            continue
-        if msg[0] == "error":
-            return f"reshard rank {msg[1]} of {job.world_size} failed:\n{msg[2]}"
-    if dead:
-        rank, code = dead[0]
-        return f"reshard rank {rank} of {job.world_size} exited with code {code} without a report"
-    return f"reshard (world size {job.world_size}): no progress for {stall_timeout_s:.0f} s"
-
-
-def _stop(procs: list[Any], grace_s: float) -> None:
-    """Give the ranks `grace_s` to exit, then kill those still running (blocked on a dead peer)."""
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=10.0)

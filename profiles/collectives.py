@@ -36,9 +36,6 @@ then fails (within `init_timeout_s`) and the error says so.
 
 from __future__ import annotations
 
-import queue as queue_module
-import socket
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,8 +44,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from placeflow.procs import free_port, run_ranks
 from placeflow.profiles.grid import DTYPE_BYTES, ProfilerGrid
 from placeflow.profiles.schema import CollectiveKind, Entry, Op, Scope, Source
 from placeflow.profiles.timing import Timing, make_clock, plan_samples, summarize
@@ -91,12 +88,6 @@ class CollectiveTiming:
 
 # A worker is called as worker(rank, job, result_queue) in its own process.
 Worker = Callable[[int, CollectiveJob, Any], None]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def init_group(rank: int, job: CollectiveJob) -> torch.device:
@@ -206,101 +197,33 @@ def run_world(
 
     Raises `CollectiveError` if a rank raises, dies, or sends nothing for
     `stall_timeout_s` (which must cover spawning, importing torch and joining
-    the group); the other ranks are killed first.
+    the group); the other ranks are killed first (`placeflow.procs`).
     """
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=worker, args=(rank, job, results), daemon=True, name=f"rank{rank}")
-        for rank in range(job.world_size)
-    ]
-    for p in procs:
-        p.start()
-    grace_s = 0.0  # on any failure, kill the other ranks at once
-    try:
-        timings = _collect(job, procs, results, on_point, stall_timeout_s)
-        grace_s = 10.0  # every rank reported done: let them exit on their own
-        return timings
-    finally:
-        _stop(procs, grace_s)
-        results.close()
-
-
-def _collect(
-    job: CollectiveJob,
-    procs: list[Any],
-    results: Any,
-    on_point: Callable[[], None] | None,
-    stall_timeout_s: float,
-) -> list[CollectiveTiming]:
     out: list[CollectiveTiming] = []
-    done: set[int] = set()
-    last_message = time.monotonic()
-    while len(done) < job.world_size:
-        try:
-            msg = results.get(timeout=0.2)
-        except queue_module.Empty:
-            _check_alive(job, procs, results, done)
-            if time.monotonic() - last_message > stall_timeout_s:
-                raise CollectiveError(
-                    f"collectives (world size {job.world_size}): no progress for "
-                    f"{stall_timeout_s:.0f} s; ranks killed"
-                ) from None
-            continue
-        last_message = time.monotonic()
-        if msg[0] == "error":
-            raise CollectiveError(_error_text(job, msg[1], msg[2]))
-        if msg[0] == "done":
-            done.add(msg[1])
-        else:
-            _, kind, num_bytes, timing = msg
-            out.append(
-                CollectiveTiming(
-                    kind=CollectiveKind(kind),
-                    world_size=job.world_size,
-                    num_bytes=num_bytes,
-                    timing=timing,
-                )
+
+    def on_message(msg: tuple[Any, ...]) -> None:
+        _, kind, num_bytes, timing = msg
+        out.append(
+            CollectiveTiming(
+                kind=CollectiveKind(kind),
+                world_size=job.world_size,
+                num_bytes=num_bytes,
+                timing=timing,
             )
-            if on_point is not None:
-                on_point()
-    return out
+        )
+        if on_point is not None:
+            on_point()
 
-
-def _error_text(job: CollectiveJob, rank: int, tb: str) -> str:
-    return f"collective worker rank {rank} of {job.world_size} failed:\n{tb}"
-
-
-def _check_alive(job: CollectiveJob, procs: list[Any], results: Any, done: set[int]) -> None:
-    """Raise if a rank exited with an error code (with its traceback if it sent one)."""
-    dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-    if not dead:
-        return
-    # The rank may have queued its traceback just before exiting: give the queue a moment.
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        try:
-            msg = results.get(timeout=0.2)
-        except queue_module.Empty:
-            continue
-        if msg[0] == "error":
-            raise CollectiveError(_error_text(job, msg[1], msg[2]))
-    rank, code = dead[0]
-    raise CollectiveError(
-        f"collective worker rank {rank} of {job.world_size} exited with code {code} "
-        "without reporting an error (killed, or crashed in native code)"
+    run_ranks(
+        worker,
+        job,
+        job.world_size,
+        label="collective worker",
+        error=CollectiveError,
+        on_message=on_message,
+        stall_timeout_s=stall_timeout_s,
     )
-
-
-def _stop(procs: list[Any], grace_s: float) -> None:
-    """Give the ranks `grace_s` to exit, then kill those still running (blocked on a dead peer)."""
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=10.0)
+    return out
 
 
 def measure_collectives(

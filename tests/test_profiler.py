@@ -20,11 +20,11 @@ import torch.distributed as dist
 
 from placeflow.catalogue import CATALOGUE
 from placeflow.errors import SpecError
+from placeflow.procs import free_port
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import (
     CollectiveError,
     CollectiveJob,
-    free_port,
     init_group,
     run_world,
 )

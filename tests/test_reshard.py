@@ -12,7 +12,6 @@ from placeflow.executor.reshard import (
     Method,
     ReshardError,
     ReshardJob,
-    free_port,
     full_params,
     run_world,
     take,
@@ -26,6 +25,7 @@ from placeflow.executor.reshard_plan import (
     train_shard,
 )
 from placeflow.layout import GenLayout, TrainLayout, colocated_transfer_bytes_per_rank
+from placeflow.procs import free_port
 
 MODEL = TinyLlama(num_layers=4, hidden=64, num_heads=8, num_kv_heads=4, ffn=128, vocab=96)
 SEED = 7
