@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from placeflow.executor.reshard import Method, ReshardJob, run_world
-from placeflow.executor.reshard_plan import TinyLlama
 from placeflow.layout import GenLayout, TrainLayout, colocated_transfer_bytes_per_rank
 from placeflow.procs import free_port
+from placeflow.reshard_plan import TinyLlama
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = TinyLlama(num_layers=8, hidden=512, num_heads=16, num_kv_heads=8, ffn=1536, vocab=4096)

@@ -33,7 +33,9 @@ import torch
 import torch.distributed as dist
 
 from placeflow.executor.errors import ExecutorError
-from placeflow.executor.reshard_plan import (
+from placeflow.layout import GenLayout, TrainLayout
+from placeflow.procs import run_ranks
+from placeflow.reshard_plan import (
     ParamSpec,
     Range,
     ReshardPlan,
@@ -45,8 +47,6 @@ from placeflow.executor.reshard_plan import (
     train_shard,
     transfer_piece,
 )
-from placeflow.layout import GenLayout, TrainLayout
-from placeflow.procs import run_ranks
 
 # torch 2.13 renamed all_gather_into_tensor (which now warns); older torch has only the old name.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

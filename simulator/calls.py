@@ -20,14 +20,22 @@ micro-batches, (m + p − 1)·(f + b [+ f when recomputing]) per stage, then the
 gradient reduction over d (all-reduce for ZeRO-0, reduce-scatter then a weight
 all-gather otherwise; ZeRO-3 also gathers weights for every micro-batch's
 forward and backward), and the optimizer step on the local shard.
+
+Weight transitions of the actor (colocated reshard, weight sync to a generator
+on other devices) take their bytes and buckets from the transfer plans in
+`placeflow.reshard_plan`, the same plans the executor performs; the plans are
+cached per model and layout because the planner costs thousands of layouts.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from placeflow.errors import SpecError
 from placeflow.layout import (
     GenLayout,
     TrainLayout,
@@ -38,6 +46,7 @@ from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import CollectiveKind, Scope
+from placeflow.reshard_plan import GeneratorLayout, TinyLlama, plan_disjoint, plan_reshard
 from placeflow.simulator import compute, memory
 from placeflow.simulator.lengths import LengthModel
 
@@ -252,32 +261,131 @@ def _dp_sync_and_optimizer_s(
     return sync, cm.optimizer_s(math.ceil(shard_params / lay.d))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ColocatedTransfer:
+    """What the simulator needs of a colocated reshard plan (per rank, slowest group).
+
+    `slots` counts each distinct slot size: gather output bytes (padded piece
+    times group size) -> how many slots of that size the slowest group runs.
+    """
+
+    bytes_received_per_gpu: int  # sharded + replicated payload, largest over ranks
+    group_size: int
+    slots: tuple[tuple[int, int], ...]
+    peak_extra_bytes: int  # generation shard + largest slot buffer, largest over ranks
+
+
+@functools.cache
+def colocated_transfer(
+    model: ModelSpec, p: int, t: int, tg: int, pg: int
+) -> ColocatedTransfer | None:
+    """The plan's summary for one training replica; None if the plan cannot shard `model`.
+
+    Data-parallel replicas repeat the same groups, so the plan is built for
+    d = 1 and cached on (model, p, t, tg, pg). None when TP exceeds the KV heads
+    (Megatron then replicates KV heads, which the plan does not describe).
+    """
+    gen = GenLayout(train=TrainLayout(p=p, t=t, d=1), tg=tg, pg=pg)
+    try:
+        plan = plan_reshard(TinyLlama.from_model_spec(model), gen)
+    except SpecError:
+        return None
+    b = model.dtype.num_bytes
+    per_group = []
+    for group in plan.groups:
+        size = len(group.ranks)
+        sizes = Counter(slot.padded_numel * size * b for slot in group.slots)
+        per_group.append((sum(k * n for k, n in sizes.items()), tuple(sorted(sizes.items()))))
+    _, slots = max(per_group)
+    return ColocatedTransfer(
+        bytes_received_per_gpu=max(
+            r.received_sharded_bytes + r.received_replicated_bytes for r in plan.ranks
+        ),
+        group_size=gen.dg,
+        slots=slots,
+        peak_extra_bytes=max(r.peak_extra_bytes for r in plan.ranks),
+    )
+
+
 def reshard_cost(cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope) -> CallCost:
-    """Colocated actor: all-gather inside each micro-DP group (HybridFlow)."""
+    """Colocated actor: all-gather inside each micro-DP group (HybridFlow), slot by slot.
+
+    Each slot (bucket) of the plan is one all-gather, so its latency is paid per
+    bucket; the slowest group sets the time (groups run in parallel).
+    """
     model_bytes = model.num_bytes()
-    received = colocated_transfer_bytes_per_rank(model_bytes, gen)
-    # The all-gather's logical tensor is the whole generation shard, M/(tg·pg).
-    time_s = cm.collective_s(
-        CollectiveKind.ALL_GATHER, int(model_bytes / (gen.tg * gen.pg)), gen.dg, scope
-    )
-    extra = model_bytes / (gen.tg * gen.pg) - model_bytes / (gen.train.t * gen.train.p)
-    return CallCost(
-        time_s=time_s,
-        transient_bytes=extra,
-        busy_s=time_s,
-        detail={"bytes_received_per_gpu": received},
-    )
+    lay = gen.train
+    transfer = colocated_transfer(model, lay.p, lay.t, gen.tg, gen.pg)
+    if transfer is None:
+        # Fallback for replicated KV heads: one all-gather of the whole generation
+        # shard, M/(tg·pg), and HybridFlow's formula for the bytes.
+        received = colocated_transfer_bytes_per_rank(model_bytes, gen)
+        time_s = cm.collective_s(
+            CollectiveKind.ALL_GATHER, int(model_bytes / (gen.tg * gen.pg)), gen.dg, scope
+        )
+        detail: dict[str, Any] = {"bytes_received_per_gpu": received, "buckets": 1}
+    else:
+        time_s = sum(
+            n * cm.collective_s(CollectiveKind.ALL_GATHER, size, transfer.group_size, scope)
+            for size, n in transfer.slots
+        )
+        detail = {
+            "bytes_received_per_gpu": transfer.bytes_received_per_gpu,
+            "buckets": sum(n for _, n in transfer.slots),
+            "peak_extra_bytes_per_gpu": transfer.peak_extra_bytes,
+        }
+    # The rank's own training shard becomes part of its generation shard.
+    extra = model_bytes / (gen.tg * gen.pg) - model_bytes / (lay.t * lay.p)
+    return CallCost(time_s=time_s, transient_bytes=extra, busy_s=time_s, detail=detail)
 
 
-def weight_sync_cost(cm: CostModel, model: ModelSpec, tg: int, pg: int, scope: Scope) -> CallCost:
-    """Trainer -> generator on other devices: each generator rank receives M/(tg·pg) in buckets."""
-    per_rank = disjoint_transfer_bytes_per_gen_rank(model.num_bytes(), tg, pg)
-    full, rest = divmod(int(per_rank), WEIGHT_SYNC_BUCKET_BYTES)
-    time_s = full * cm.collective_s(CollectiveKind.BROADCAST, WEIGHT_SYNC_BUCKET_BYTES, 2, scope)
-    time_s += cm.collective_s(CollectiveKind.BROADCAST, rest, 2, scope)
+@functools.cache
+def disjoint_buckets(
+    model: ModelSpec, tg: int, pg: int, train: TrainLayout, bucket_bytes: int
+) -> tuple[int, ...] | None:
+    """Bucket sizes (bytes) of the generator rank receiving the most; None if unplannable.
+
+    One generator replica suffices: every replica receives the same shards.
+    None when TP exceeds the KV heads (replicated KV heads, not in the plan).
+    """
+    try:
+        plan = plan_disjoint(
+            TinyLlama.from_model_spec(model), train, GeneratorLayout(tg=tg, pg=pg), bucket_bytes
+        )
+    except SpecError:
+        return None
+    top = max(plan.ranks, key=lambda t: sum(b.num_bytes for b in t.buckets))
+    return tuple(b.num_bytes for b in top.buckets)
+
+
+def weight_sync_cost(
+    cm: CostModel,
+    model: ModelSpec,
+    tg: int,
+    pg: int,
+    scope: Scope,
+    *,
+    train: TrainLayout | None = None,
+) -> CallCost:
+    """Trainer -> generator on other devices: each generator rank receives its shard in buckets.
+
+    Bytes and buckets come from the disjoint plan (`train` defaults to one
+    trainer rank: which rank sends does not change what a generator receives).
+    """
+    buckets = disjoint_buckets(model, tg, pg, train or TrainLayout(), WEIGHT_SYNC_BUCKET_BYTES)
+    if buckets is None:
+        # Fallback for replicated KV heads: M/(tg·pg) in full buckets plus the rest.
+        per_rank = disjoint_transfer_bytes_per_gen_rank(model.num_bytes(), tg, pg)
+        full, rest = divmod(int(per_rank), WEIGHT_SYNC_BUCKET_BYTES)
+        buckets = (WEIGHT_SYNC_BUCKET_BYTES,) * full + ((rest,) if rest else ())
+    sizes = Counter(buckets)
+    # Each bucket is one message, so its latency is paid once per bucket.
+    time_s = sum(
+        n * cm.collective_s(CollectiveKind.BROADCAST, size, 2, scope) for size, n in sizes.items()
+    )
     return CallCost(
         time_s=time_s,
         transient_bytes=0.0,
         busy_s=time_s,
-        detail={"bytes_per_gen_rank": per_rank, "buckets": full + (1 if rest else 0)},
+        detail={"bytes_per_gen_rank": sum(buckets), "buckets": len(buckets)},
     )

@@ -16,7 +16,9 @@ from placeflow.executor.reshard import (
     run_world,
     take,
 )
-from placeflow.executor.reshard_plan import (
+from placeflow.layout import GenLayout, TrainLayout, colocated_transfer_bytes_per_rank
+from placeflow.procs import free_port
+from placeflow.reshard_plan import (
     Sharding,
     TinyLlama,
     gen_shard,
@@ -24,8 +26,6 @@ from placeflow.executor.reshard_plan import (
     split_ranges,
     train_shard,
 )
-from placeflow.layout import GenLayout, TrainLayout, colocated_transfer_bytes_per_rank
-from placeflow.procs import free_port
 
 MODEL = TinyLlama(num_layers=4, hidden=64, num_heads=8, num_kv_heads=4, ffn=128, vocab=96)
 SEED = 7

@@ -1,7 +1,11 @@
 """Where each weight lives in training and in generation, and the colocated transfer between them.
 
-Pure (no torch.distributed): `reshard.py` executes these plans, tests check them
-without processes. Rank arithmetic comes from `placeflow.layout` only.
+Pure (no torch.distributed): `placeflow.executor.reshard` executes these plans,
+`placeflow.simulator.calls` costs them (bytes and buckets), tests check them
+without processes. It lives in the root package, not in the executor, so that
+the simulator can import it (imports point one way). Rank arithmetic comes from
+`placeflow.layout` only. `TinyLlama.from_model_spec` describes any catalogue
+`ModelSpec` in the same form.
 
 Sharding is Megatron's. Column-parallel weights (q, k, v, gate, up) split along
 dim 0, row-parallel weights (o_proj, down_proj) along dim 1, embeddings and
@@ -26,15 +30,25 @@ norms). When pg < p a generation rank needs the norms of the other stages of its
 group; the mt = t/tg ranks of a stage each send 1/mt of them (a chunk along
 dim 0) so nothing is sent twice by one stage. Their bytes are counted apart
 from the sharded bytes, which alone follow HybridFlow's formula.
+
+Disjoint transfer (trainer and generator on different devices, `plan_disjoint`):
+each generator rank receives its whole generation shard, M/(tg·pg) of the
+sharded weights plus its stage's norms, as slices of the trainer ranks' shards
+(generator replica r reads trainer replica r mod d). The slices are packed in
+canonical order into buckets of at most `bucket_bytes`; a slice that does not fit
+is split by rows across buckets, so one huge tensor (lm_head) never needs a
+buffer of its own size.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 
 from placeflow.errors import SpecError
 from placeflow.layout import GenLayout, TrainLayout
+from placeflow.models import ModelSpec
 
 
 class Sharding(StrEnum):
@@ -98,7 +112,11 @@ class ParamSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class TinyLlama:
-    """A Llama-shaped model with fused qkv and gate_up; dtype_bytes per element."""
+    """A Llama/Qwen2-shaped model with fused qkv and gate_up; dtype_bytes per element.
+
+    `qkv_bias` adds Qwen2's fused q/k/v bias (split like qkv); `tied_embeddings`
+    drops lm_head (the embedding is its only copy, so bytes match ModelSpec).
+    """
 
     num_layers: int
     hidden: int
@@ -107,6 +125,23 @@ class TinyLlama:
     ffn: int
     vocab: int
     dtype_bytes: int = 4
+    qkv_bias: bool = False
+    tied_embeddings: bool = False
+
+    @classmethod
+    def from_model_spec(cls, spec: ModelSpec) -> TinyLlama:
+        """The weights of a catalogue (or HF config) model, in the plan's ParamSpec form."""
+        return cls(
+            num_layers=spec.num_layers,
+            hidden=spec.hidden_size,
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            ffn=spec.ffn_hidden_size,
+            vocab=spec.vocab_size,
+            dtype_bytes=spec.dtype.num_bytes,
+            qkv_bias=spec.qkv_bias,
+            tied_embeddings=spec.tied_embeddings,
+        )
 
     def __post_init__(self) -> None:
         if self.hidden % self.num_heads or self.num_heads % self.num_kv_heads:
@@ -121,6 +156,11 @@ class TinyLlama:
 
     def params(self) -> list[ParamSpec]:
         """All weights, in the canonical order (the order a seeded generator fills them)."""
+        # A copy of the cached tuple: large models have hundreds of weights and the
+        # plan asks for them once per rank.
+        return list(_params(self))
+
+    def _build_params(self) -> list[ParamSpec]:
         h, f, hd = self.hidden, self.ffn, self.head_dim
         q, kv = self.num_heads * hd, self.num_kv_heads * hd
         out = [ParamSpec(name="embed", shape=(self.vocab, h), sharding=Sharding.VOCAB,
@@ -132,6 +172,12 @@ class TinyLlama:
                           parts=(h,), layer=i),
                 ParamSpec(name=pre + "qkv", shape=(q + 2 * kv, h), sharding=Sharding.COLUMN,
                           parts=(q, kv, kv), layer=i),
+            ]  # fmt: skip
+            if self.qkv_bias:
+                bias = ParamSpec(name=pre + "qkv_bias", shape=(q + 2 * kv,),
+                                 sharding=Sharding.COLUMN, parts=(q, kv, kv), layer=i)  # fmt: skip
+                out.append(bias)
+            out += [
                 ParamSpec(name=pre + "o_proj", shape=(h, q), sharding=Sharding.ROW,
                           parts=(q,), layer=i),
                 ParamSpec(name=pre + "post_norm", shape=(h,), sharding=Sharding.REPLICATED,
@@ -142,11 +188,12 @@ class TinyLlama:
                           parts=(f,), layer=i),
             ]  # fmt: skip
         n = self.num_layers
-        out += [
-            ParamSpec(name="norm", shape=(h,), sharding=Sharding.REPLICATED, parts=(h,), layer=n),
-            ParamSpec(name="lm_head", shape=(self.vocab, h), sharding=Sharding.VOCAB,
-                      parts=(self.vocab,), layer=n),
-        ]  # fmt: skip
+        out.append(
+            ParamSpec(name="norm", shape=(h,), sharding=Sharding.REPLICATED, parts=(h,), layer=n)
+        )
+        if not self.tied_embeddings:
+            out.append(ParamSpec(name="lm_head", shape=(self.vocab, h), sharding=Sharding.VOCAB,
+                                 parts=(self.vocab,), layer=n))  # fmt: skip
         return out
 
     def check_layout(self, train: TrainLayout) -> None:
@@ -171,6 +218,11 @@ class TinyLlama:
             for p in self.params()
             if not (sharded_only and p.sharding is Sharding.REPLICATED)
         )
+
+
+@functools.cache
+def _params(model: TinyLlama) -> tuple[ParamSpec, ...]:
+    return tuple(model._build_params())
 
 
 # --- shards ------------------------------------------------------------------
@@ -297,9 +349,13 @@ class ReshardPlan:
 
 def stage_order(model: TinyLlama, gen: GenLayout, rank: int) -> list[ParamSpec]:
     """The pieces `rank` sends, vocab weight first so that the stages' slots line up."""
-    params = model.params()
-    sent = [p for p in params if transfer_piece(model, p, gen, rank) is not None]
-    return sorted(sent, key=lambda p: (p.sharding is not Sharding.VOCAB, params.index(p)))
+    sent = [
+        (p.sharding is not Sharding.VOCAB, i, p)
+        for i, p in enumerate(model.params())
+        if transfer_piece(model, p, gen, rank) is not None
+    ]
+    # Sort on (vocab first, canonical index); the index keeps the sort off ParamSpec.
+    return [p for *_, p in sorted(sent, key=lambda e: (e[0], e[1]))]
 
 
 def _group_transfer(model: TinyLlama, gen: GenLayout, ranks: list[int]) -> GroupTransfer:
@@ -360,4 +416,195 @@ def plan_reshard(model: TinyLlama, gen: GenLayout) -> ReshardPlan:
         gen=gen,
         groups=groups,
         ranks=tuple(by_rank[r] for r in range(gen.train.world_size)),
+    )
+
+
+# --- the disjoint transfer plan ---------------------------------------------
+#
+# Trainer and generator on different devices: nothing is gathered in place, each
+# generator rank receives its whole generation shard over the link, in buckets,
+# from the trainer ranks that hold the slices of it.
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneratorLayout:
+    """Generation parallelism on its own ranks: tensor tg, pipeline pg, `replicas` copies.
+
+    Rank order mirrors TrainLayout: tg fastest, then pg, then replica.
+    """
+
+    tg: int = 1
+    pg: int = 1
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tg", "pg", "replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise SpecError(f"generator {name} must be a positive integer, got {value!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tg * self.pg * self.replicas
+
+    def rank(self, *, replica: int, pp: int, tp: int) -> int:
+        return tp + self.tg * (pp + self.pg * replica)
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(replica, gen pp rank, gen tp rank) of a generator rank."""
+        return rank // (self.tg * self.pg), (rank // self.tg) % self.pg, rank % self.tg
+
+
+@dataclass(frozen=True, kw_only=True)
+class Send:
+    """Trainer `src` sends `rows` of `param` (along its split dim) to generator rank `dst`.
+
+    `dst_start` is where the rows land along that dim in the generator's shard.
+    """
+
+    src: int
+    dst: int
+    param: ParamSpec
+    rows: Range
+    dst_start: int
+
+    @property
+    def numel(self) -> int:
+        return self.param.numel_of((self.rows,))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bucket:
+    """Sends that a generator rank receives as one message batch (at most the bucket size)."""
+
+    sends: tuple[Send, ...]
+    num_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneratorTransfer:
+    """Everything one generator rank receives, bucket by bucket (bytes)."""
+
+    rank: int
+    buckets: tuple[Bucket, ...]
+    received_sharded_bytes: int  # TP/PP-sharded weights: M_sharded/(tg·pg) on average
+    received_replicated_bytes: int  # its stage's norms, whole
+
+
+@dataclass(frozen=True, kw_only=True)
+class DisjointPlan:
+    model: TinyLlama
+    train: TrainLayout
+    gen: GeneratorLayout
+    bucket_bytes: int
+    ranks: tuple[GeneratorTransfer, ...]  # indexed by generator rank
+
+
+def _sources(
+    model: TinyLlama, param: ParamSpec, train: TrainLayout, gen: GeneratorLayout, dst: int
+) -> list[Send]:
+    """The slices of `dst`'s generation shard of `param`, each from the trainer rank holding it."""
+    replica, gpp, gtp = gen.coords(dst)
+    if param.stage(model.num_layers, gen.pg) != gpp:
+        return []
+    stage = param.stage(model.num_layers, train.p)
+    # Generator replica r pulls from trainer replica r mod d, so replicas spread
+    # their load over the trainer's data-parallel copies.
+    dp = replica % train.d
+    if param.sharding is Sharding.REPLICATED:
+        src = train.rank(pp=stage, tp=gtp % train.t, dp=dp)  # spread over the TP ranks
+        return [Send(src=src, dst=dst, param=param, rows=_full(param)[0], dst_start=0)]
+    sends, dst_start = [], 0
+    # Parts are split one by one (fused weights), so each generation range lies
+    # inside one part; intersect it with each trainer TP rank's slice of that part.
+    part_start = 0
+    for part, want in zip(param.parts, split_ranges(param, gen.tg, gtp), strict=True):
+        size = part // train.t
+        for tp in range(train.t):
+            lo = max(want.start, part_start + tp * size)
+            hi = min(want.start + want.length, part_start + (tp + 1) * size)
+            if lo < hi:
+                src = train.rank(pp=stage, tp=tp, dp=dp)
+                sends.append(
+                    Send(
+                        src=src,
+                        dst=dst,
+                        param=param,
+                        rows=Range(start=lo, length=hi - lo),
+                        dst_start=dst_start + lo - want.start,
+                    )
+                )
+        dst_start += want.length
+        part_start += part
+    return sends
+
+
+def _bucketed(model: TinyLlama, sends: list[Send], bucket_bytes: int) -> list[Bucket]:
+    """Fill buckets in order; a slice larger than the space left is split by rows."""
+    buckets: list[Bucket] = []
+    current: list[Send] = []
+    used = 0
+    for send in sends:
+        row_bytes = send.param.numel_of((Range(start=0, length=1),)) * model.dtype_bytes
+        if row_bytes > bucket_bytes:
+            raise SpecError(
+                f"bucket of {bucket_bytes} bytes is smaller than one row ({row_bytes} bytes) "
+                f"of {send.param.name}"
+            )
+        rest = send
+        while rest is not None:
+            fit = min((bucket_bytes - used) // row_bytes, rest.rows.length)
+            if fit == 0:
+                buckets.append(Bucket(sends=tuple(current), num_bytes=used))
+                current, used = [], 0
+                continue
+            head = Send(
+                src=rest.src,
+                dst=rest.dst,
+                param=rest.param,
+                rows=Range(start=rest.rows.start, length=fit),
+                dst_start=rest.dst_start,
+            )
+            current.append(head)
+            used += fit * row_bytes
+            left = rest.rows.length - fit
+            rest = (
+                None
+                if left == 0
+                else Send(
+                    src=rest.src,
+                    dst=rest.dst,
+                    param=rest.param,
+                    rows=Range(start=rest.rows.start + fit, length=left),
+                    dst_start=rest.dst_start + fit,
+                )
+            )
+    if current:
+        buckets.append(Bucket(sends=tuple(current), num_bytes=used))
+    return buckets
+
+
+def plan_disjoint(
+    model: TinyLlama, train: TrainLayout, gen: GeneratorLayout, bucket_bytes: int
+) -> DisjointPlan:
+    """Which trainer rank sends which slice to which generator rank, bucket by bucket."""
+    model.check_layout(train)
+    model.check_layout(TrainLayout(p=gen.pg, t=gen.tg))  # generation shards split evenly too
+    if bucket_bytes <= 0:
+        raise SpecError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    ranks = []
+    for dst in range(gen.world_size):
+        sends = [s for p in model.params() for s in _sources(model, p, train, gen, dst)]
+        sharded = sum(s.numel for s in sends if s.param.sharding is not Sharding.REPLICATED)
+        replicated = sum(s.numel for s in sends if s.param.sharding is Sharding.REPLICATED)
+        ranks.append(
+            GeneratorTransfer(
+                rank=dst,
+                buckets=tuple(_bucketed(model, sends, bucket_bytes)),
+                received_sharded_bytes=sharded * model.dtype_bytes,
+                received_replicated_bytes=replicated * model.dtype_bytes,
+            )
+        )
+    return DisjointPlan(
+        model=model, train=train, gen=gen, bucket_bytes=bucket_bytes, ranks=tuple(ranks)
     )
