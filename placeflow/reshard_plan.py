@@ -551,7 +551,7 @@ def _bucketed(model: TinyLlama, sends: list[Send], bucket_bytes: int) -> list[Bu
                 f"bucket of {bucket_bytes} bytes is smaller than one row ({row_bytes} bytes) "
                 f"of {send.param.name}"
             )
-        rest = send
+        rest: Send | None = send
         while rest is not None:
             fit = min((bucket_bytes - used) // row_bytes, rest.rows.length)
             if fit == 0:
