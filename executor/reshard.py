@@ -22,7 +22,6 @@ spawn must guard their entry point with `if __name__ == "__main__":`.
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,7 +33,7 @@ import torch.distributed as dist
 
 from placeflow.executor.errors import ExecutorError
 from placeflow.layout import GenLayout, TrainLayout
-from placeflow.procs import run_ranks
+from placeflow.procs import report_rank, run_ranks
 from placeflow.reshard_plan import (
     ParamSpec,
     Range,
@@ -302,7 +301,8 @@ def _run_case(
 
 def reshard_worker(rank: int, job: ReshardJob, results: Any) -> None:
     """Entry point of one rank: every case, every method; each result goes to the parent."""
-    try:
+
+    def body() -> None:
         torch.set_num_threads(1)  # W ranks on a small machine: no intra-op oversubscription
         dist.init_process_group(
             "gloo",
@@ -318,10 +318,8 @@ def reshard_worker(rank: int, job: ReshardJob, results: Any) -> None:
             for method in job.methods:
                 results.put(("result", _run_case(job, case, method, rank, shards, group)))
         dist.destroy_process_group()
-        results.put(("done", rank))
-    except BaseException:
-        results.put(("error", rank, traceback.format_exc()))
-        raise SystemExit(1) from None
+
+    report_rank(rank, results, body)
 
 
 def run_world(

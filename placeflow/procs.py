@@ -19,6 +19,7 @@ from __future__ import annotations
 import queue as queue_module
 import socket
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def report_rank(rank: int, results: Any, body: Callable[[], None]) -> None:
+    """Run one rank's `body`, then send ("done", rank); on failure ("error", rank, tb), exit 1."""
+    try:
+        body()
+        results.put(("done", rank))
+    except BaseException:
+        results.put(("error", rank, traceback.format_exc()))
+        raise SystemExit(1) from None
 
 
 def run_ranks(

@@ -36,7 +36,6 @@ then fails (within `init_timeout_s`) and the error says so.
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,7 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from placeflow.procs import free_port, run_ranks
+from placeflow.procs import free_port, report_rank, run_ranks
 from placeflow.profiles.grid import DTYPE_BYTES, ProfilerGrid
 from placeflow.profiles.schema import CollectiveKind, Entry, Op, Scope, Source
 from placeflow.profiles.timing import Timing, make_clock, plan_samples, summarize
@@ -167,7 +166,8 @@ def time_collective(call: Callable[[], object], job: CollectiveJob, device: torc
 
 def collective_worker(rank: int, job: CollectiveJob, results: Any) -> None:
     """Entry point of one rank: time every point; rank 0 reports each one."""
-    try:
+
+    def body() -> None:
         device = init_group(rank, job)
         for kind in job.kinds:
             for num_bytes in job.sizes_bytes:
@@ -177,10 +177,8 @@ def collective_worker(rank: int, job: CollectiveJob, results: Any) -> None:
                 if rank == 0:
                     results.put(("point", kind.value, num_bytes, timing))
         dist.destroy_process_group()
-        results.put(("done", rank))
-    except BaseException:
-        results.put(("error", rank, traceback.format_exc()))
-        raise SystemExit(1) from None
+
+    report_rank(rank, results, body)
 
 
 # --- the parent side --------------------------------------------------------
