@@ -199,7 +199,10 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         title=f"plan {plan.name!r} ({plan.content_hash()}), profile {estimate.profile_name}"
     )
     for col in ("phase", "set", "start s", "end s", "duration s"):
-        table.add_column(col, justify="left" if col in ("phase", "set") else "right")
+        # Labels are the row's identity: never cut them, let the numbers wrap instead.
+        table.add_column(
+            col, justify="left" if col in ("phase", "set") else "right", overflow="fold"
+        )
     for p in estimate.phases:
         table.add_row(
             p.name.value, p.set_label, f"{p.start_s:.3f}", f"{p.end_s:.3f}", f"{p.duration_s:.3f}"
@@ -207,7 +210,9 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     sets = Table(title="device sets")
     for col in ("set", "devices", "resident", "peak", "capacity", "utilisation"):
-        sets.add_column(col, justify="left" if col == "set" else "right")
+        sets.add_column(
+            col, justify="left" if col == "set" else "right", min_width=len(col), overflow="fold"
+        )
     for s in estimate.sets:
         sets.add_row(
             s.label,
