@@ -103,6 +103,16 @@ class ModelSpec:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def supports_tp(self, t: int) -> bool:
+        """Tensor parallelism t splits the heads evenly, and t and the KV heads divide one
+        another (KV heads are split, or replicated when t exceeds them)."""
+        kv = self.num_kv_heads
+        return self.num_heads % t == 0 and (kv % t == 0 if t <= kv else t % kv == 0)
+
+    def kv_heads_per_rank(self, t: int) -> int:
+        """KV heads one TP rank holds; replicated when t exceeds the KV head count."""
+        return max(1, self.num_kv_heads // t)
+
     # --- parameter counts -----------------------------------------------
     @property
     def num_params_per_layer(self) -> int:

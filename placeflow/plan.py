@@ -55,6 +55,7 @@ from placeflow.cluster import (
 from placeflow.errors import SpecError
 from placeflow.hardware import DeviceKind
 from placeflow.layout import GenLayout, TrainLayout
+from placeflow.models import ModelSpec
 from placeflow.tomlio import Table, load_spec
 from placeflow.workload import (
     Role,
@@ -208,12 +209,13 @@ def _validate_devices_disjoint(plan: Plan) -> None:
             used[(s.pool, dev)] = i
 
 
-def _check_tp(where: str, tp: int, model_heads: int, kv_heads: int, pool: PoolSpec) -> None:
-    if model_heads % tp:
-        raise SpecError(f"{where}: tensor parallel {tp} must divide the {model_heads} heads")
-    if (tp > kv_heads and tp % kv_heads) or (tp <= kv_heads and kv_heads % tp):
+def _check_tp(where: str, tp: int, model: ModelSpec, pool: PoolSpec) -> None:
+    if model.num_heads % tp:
+        raise SpecError(f"{where}: tensor parallel {tp} must divide the {model.num_heads} heads")
+    if not model.supports_tp(tp):
         raise SpecError(
-            f"{where}: tensor parallel {tp} and the {kv_heads} KV heads must divide one another"
+            f"{where}: tensor parallel {tp} and the {model.num_kv_heads} KV heads must divide "
+            "one another"
         )
     if tp > pool.gpus_per_node:
         raise SpecError(
@@ -255,7 +257,7 @@ def _validate_role(plan: Plan, role: Role) -> None:
             f"{where}: offload_optimizer needs a trained role (actor, critic) on a GPU pool; "
             f"pool {pool.name!r} is {pool.gpu.kind}"
         )
-    _check_tp(where, par.train.t, model.num_heads, model.num_kv_heads, pool)
+    _check_tp(where, par.train.t, model, pool)
     _check_tp_groups_in_nodes(where, s, pool, par.train.tp_groups())
     if model.num_layers % par.train.p:
         raise SpecError(
@@ -270,7 +272,7 @@ def _validate_role(plan: Plan, role: Role) -> None:
                 f"{gen_devices} generator devices"
             )
         par.gen_layout(gen_devices)  # validates tg | t and pg | p for colocated generation
-        _check_tp(f"{where} generation", par.tg, model.num_heads, model.num_kv_heads, pool)
+        _check_tp(f"{where} generation", par.tg, model, pool)
         if model.num_layers % par.pg:
             raise SpecError(
                 f"{where}: generation pg={par.pg} must divide the {model.num_layers} layers"

@@ -24,6 +24,7 @@ rule-based `reward_function`; Safe-RLHF adds a cost model (5 models).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -187,17 +188,7 @@ def parse_role(name: str, where: str) -> Role:
         ) from None
 
 
-_BATCH_KEYS = (
-    "prompts_per_step",
-    "samples_per_prompt",
-    "prompt_len",
-    "response_len",
-    "ppo_epochs",
-    "mini_batches",
-    "response_len_dist",
-    "response_len_median",
-    "response_len_sigma",
-)
+_BATCH_KEYS = tuple(f.name for f in dataclasses.fields(BatchSpec))
 
 
 def workload_from_dict(data: dict, where: str = "workload") -> Workload:

@@ -101,25 +101,20 @@ def _powers_of_two(limit: int) -> list[int]:
     return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
 
 
-def tp_ok(model: ModelSpec, t: int) -> bool:
-    kv = model.num_kv_heads
-    return model.num_heads % t == 0 and (kv % t == 0 if t <= kv else t % kv == 0)
-
-
 def parallelism_options(
     model: ModelSpec, role: Role, n: int, pool: PoolSpec
 ) -> list[RoleParallelism]:
     trained = role in (Role.ACTOR, Role.CRITIC)
     out = []
     for t in _powers_of_two(min(n, pool.gpus_per_node)):
-        if n % t or not tp_ok(model, t):
+        if n % t or not model.supports_tp(t):
             continue
         for p in _powers_of_two(MAX_PIPELINE):
             if n % (p * t) or model.num_layers % p:
                 continue
             layout = TrainLayout(p=p, t=t, d=n // (p * t))
             tgs = (
-                [tg for tg in _powers_of_two(t) if t % tg == 0 and tp_ok(model, tg)]
+                [tg for tg in _powers_of_two(t) if t % tg == 0 and model.supports_tp(tg)]
                 if role is Role.ACTOR
                 else [1]
             )

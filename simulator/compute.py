@@ -21,15 +21,10 @@ from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, Scope
 
 
-def _kv_heads_per_rank(model: ModelSpec, t: int) -> int:
-    """KV heads per TP rank; replicated when t exceeds the KV head count."""
-    return max(1, model.num_kv_heads // t)
-
-
 def _gemm_shapes(model: ModelSpec, t: int) -> tuple[tuple[int, int], ...]:
     """(n, k) of the four GEMMs of one layer on one TP rank."""
     h, f = model.hidden_size, model.ffn_hidden_size
-    qkv = (model.q_size + 2 * _kv_heads_per_rank(model, t) * model.head_dim * t) // t
+    qkv = (model.q_size + 2 * model.kv_heads_per_rank(t) * model.head_dim * t) // t
     return ((qkv, h), (h, model.q_size // t), (2 * f // t, h), (h, f // t))
 
 
@@ -48,7 +43,7 @@ def layer_forward_s(
     m = batch * seq
     b = model.dtype.num_bytes
     time_s = sum(cm.gemm_s(m, n, k) for n, k in _gemm_shapes(model, t))
-    heads, kv_heads = model.num_heads // t, _kv_heads_per_rank(model, t)
+    heads, kv_heads = model.num_heads // t, model.kv_heads_per_rank(t)
     if decode_kv_len:
         time_s += cm.attn_decode_s(batch, decode_kv_len, heads, kv_heads, model.head_dim)
     else:
@@ -71,7 +66,7 @@ def layer_backward_s(cm: CostModel, model: ModelSpec, t: int, batch: int, seq: i
     m = batch * seq
     b = model.dtype.num_bytes
     time_s = sum(cm.gemm_s(m, k, n) + cm.gemm_s(k, n, m) for n, k in _gemm_shapes(model, t))
-    heads, kv_heads = model.num_heads // t, _kv_heads_per_rank(model, t)
+    heads, kv_heads = model.num_heads // t, model.kv_heads_per_rank(t)
     time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, model.head_dim, backward=True)
     act = m * model.hidden_size * b
     # The backward of norms, SwiGLU and adds reads about twice what the forward does.

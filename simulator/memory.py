@@ -94,5 +94,5 @@ def forward_activation_bytes(
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, tg: int, pg: int) -> float:
-    kv_heads_per_rank = max(1, model.num_kv_heads // tg)
+    kv_heads_per_rank = model.kv_heads_per_rank(tg)
     return 2 * model.num_layers / pg * kv_heads_per_rank * model.head_dim * model.dtype.num_bytes

@@ -31,9 +31,9 @@ from placeflow.simulator.lengths import LengthModel
 from placeflow.simulator.roles import (
     colocated_gen_extra_bytes,
     kv_bytes_per_seq,
+    micro_dp_scope,
     resident_bytes,
     role_call_costs,
-    span_scope,
 )
 from placeflow.simulator.schedule import Slot, Task, schedule
 from placeflow.workload import Role
@@ -59,13 +59,6 @@ class _Call:
     sets: tuple[int, ...]
     cost: calls.CallCost
     preds: tuple[Phase, ...]
-
-
-def group_scope(plan: Plan, set_index: int, ranks: list[int]) -> Scope:
-    """INTRA when the ranks' devices (rank i = i-th device of the set) share one node."""
-    return span_scope(
-        plan.sets[set_index].first_device, plan.pool_of(set_index).gpus_per_node, [ranks]
-    )
 
 
 def _resident_bytes(plan: Plan, set_index: int) -> float:
@@ -157,7 +150,8 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
     sets: tuple[int, ...]
     if gen_set is not None:
         par = plan.parallelism[Role.ACTOR]
-        same_node = group_scope(plan, actor_set, [0]) is Scope.INTRA and (
+        # One rank alone is always within a node: only where the two sets start matters.
+        same_node = (
             plan.sets[actor_set].pool == plan.sets[gen_set].pool
             and plan.sets[actor_set].first_device // plan.pool_of(actor_set).gpus_per_node
             == plan.sets[gen_set].first_device // plan.pool_of(gen_set).gpus_per_node
@@ -166,9 +160,8 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         cost = calls.weight_sync_cost(cm, actor, par.tg, par.pg, scope)
         phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
     elif gen.dg > 1:
-        scope = max(
-            (group_scope(plan, actor_set, grp) for grp in gen.micro_dp_groups()),
-            key=lambda s: s is Scope.INTER,
+        scope = micro_dp_scope(
+            plan.sets[actor_set].first_device, plan.pool_of(actor_set).gpus_per_node, gen
         )
         cost = calls.reshard_cost(cm, actor, gen, scope)
         phase, sets = Phase.RESHARD, (actor_set,)
