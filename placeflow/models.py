@@ -203,8 +203,13 @@ def model_from_hf_config(path: str | Path, *, name: str | None = None) -> ModelS
         vocab_size=cfg["vocab_size"],
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
-        dtype=DType.parse(str(cfg.get("torch_dtype", "bfloat16")), f"{p}: torch_dtype"),
+        dtype=DType.parse(
+            str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), f"{p}: torch_dtype"
+        ),
         max_seq_len=cfg.get("max_position_embeddings", 4096),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        # transformers 5 moved rope_theta into rope_parameters.
+        rope_theta=float(
+            cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        ),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
     )

@@ -1,0 +1,309 @@
+"""The Llama / Qwen2 decoder the engines run: tensor-parallel, with an optional KV cache.
+
+Parameters are named and shaped exactly as `placeflow.reshard_plan` describes
+them (`embed`, `layers.i.qkv`, `layers.i.gate_up`, ... ), holding this TP
+rank's shard: fused q/k/v and gate/up split part by part, o_proj and
+down_proj split by columns, embedding and lm_head split by vocabulary rows,
+norms whole. So a training shard, a generation shard from the resharder and a
+checkpoint all load with `load_shards` and no renaming. Hugging Face names
+are mapped in `placeflow.executor.engines.hf`.
+
+The math is Hugging Face's Llama (RMSNorm, rotate-half RoPE, SiLU-gated MLP,
+grouped-query attention); Qwen2 adds the q/k/v bias. A critic or reward model
+is the same trunk with `value_head` (one output per token) instead of lm_head.
+
+Sequences are left-padded prompts followed by responses: `mask` marks real
+tokens, positions count real tokens only, and a query attends to earlier real
+keys and to itself (so a padding row never takes a softmax over nothing).
+Generation and training run the same code on the same layout, which is what
+makes their logprobs agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from placeflow.errors import SpecError
+from placeflow.executor.engines.tp import (
+    SINGLE,
+    TPGroup,
+    copy_to_tp,
+    gather_from_tp,
+    reduce_from_tp,
+)
+from placeflow.models import ModelSpec
+from placeflow.reshard_plan import Sharding, TinyLlama, split_ranges
+
+
+@dataclass(frozen=True, kw_only=True)
+class Arch:
+    """Shapes plus the two constants the math needs besides them."""
+
+    weights: TinyLlama
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @classmethod
+    def of(cls, spec: ModelSpec) -> Arch:
+        return cls(
+            weights=TinyLlama.from_model_spec(spec),
+            rope_theta=spec.rope_theta,
+            norm_eps=spec.norm_eps,
+        )
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys and values per layer: (batch, local kv heads, capacity, head_dim)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    mask: torch.Tensor  # (batch, capacity) bool: which cache slots hold real tokens
+    length: int = 0
+
+    @classmethod
+    def empty(
+        cls, model: Transformer, batch: int, capacity: int, device: torch.device
+    ) -> KVCache:
+        shape = (batch, model.local_kv_heads, capacity, model.head_dim)
+        dtype = model.embed.dtype
+        return cls(
+            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in model.layers],
+            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in model.layers],
+            mask=torch.zeros((batch, capacity), dtype=torch.bool, device=device),
+        )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    var = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * weight
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (batch, 1, seq, head_dim) for integer `positions` (batch, seq)."""
+    inv = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    )
+    freqs = positions.float()[..., None] * inv  # (b, s, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class Layer(nn.Module):
+    def __init__(self, arch: Arch, tp: TPGroup, dtype: torch.dtype) -> None:
+        super().__init__()
+        w, t = arch.weights, tp.size
+        hd = w.hidden // w.num_heads
+        q, kv = w.num_heads * hd // t, w.num_kv_heads * hd // t
+        self.input_norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype))
+        self.qkv = nn.Parameter(torch.empty(q + 2 * kv, w.hidden, dtype=dtype))
+        self.qkv_bias = (
+            nn.Parameter(torch.zeros(q + 2 * kv, dtype=dtype)) if w.qkv_bias else None
+        )
+        self.o_proj = nn.Parameter(torch.empty(w.hidden, q, dtype=dtype))
+        self.post_norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype))
+        self.gate_up = nn.Parameter(torch.empty(2 * w.ffn // t, w.hidden, dtype=dtype))
+        self.down_proj = nn.Parameter(torch.empty(w.hidden, w.ffn // t, dtype=dtype))
+        self.q, self.kv, self.ffn = q, kv, w.ffn // t
+        self.heads, self.kv_heads, self.head_dim = w.num_heads // t, w.num_kv_heads // t, hd
+
+
+class Transformer(nn.Module):
+    """One TP rank's shard of a decoder; `value_head` makes it a critic / reward model."""
+
+    def __init__(
+        self,
+        arch: Arch,
+        *,
+        tp: TPGroup = SINGLE,
+        value_head: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        w = arch.weights
+        if w.num_kv_heads % tp.size or w.ffn % tp.size or w.vocab % tp.size:
+            raise SpecError(
+                f"TP size {tp.size} must divide num_kv_heads {w.num_kv_heads}, "
+                f"ffn {w.ffn} and vocab {w.vocab} (each rank holds whole heads and rows)"
+            )
+        self.arch, self.tp, self.is_critic = arch, tp, value_head
+        self.embed = nn.Parameter(torch.empty(w.vocab // tp.size, w.hidden, dtype=dtype))
+        self.layers = nn.ModuleList(Layer(arch, tp, dtype) for _ in range(w.num_layers))
+        self.norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype))
+        # A critic's head is replicated (one output); an LM head is vocab-parallel.
+        self.value_head = nn.Parameter(torch.zeros(1, w.hidden, dtype=dtype)) if value_head else None
+        self.lm_head = (
+            nn.Parameter(torch.empty(w.vocab // tp.size, w.hidden, dtype=dtype))
+            if not value_head and not w.tied_embeddings
+            else None
+        )
+        self.head_dim = w.hidden // w.num_heads
+        self.local_kv_heads = w.num_kv_heads // tp.size
+
+    # --- weights ------------------------------------------------------------
+    def shard_names(self) -> list[str]:
+        return [name for name, _ in self.named_parameters()]
+
+    @torch.no_grad()
+    def load_shards(self, shards: dict[str, torch.Tensor], *, strict: bool = True) -> None:
+        """Copy this rank's shards in; shapes must match (`strict`: every weight given)."""
+        params = dict(self.named_parameters())
+        unknown = sorted(set(shards) - set(params))
+        missing = sorted(set(params) - set(shards))
+        if unknown or (strict and missing):
+            raise SpecError(
+                f"weights do not match the model: unknown {unknown[:5]}, missing {missing[:5]}"
+            )
+        for name, tensor in shards.items():
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise SpecError(
+                    f"weight {name}: shape {tuple(tensor.shape)} given, "
+                    f"{tuple(params[name].shape)} expected for TP {self.tp.size}"
+                )
+            params[name].copy_(tensor)
+
+    @torch.no_grad()
+    def init_random(self, seed: int) -> None:
+        """Seeded init of the *full* model, then this rank's slice: the same model at any TP."""
+        shards = shard_full(random_full(self.arch, seed, critic=self.is_critic), self.arch, self.tp)
+        self.load_shards({k: v for k, v in shards.items() if k in dict(self.named_parameters())})
+
+    # --- forward ------------------------------------------------------------
+    def forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Logits (batch, seq, vocab) or values (batch, seq) for `ids` (batch, seq).
+
+        With `cache`, `ids` continue the cached sequence: `mask` covers the new
+        tokens only and the cache grows by seq.
+        """
+        b, s = ids.shape
+        if cache is None:
+            key_mask = mask
+            positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+            start = 0
+        else:
+            start = cache.length
+            cache.mask[:, start : start + s] = mask
+            key_mask = cache.mask[:, : start + s]
+            positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:]
+        # Query i (absolute start+i) sees real keys j <= start+i, and always itself.
+        q_idx = torch.arange(start, start + s, device=ids.device)[:, None]
+        k_idx = torch.arange(start + s, device=ids.device)[None, :]
+        causal = k_idx <= q_idx
+        attn_mask = (causal[None] & key_mask[:, None, :]) | (k_idx == q_idx)[None]
+        attn_mask = attn_mask[:, None]  # (b, 1, s, start+s)
+        cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.embed.dtype)
+
+        x = self._embed(ids)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(layer, x, cos, sin, attn_mask, cache, i, start)
+            x = x + self._mlp(layer, x)
+        if cache is not None:
+            cache.length = start + s
+        x = rms_norm(x, self.norm, self.arch.norm_eps)
+        if self.value_head is not None:
+            return (x @ self.value_head.t()).squeeze(-1)
+        head = self.lm_head if self.lm_head is not None else self.embed
+        return gather_from_tp(copy_to_tp(x, self.tp) @ head.t(), self.tp)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.embed)
+        rows = self.embed.shape[0]
+        lo = self.tp.rank * rows
+        inside = (ids >= lo) & (ids < lo + rows)
+        local = F.embedding((ids - lo).clamp(0, rows - 1), self.embed) * inside[..., None]
+        return reduce_from_tp(local, self.tp)
+
+    def _attention(
+        self,
+        layer: Layer,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn_mask: torch.Tensor,
+        cache: KVCache | None,
+        index: int,
+        start: int,
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = copy_to_tp(rms_norm(x, layer.input_norm, self.arch.norm_eps), self.tp)
+        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        q, k, v = qkv.split((layer.q, layer.kv, layer.kv), dim=-1)
+        hd = layer.head_dim
+        q = q.view(b, s, layer.heads, hd).transpose(1, 2)
+        k = k.view(b, s, layer.kv_heads, hd).transpose(1, 2)
+        v = v.view(b, s, layer.kv_heads, hd).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if cache is not None:
+            cache.keys[index][:, :, start : start + s] = k
+            cache.values[index][:, :, start : start + s] = v
+            k = cache.keys[index][:, :, : start + s]
+            v = cache.values[index][:, :, : start + s]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, enable_gqa=layer.heads != layer.kv_heads
+        )
+        out = out.transpose(1, 2).reshape(b, s, layer.q)
+        return reduce_from_tp(out @ layer.o_proj.t(), self.tp)
+
+    def _mlp(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
+        h = copy_to_tp(rms_norm(x, layer.post_norm, self.arch.norm_eps), self.tp)
+        gate, up = (h @ layer.gate_up.t()).split(layer.ffn, dim=-1)
+        return reduce_from_tp((F.silu(gate) * up) @ layer.down_proj.t(), self.tp)
+
+
+# --- full weights and their shards ----------------------------------------------
+
+
+def random_full(arch: Arch, seed: int, *, critic: bool = False) -> dict[str, torch.Tensor]:
+    """A seeded random model in canonical names: N(0, 0.02) weights, unit norms, zero biases.
+
+    A critic gets a zero `value_head` in place of lm_head, so its first values are 0.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for p in arch.weights.params():
+        if p.name == "lm_head" and critic:
+            continue
+        if p.name.endswith("norm"):
+            out[p.name] = torch.ones(p.shape)
+        elif p.name.endswith("bias"):
+            out[p.name] = torch.zeros(p.shape)
+        else:
+            out[p.name] = torch.randn(p.shape, generator=gen) * 0.02
+    if critic:
+        out["value_head"] = torch.zeros(1, arch.weights.hidden)
+    return out
+
+
+def shard_full(
+    full: dict[str, torch.Tensor], arch: Arch, tp: TPGroup
+) -> dict[str, torch.Tensor]:
+    """This TP rank's shards of full weights (names outside the plan, e.g. value_head, whole)."""
+    specs = {p.name: p for p in arch.weights.params()}
+    out = {}
+    for name, tensor in full.items():
+        p = specs.get(name)
+        if p is None or p.sharding is Sharding.REPLICATED:
+            out[name] = tensor.clone()
+            continue
+        ranges = split_ranges(p, tp.size, tp.rank)
+        out[name] = torch.cat([tensor.narrow(p.dim, r.start, r.length) for r in ranges], p.dim)
+    return out
