@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
+from typing import TypeVar
 
 import ray
 import torch
@@ -33,15 +34,32 @@ import torch.distributed as dist
 from placeflow.executor.balance import WorkModel
 from placeflow.executor.batch import Batch
 from placeflow.executor.dispatch import DispatchLayout
+from placeflow.errors import SpecError
+from placeflow.executor.engines.roles import (
+    ActorEngine,
+    CriticEngine,
+    EngineSetup,
+    RoleGroups,
+    ScoringEngine,
+    UpdateConfig,
+)
+from placeflow.executor.engines.sampler import SamplingParams
+from placeflow.executor.engines.tp import TPGroup
 from placeflow.executor.groups import RoleLayout
 from placeflow.hardware import DeviceKind
+from placeflow.reshard_plan import plan_reshard
 from placeflow.workload import Role
+
+
+E = TypeVar("E")
 
 
 class Axis(StrEnum):
     TP = "tp"
     PP = "pp"
     DP = "dp"
+    GEN_TP = "gen_tp"  # the actor's generation TP group (GenLayout.tp_groups)
+    MICRO_DP = "micro_dp"  # the ranks that all-gather one generation shard
 
 
 class Failure(StrEnum):
@@ -94,6 +112,7 @@ class RoleRank:
 
     info: RankInfo
     groups: dict[Axis, dist.ProcessGroup]
+    layout: RoleLayout
 
 
 class Worker:
@@ -107,6 +126,7 @@ class Worker:
             self.device = torch.device("cpu")
         self.spec = spec
         self.roles: dict[Role, RoleRank] = {}
+        self.engines: dict[Role, ActorEngine | CriticEngine | ScoringEngine] = {}
 
     def identity(self) -> WorkerIdentity:
         return WorkerIdentity(
@@ -149,6 +169,13 @@ class Worker:
         ):
             mine, _ = dist.new_subgroups_by_enumeration(ranks)
             groups[axis] = mine
+        if layout.gen is not None:
+            for axis, ranks in (
+                (Axis.GEN_TP, layout.gen.tp_groups()),
+                (Axis.MICRO_DP, layout.gen.micro_dp_groups()),
+            ):
+                mine, _ = dist.new_subgroups_by_enumeration(ranks)
+                groups[axis] = mine
         pp, tp, dp = layout.train.coords(rank)
         gen = layout.gen.coords(rank) if layout.gen is not None else (None, None, None)
         info = RankInfo(
@@ -162,7 +189,7 @@ class Worker:
             gen_pp=gen[1],
             gen_tp=gen[2],
         )
-        self.roles[role] = RoleRank(info=info, groups=groups)
+        self.roles[role] = RoleRank(info=info, groups=groups, layout=layout)
         return info
 
     def rank_info(self, role: Role) -> RankInfo:
@@ -187,6 +214,84 @@ class Worker:
             },
             meta=batch.meta,
         )
+
+    # --- engines: the RL loop's calls ---------------------------------------------
+    def build_engine(self, role: Role, setup: EngineSetup) -> None:
+        """Build `role`'s engine on this rank (collective: FSDP/DDP set-up over its DP group)."""
+        rr = self.roles[role]
+        train, gen = rr.layout.train, rr.layout.gen
+        if train.p > 1 or (gen is not None and gen.pg > 1):
+            raise SpecError(
+                f"{role}: the executor runs pipeline parallelism p=1 only (plan has p={train.p}); "
+                "plans with p>1 can be simulated but not executed yet"
+            )
+        info = rr.info
+
+        def tp_group(axis: Axis, size: int, rank: int) -> TPGroup:
+            return TPGroup(group=rr.groups[axis] if size > 1 else None, size=size, rank=rank)
+
+        groups = RoleGroups(
+            tp=tp_group(Axis.TP, train.t, info.tp),
+            dp_group=rr.groups[Axis.DP],
+            dp_size=train.d,
+            gen_tp=tp_group(Axis.GEN_TP, gen.tg, info.gen_tp or 0) if gen is not None else None,
+            micro_dp=rr.groups.get(Axis.MICRO_DP),
+        )
+        engine: ActorEngine | CriticEngine | ScoringEngine
+        if role is Role.ACTOR:
+            plan = plan_reshard(setup.arch.weights, gen) if gen is not None else None
+            engine = ActorEngine(
+                setup, groups, self.device, gen=gen, rank=info.rank, reshard_plan=plan
+            )
+        elif setup.optim is not None:
+            engine = CriticEngine(setup, groups, self.device)
+        else:
+            engine = ScoringEngine(setup, groups, self.device)
+        self.engines[role] = engine
+
+    def _engine(self, role: Role, kind: type[E]) -> E:
+        engine = self.engines.get(role)
+        if not isinstance(engine, kind):
+            raise SpecError(f"{role} on this worker has no {kind.__name__} (got {engine!r})")
+        return engine
+
+    def sync_rollout(self) -> tuple[int, int]:
+        """The actor's reshard into its rollout engine: (bytes received, peak extra bytes)."""
+        actor = self._engine(Role.ACTOR, ActorEngine)
+        received = actor.sync_rollout()
+        return received, actor.last_reshard_peak
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> Batch:
+        return self._engine(Role.ACTOR, ActorEngine).generate(prompts, params, seed)
+
+    def logprobs(self, role: Role, batch: Batch, temperature: float) -> Batch:
+        engine = self.engines[role]
+        if isinstance(engine, CriticEngine):
+            raise SpecError(f"{role} is a value model; it has no logprobs")
+        return engine.logprobs(batch, temperature)
+
+    def values(self, role: Role, batch: Batch) -> Batch:
+        return self._engine(role, CriticEngine).values(batch)
+
+    def scores(self, role: Role, batch: Batch) -> Batch:
+        return self._engine(role, ScoringEngine).scores(batch)
+
+    def update(self, role: Role, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
+        engine = self.engines[role]
+        if not isinstance(engine, ActorEngine | CriticEngine):
+            raise SpecError(f"{role} is frozen on this worker; it has no update")
+        return engine.update(batch, cfg)
+
+    def save_state(self, role: Role, path: str) -> None:
+        """This rank's trainable state of `role` to `path` (one file per rank and role)."""
+        engine = self.engines[role]
+        if isinstance(engine, ActorEngine | CriticEngine):
+            torch.save(engine.state(), path)
+
+    def load_state(self, role: Role, path: str) -> None:
+        engine = self.engines[role]
+        if isinstance(engine, ActorEngine | CriticEngine):
+            engine.load_state(torch.load(path, weights_only=True))
 
     def fail(self, failure: Failure) -> None:
         if failure is Failure.RAISE:

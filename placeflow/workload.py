@@ -135,6 +135,40 @@ class BatchSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RLConfig:
+    """Optimisation and sampling settings of the RL loop (the executor's; the simulator
+    ignores them). Defaults follow common GRPO/PPO recipes for small models."""
+
+    lr: float = 1e-5
+    critic_lr: float = 1e-5
+    kl_coef: float = 0.0  # GRPO: k3 KL in the loss; PPO: k1 KL in the reward
+    clip_ratio: float = 0.2
+    value_clip: float = 0.2
+    entropy_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    temperature: float = 1.0
+    top_p: float = 1.0
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "critic_lr"):
+            if not getattr(self, name) > 0:
+                raise SpecError(f"[rl] {name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("kl_coef", "clip_ratio", "value_clip", "entropy_coef", "grad_clip",
+                     "weight_decay", "temperature"):  # fmt: skip
+            if getattr(self, name) < 0:
+                raise SpecError(f"[rl] {name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("gamma", "lam", "top_p"):
+            if not 0 < getattr(self, name) <= 1:
+                raise SpecError(f"[rl] {name} must be in (0, 1], got {getattr(self, name)!r}")
+
+
+_RL_KEYS = tuple(f.name for f in dataclasses.fields(RLConfig))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     name: str
     algorithm: Algorithm
@@ -142,6 +176,7 @@ class Workload:
     batch: BatchSpec
     reward_function: str | None = None
     async_one_step_off: bool = False
+    rl: RLConfig = field(default_factory=RLConfig)
 
     def __post_init__(self) -> None:
         required, optional = ROLES[self.algorithm]
@@ -194,7 +229,7 @@ _BATCH_KEYS = tuple(f.name for f in dataclasses.fields(BatchSpec))
 def workload_from_dict(data: dict, where: str = "workload") -> Workload:
     t = Table(data, where)
     t.reject_unknown(
-        ("name", "algorithm", "models", "batch", "reward_function", "async_one_step_off")
+        ("name", "algorithm", "models", "batch", "reward_function", "async_one_step_off", "rl")
     )
     algo_name = t.get_str("algorithm")
     try:
@@ -223,6 +258,11 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         response_len_sigma=bt.get_float("response_len_sigma", 0.6),
     )
     reward_function = t.get_str("reward_function") if t.has("reward_function") else None
+    rl = RLConfig()
+    if t.has("rl"):
+        rt = t.table("rl")
+        rt.reject_unknown(_RL_KEYS)
+        rl = RLConfig(**{k: rt.get_float(k) for k in _RL_KEYS if rt.has(k)})
     return Workload(
         name=t.get_str("name", "workload"),
         algorithm=algorithm,
@@ -230,6 +270,7 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         batch=batch,
         reward_function=reward_function,
         async_one_step_off=t.get_bool("async_one_step_off", False),
+        rl=rl,
     )
 
 
@@ -261,4 +302,8 @@ def workload_to_dict(w: Workload) -> dict[str, Any]:
     }
     if w.reward_function:
         out["reward_function"] = w.reward_function
+    # Only settings that differ from the defaults, so older plans keep their content hash.
+    rl = {k: getattr(w.rl, k) for k in _RL_KEYS if getattr(w.rl, k) != getattr(RLConfig(), k)}
+    if rl:
+        out["rl"] = rl
     return out

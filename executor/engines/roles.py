@@ -1,0 +1,356 @@
+"""Role engines: what a worker runs for the actor, critic, reference and reward roles.
+
+Each engine holds one rank's shard of a `Transformer` and answers the calls of
+the RL loop on a `Batch` of samples in the sequence layout below. The worker
+builds them from an `EngineSetup` (plain data the controller sends) and its
+role's process groups; nothing here knows about Ray.
+
+Sequence layout of a batch (every tensor indexed by sample first):
+  prompt_ids, prompt_mask      (B, P)  left-padded prompts
+  response_ids, response_mask  (B, R)  right-padded responses
+so that `cat(prompt, response)` is what the rollout's KV cache held, token for
+token, and the trainer's logprobs match the rollout's.
+
+Calls that run the trainer's forward (FSDP all-gathers inside) must be made by
+every DP rank with the same number of micro-batches: the controller gives every
+DP replica the same number of samples (`RLLoop` checks the plan for it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from placeflow.errors import SpecError
+from placeflow.executor import rl
+from placeflow.executor.batch import Batch
+from placeflow.executor.engines.hf import load_checkpoint
+from placeflow.executor.engines.sampler import (
+    Completion,
+    Sampler,
+    SamplingParams,
+    left_pad,
+    policy_logprobs,
+)
+from placeflow.executor.engines.tp import TPGroup
+from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
+from placeflow.executor.engines.transformer import Arch, Transformer, random_full, shard_full
+from placeflow.executor.reshard import MemoryMeter, reshard_colocated
+from placeflow.layout import GenLayout
+from placeflow.reshard_plan import ReshardPlan
+
+PROMPT, PROMPT_MASK = "prompt_ids", "prompt_mask"
+RESPONSE, RESPONSE_MASK = "response_ids", "response_mask"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSource:
+    """Initial weights: a seeded random model, or a local checkpoint (dir or .gguf)."""
+
+    seed: int = 0
+    checkpoint: str | None = None
+
+    def full(self, arch: Arch, *, critic: bool) -> dict[str, torch.Tensor]:
+        if self.checkpoint is None:
+            return random_full(arch, self.seed, critic=critic)
+        _, weights = load_checkpoint(self.checkpoint)
+        if critic:  # a critic starts from the policy's trunk with a zero head
+            weights.pop("lm_head", None)
+            weights["value_head"] = torch.zeros(1, arch.weights.hidden)
+        return weights
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSetup:
+    arch: Arch
+    weights: WeightSource
+    critic: bool = False  # value head instead of lm_head (critic, reward model)
+    optim: OptimConfig | None = None  # None: frozen (reference, reward model)
+    zero: int = 0
+    micro_batch: int = 8
+    pad_id: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateConfig:
+    """What an update needs besides the batch (from the workload's [batch] and [rl])."""
+
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    clip_ratio: float = 0.2
+    value_clip: float = 0.2
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleGroups:
+    """The process groups an engine uses (None where the axis has one rank)."""
+
+    tp: TPGroup
+    dp_group: Any = None
+    dp_size: int = 1
+    gen_tp: TPGroup | None = None
+    micro_dp: Any = None
+
+
+def sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(ids, mask, prompt width) of prompts followed by responses."""
+    t = batch.tensors
+    ids = torch.cat([t[PROMPT], t[RESPONSE]], dim=1)
+    mask = torch.cat([t[PROMPT_MASK], t[RESPONSE_MASK]], dim=1)
+    return ids, mask, t[PROMPT].shape[1]
+
+
+def response_logp(
+    logits: torch.Tensor, batch: Batch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs of the response tokens (B, R), full log-distributions there (B, R, V))."""
+    width = batch.tensors[PROMPT].shape[1]
+    r = batch.tensors[RESPONSE].shape[1]
+    logp = policy_logprobs(logits[:, width - 1 : width + r - 1], temperature)
+    return logp.gather(-1, batch.tensors[RESPONSE][..., None]).squeeze(-1), logp
+
+
+def completions_batch(
+    prompts: list[list[int]], completions: list[Completion], pad_id: int
+) -> Batch:
+    """A Batch of prompts and their completions in the sequence layout."""
+    p_ids, p_mask = left_pad(prompts, pad_id)
+    width = max(1, max(len(c.token_ids) for c in completions))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    logp = torch.zeros((len(prompts), width))
+    for i, c in enumerate(completions):
+        n = len(c.token_ids)
+        ids[i, :n] = torch.tensor(c.token_ids, dtype=torch.long)
+        mask[i, :n] = True
+        logp[i, :n] = torch.tensor(c.logprobs)
+    return Batch(
+        tensors={
+            PROMPT: p_ids,
+            PROMPT_MASK: p_mask,
+            RESPONSE: ids,
+            RESPONSE_MASK: mask,
+            "rollout_logprobs": logp,
+        }
+    )
+
+
+def _micro_batches(batch: Batch, size: int) -> list[Batch]:
+    return batch.chunk(max(1, -(-len(batch) // size)))
+
+
+def _build(setup: EngineSetup, tp: TPGroup, device: torch.device) -> Transformer:
+    model = Transformer(setup.arch, tp=tp, value_head=setup.critic).to(device)
+    full = setup.weights.full(setup.arch, critic=setup.critic)
+    model.load_shards({k: v.to(device) for k, v in shard_full(full, setup.arch, tp).items()})
+    return model
+
+
+class ScoringEngine:
+    """A frozen model: the reference policy's logprobs, or a reward model's scores."""
+
+    def __init__(self, setup: EngineSetup, groups: RoleGroups, device: torch.device) -> None:
+        self.setup = setup
+        self.model = _build(setup, groups.tp, device).eval()
+        self.model.requires_grad_(False)
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch, temperature: float) -> Batch:
+        out = []
+        for mb in _micro_batches(batch, self.setup.micro_batch):
+            ids, mask, _ = sequence(mb)
+            out.append(response_logp(self.model(ids, mask), mb, temperature)[0])
+        return Batch(tensors={"logprobs": torch.cat(out)})
+
+    @torch.no_grad()
+    def scores(self, batch: Batch) -> Batch:
+        """The value head at each response's last token."""
+        out = []
+        for mb in _micro_batches(batch, self.setup.micro_batch):
+            ids, mask, width = sequence(mb)
+            values = self.model(ids, mask)
+            last = width + mb.tensors[RESPONSE_MASK].long().sum(1).clamp(min=1) - 1
+            out.append(values[torch.arange(len(mb)), last])
+        return Batch(tensors={"scores": torch.cat(out)})
+
+
+LossFn = Callable[[Batch, torch.Tensor, int], tuple[torch.Tensor, dict[str, float]]]
+
+
+class _Trainable:
+    """Shared by actor and critic: epochs x mini-batches x micro-batches of one loss."""
+
+    def __init__(self, setup: EngineSetup, groups: RoleGroups, device: torch.device) -> None:
+        if setup.optim is None:
+            raise SpecError("a trained role needs optimizer settings")
+        self.setup, self.groups, self.device = setup, groups, device
+        self.model = _build(setup, groups.tp, device)
+        self.trainer = TrainEngine(
+            self.model,
+            optim=setup.optim,
+            zero=setup.zero,
+            dp_group=groups.dp_group,
+            dp_size=groups.dp_size,
+        )
+
+    def _global_tokens(self, mask: torch.Tensor) -> int:
+        n = mask.sum().to(torch.float64).reshape(1)
+        if self.groups.dp_size > 1:
+            dist.all_reduce(n, group=self.groups.dp_group)
+        return max(1, int(n.item()))
+
+    def _train(self, batch: Batch, cfg: UpdateConfig, loss_fn: LossFn) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        count = 0
+        self.model.train()
+        for _ in range(cfg.ppo_epochs):
+            for mini in batch.chunk(cfg.mini_batches):
+                num_tokens = self._global_tokens(mini.tensors[RESPONSE_MASK])
+                micros = _micro_batches(mini, self.setup.micro_batch)
+                for i, mb in enumerate(micros):
+                    ids, mask, _ = sequence(mb)
+                    with self.trainer.accumulate(sync=i == len(micros) - 1):
+                        out = self.trainer(ids, mask)
+                        loss, metrics = loss_fn(mb, out, num_tokens)
+                        loss.backward()
+                    for k, v in metrics.items():
+                        sums[k] = sums.get(k, 0.0) + v
+                    count += 1
+                norm = self.trainer.step()
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm * len(micros)
+        return {k: v / max(count, 1) for k, v in sums.items()}
+
+    @torch.no_grad()
+    def _forward_all(self, batch: Batch, fn: Callable[[Batch, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        self.model.eval()
+        out = []
+        for mb in _micro_batches(batch, self.setup.micro_batch):
+            ids, mask, _ = sequence(mb)
+            out.append(fn(mb, self.trainer(ids, mask)))
+        return torch.cat(out)
+
+    def state(self) -> dict[str, Any]:
+        return self.trainer.state()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state(state)
+
+
+class ActorEngine(_Trainable):
+    """The policy: trains in the p-t-d layout, generates in the tg layout after `sync_rollout`."""
+
+    def __init__(
+        self,
+        setup: EngineSetup,
+        groups: RoleGroups,
+        device: torch.device,
+        *,
+        gen: GenLayout | None,
+        rank: int,
+        reshard_plan: ReshardPlan | None,
+    ) -> None:
+        super().__init__(setup, groups, device)
+        self.gen, self.rank, self.plan = gen, rank, reshard_plan
+        self.rollout: Sampler | None = None
+        if gen is not None:
+            assert groups.gen_tp is not None
+            rollout_model = Transformer(setup.arch, tp=groups.gen_tp).to(device).eval()
+            rollout_model.requires_grad_(False)
+            self.rollout = Sampler(rollout_model, pad_id=setup.pad_id)
+        self.last_reshard_bytes = 0
+        self.last_reshard_peak = 0
+
+    def sync_rollout(self) -> int:
+        """Training layout -> generation layout (HybridFlow micro-DP all-gather); bytes in."""
+        if self.rollout is None or self.plan is None:
+            raise SpecError("this actor rank has no colocated rollout engine")
+        shards = self.trainer.tp_shards()
+        meter = MemoryMeter()
+        weights, received = reshard_colocated(
+            self.plan, self.rank, shards, self.groups.micro_dp, meter
+        )
+        self.rollout.model.load_shards(weights)
+        self.last_reshard_bytes, self.last_reshard_peak = received, meter.peak_bytes
+        return received
+
+    def load_rollout(self, weights: dict[str, torch.Tensor]) -> None:
+        """Generation shards from elsewhere (a trainer on other devices)."""
+        assert self.rollout is not None
+        self.rollout.model.load_shards(weights)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> Batch:
+        if self.rollout is None:
+            raise SpecError("this actor rank has no rollout engine")
+        return completions_batch(prompts, self.rollout.generate(prompts, params, seed), self.setup.pad_id)
+
+    def logprobs(self, batch: Batch, temperature: float) -> Batch:
+        lp = self._forward_all(batch, lambda mb, logits: response_logp(logits, mb, temperature)[0])
+        return Batch(tensors={"logprobs": lp})
+
+    def update(self, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
+        dp = self.groups.dp_size
+
+        def loss_fn(mb: Batch, logits: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+            t = mb.tensors
+            logp, dists = response_logp(logits, mb, cfg.temperature)
+            terms = rl.policy_loss(
+                logp,
+                t["old_logprobs"],
+                t["advantages"],
+                t[RESPONSE_MASK],
+                clip=cfg.clip_ratio,
+                num_tokens=num_tokens,
+                dp_size=dp,
+                ref_logprobs=t.get("ref_logprobs_in_loss"),
+                kl_coef=cfg.kl_coef,
+            )
+            ent = rl.entropy(dists)
+            loss = terms.loss
+            if cfg.entropy_coef:
+                loss = loss - cfg.entropy_coef * rl.masked_sum(ent, t[RESPONSE_MASK]) * (dp / num_tokens)
+            return loss, {
+                "pg_loss": terms.pg_loss,
+                "kl": terms.kl,
+                "clip_fraction": terms.clip_fraction,
+                "approx_kl": terms.approx_kl,
+                "entropy": float(rl.masked_mean(ent.detach(), t[RESPONSE_MASK])),
+            }
+
+        return self._train(batch, cfg, loss_fn)
+
+
+class CriticEngine(_Trainable):
+    def values(self, batch: Batch) -> Batch:
+        def fn(mb: Batch, out: torch.Tensor) -> torch.Tensor:
+            width = mb.tensors[PROMPT].shape[1]
+            r = mb.tensors[RESPONSE].shape[1]
+            # V(s_t) for response token t is read where token t is predicted.
+            return out[:, width - 1 : width + r - 1]
+
+        return Batch(tensors={"values": self._forward_all(batch, fn)})
+
+    def update(self, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
+        dp = self.groups.dp_size
+
+        def loss_fn(mb: Batch, out: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+            t = mb.tensors
+            width, r = t[PROMPT].shape[1], t[RESPONSE].shape[1]
+            loss, mean = rl.value_loss(
+                out[:, width - 1 : width + r - 1],
+                t["values"],
+                t["returns"],
+                t[RESPONSE_MASK],
+                clip=cfg.value_clip,
+                num_tokens=num_tokens,
+                dp_size=dp,
+            )
+            return loss, {"value_loss": mean}
+
+        return self._train(batch, cfg, loss_fn)

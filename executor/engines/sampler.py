@@ -1,0 +1,128 @@
+"""Rollout: a batched sampler with a KV cache over `Transformer` (CPU or CUDA, TP-aware).
+
+Token ids in, token ids and per-token logprobs out; no text anywhere, so the
+trainer scores exactly the tokens that were sampled. Prompts are left-padded
+into one batch, prefilled once, then decoded one token per step into a
+preallocated cache until every row has produced a stop token or `max_tokens`.
+
+The logprob reported for a token is log softmax(logits / temperature), the
+policy the trainer optimises; top-p only narrows what is drawn (as in vLLM and
+verl). Temperature 0 is greedy, with logprobs of the untempered logits. TP
+ranks see identical full logits (vocab-parallel logits are all-gathered) and
+draw from identically seeded generators, so they agree on every token without
+a broadcast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from placeflow.errors import SpecError
+from placeflow.executor.engines.transformer import KVCache, Transformer
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop_ids: tuple[int, ...] = ()
+    ignore_stop: bool = False  # fixed-length completions (benchmarks)
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise SpecError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SpecError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise SpecError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]  # the response, ending with its stop token if it produced one
+    logprobs: list[float]  # one per token of token_ids
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of shape (batch, longest prompt), prompts aligned to the right."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        if len(p):
+            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p) :] = True
+    return ids, mask
+
+
+def policy_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log pi(. | context) as the rollout samples it and the trainer scores it."""
+    scale = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits.float() / scale, dim=-1)
+
+
+def _draw(
+    logp: torch.Tensor, params: SamplingParams, gen: torch.Generator
+) -> torch.Tensor:
+    if params.temperature == 0:
+        return logp.argmax(-1)
+    probs = logp.exp()
+    if params.top_p < 1:
+        sorted_p, order = probs.sort(-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always).
+        drop = sorted_p.cumsum(-1) - sorted_p >= params.top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
+
+class Sampler:
+    """Generates with `model` (this rank's TP shard); every TP rank calls `generate` alike."""
+
+    def __init__(self, model: Transformer, *, pad_id: int) -> None:
+        self.model = model
+        self.pad_id = pad_id
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int
+    ) -> list[Completion]:
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise SpecError("every prompt needs at least one token")
+        device = self.model.embed.device
+        ids, mask = left_pad(prompts, self.pad_id)
+        ids, mask = ids.to(device), mask.to(device)
+        batch, width = ids.shape
+        cache = KVCache.empty(self.model, batch, width + params.max_tokens, device)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        stop = torch.tensor(params.stop_ids or (-1,), device=device)
+
+        logits = self.model(ids, mask, cache=cache)[:, -1]
+        tokens = torch.empty((batch, params.max_tokens), dtype=torch.long, device=device)
+        logps = torch.zeros((batch, params.max_tokens), device=device)
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        lengths = torch.full((batch,), params.max_tokens, dtype=torch.long, device=device)
+        for step in range(params.max_tokens):
+            logp = policy_logprobs(logits, params.temperature)
+            token = _draw(logp, params, gen)
+            token = torch.where(done, torch.full_like(token, self.pad_id), token)
+            tokens[:, step] = token
+            logps[:, step] = logp.gather(-1, token[:, None]).squeeze(-1)
+            if not params.ignore_stop:
+                stopped = ~done & torch.isin(token, stop)
+                lengths = torch.where(stopped, torch.full_like(lengths, step + 1), lengths)
+                done |= stopped
+            if bool(done.all()) or step + 1 == params.max_tokens:
+                break
+            logits = self.model(token[:, None], ~done[:, None], cache=cache)[:, -1]
+        out = []
+        for i in range(batch):
+            n = int(lengths[i])
+            out.append(Completion(tokens[i, :n].tolist(), logps[i, :n].tolist()))
+        return out

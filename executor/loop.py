@@ -1,0 +1,400 @@
+"""The RL loop on a running Controller: one GRPO or PPO step, phase by phase.
+
+The controller (this process) holds the loop, as in HybridFlow's single
+controller. Each phase dispatches a Batch to one worker group and gathers the
+result; every remote call is written out where it is made. Phases are named
+with `placeflow.phases.Phase`, the simulator's vocabulary, and timed here from
+dispatch to the last result: the measured side of `placeflow validate`.
+
+One step:
+  reshard       the actor's weights, training layout -> generation layout
+  generate      prompts split over the generation replicas (equal counts)
+  reward        the rule-based checker here, or the reward model's scores
+  ref_logprob   the reference policy (when the workload has one)
+  old_logprob   the actor's trainer re-scores the sampled tokens
+  values        PPO's critic
+  advantage     GRPO group normalisation / PPO's KL-shaped rewards and GAE, here
+  actor_update  ppo_epochs x mini_batches optimizer steps
+  critic_update PPO only
+Samples of the training phases are split over DP replicas by the token-aware
+balancer with equal counts (FSDP's collectives need the same number of
+micro-batches on every rank).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from placeflow.errors import SpecError
+from placeflow.executor import rl
+from placeflow.executor.balance import Partition, WorkModel, balanced_partition
+from placeflow.executor.batch import Batch
+from placeflow.executor.controller import Controller
+from placeflow.executor.dispatch import DispatchLayout, collect, split_by_dp
+from placeflow.executor.engines.roles import (
+    PROMPT,
+    PROMPT_MASK,
+    RESPONSE,
+    RESPONSE_MASK,
+    EngineSetup,
+    UpdateConfig,
+    WeightSource,
+)
+from placeflow.executor.engines.sampler import SamplingParams
+from placeflow.executor.engines.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from placeflow.executor.engines.trainer import OptimConfig
+from placeflow.executor.engines.transformer import Arch
+from placeflow.executor.groups import WorkerGroup
+from placeflow.executor.tasks import Problem, Task, get_task
+from placeflow.phases import Phase
+from placeflow.plan import Plan
+from placeflow.workload import Algorithm, Role
+
+
+def derived_seed(*parts: int | str) -> int:
+    """A 63-bit seed from the run seed and a position (step, replica): stable across runs."""
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def check_executable(plan: Plan) -> None:
+    """Raise SpecError for plans the executor cannot run (before any worker starts)."""
+    w = plan.workload
+    if w.algorithm not in (Algorithm.GRPO, Algorithm.PPO):
+        raise SpecError(
+            f"the executor runs GRPO and PPO; workload {w.name!r} is {w.algorithm} "
+            "(it can be planned and simulated)"
+        )
+    if w.reward_function is None and Role.REWARD not in w.models:
+        raise SpecError("the workload needs a reward_function or a reward model")
+    if plan.generator_set() is not None:
+        raise SpecError(
+            "the executor runs the actor's generation on its training devices; plans with a "
+            "separate generator set can be simulated but not executed yet"
+        )
+    n = w.batch.num_samples
+    for role in w.roles:
+        par = plan.parallelism[role]
+        if par.train.p > 1 or par.pg > 1:
+            raise SpecError(
+                f"{role}: the executor runs pipeline parallelism p=1 only; the plan has "
+                f"p={par.train.p}, pg={par.pg} (such plans can be simulated)"
+            )
+        d = par.train.d
+        if role in (Role.ACTOR, Role.CRITIC) and n % (d * w.batch.mini_batches):
+            raise SpecError(
+                f"{role}: {n} samples per step must split evenly into d={d} replicas x "
+                f"{w.batch.mini_batches} mini-batches (every DP rank takes the same number of "
+                "optimizer steps); change prompts_per_step, samples_per_prompt or mini_batches"
+            )
+
+
+def tokenizer_for(plan: Plan) -> Tokenizer:
+    spec = plan.workload.models[Role.ACTOR]
+    if _checkpoint(spec.name) is not None:
+        return HFTokenizer(spec.name)
+    if spec.vocab_size != ByteTokenizer.vocab_size:
+        raise SpecError(
+            f"model {spec.name!r} has a vocabulary of {spec.vocab_size}; random-init runs use the "
+            f"built-in byte tokenizer (vocabulary {ByteTokenizer.vocab_size}). Use a tiny-* "
+            "catalogue model or a local checkpoint directory as the model"
+        )
+    return ByteTokenizer()
+
+
+def _checkpoint(name: str) -> str | None:
+    from pathlib import Path
+
+    p = Path(name)
+    return name if (p.is_dir() or p.suffix == ".gguf") and p.exists() else None
+
+
+@dataclass
+class StepRecord:
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # Phase value -> seconds
+    samples: list[dict[str, Any]] = field(default_factory=list)  # a few decoded examples
+
+
+class RLLoop:
+    """GRPO or PPO on `controller`'s workers; `build()` once, then `step(k)` per step."""
+
+    def __init__(self, controller: Controller, *, seed: int, tokenizer: Tokenizer) -> None:
+        self.c = controller
+        self.plan = controller.plan
+        self.w = self.plan.workload
+        check_executable(self.plan)
+        self.seed = seed
+        self.tok = tokenizer
+        self.task: Task | None = get_task(self.w.reward_function) if self.w.reward_function else None
+        rl_cfg = self.w.rl
+        self.sampling = SamplingParams(
+            temperature=rl_cfg.temperature,
+            top_p=rl_cfg.top_p,
+            max_tokens=self.w.batch.response_len,
+            stop_ids=(self.tok.eos_id,),
+        )
+        self.update_cfg = UpdateConfig(
+            ppo_epochs=self.w.batch.ppo_epochs,
+            mini_batches=self.w.batch.mini_batches,
+            clip_ratio=rl_cfg.clip_ratio,
+            value_clip=rl_cfg.value_clip,
+            kl_coef=rl_cfg.kl_coef,
+            entropy_coef=rl_cfg.entropy_coef,
+            temperature=rl_cfg.temperature,
+        )
+
+    # --- set-up ------------------------------------------------------------
+    def setup_of(self, role: Role) -> EngineSetup:
+        spec = self.w.models[role]
+        rl_cfg, par = self.w.rl, self.plan.parallelism[role]
+        critic = role in (Role.CRITIC, Role.REWARD, Role.COST)
+        optim = None
+        if role in (Role.ACTOR, Role.CRITIC):
+            optim = OptimConfig(
+                lr=rl_cfg.lr if role is Role.ACTOR else rl_cfg.critic_lr,
+                weight_decay=rl_cfg.weight_decay,
+                grad_clip=rl_cfg.grad_clip,
+            )
+        # The reference and the critic start from the policy; a reward model from its own seed.
+        seed = derived_seed(self.seed, "reward") if role is Role.REWARD else self.seed
+        return EngineSetup(
+            arch=Arch.of(spec),
+            weights=WeightSource(seed=seed, checkpoint=_checkpoint(spec.name)),
+            critic=critic,
+            optim=optim,
+            zero=par.zero,
+            micro_batch=par.micro_batch,
+            pad_id=self.tok.pad_id,
+        )
+
+    def build(self) -> None:
+        for group in self.c.groups:
+            setup = self.setup_of(group.role)
+            refs = [w.build_engine.remote(group.role, setup) for w in group.workers]
+            self.c.gather(group, refs, "build_engine")
+
+    # --- one step ----------------------------------------------------------
+    def problems(self, step: int) -> list[Problem]:
+        assert self.task is not None
+        return self.task.problems(self.w.batch.prompts_per_step, derived_seed(self.seed, step))
+
+    def step(self, step: int) -> StepRecord:
+        rec = StepRecord(step=step)
+        t_step = time.perf_counter()
+        actor = self.c.group(Role.ACTOR)
+        b = self.w.batch
+
+        with _timed(rec, Phase.RESHARD):
+            refs = [w.sync_rollout.remote() for w in actor.workers]
+            moved = self.c.gather(actor, refs, "sync_rollout")
+        rec.metrics["reshard_bytes_max"] = float(max(m[0] for m in moved))
+        rec.metrics["reshard_peak_bytes_max"] = float(max(m[1] for m in moved))
+
+        problems = self.problems(step) if self.task is not None else []
+        prompts = [self.tok.encode(p.prompt)[-b.prompt_len :] for p in problems]
+        prompts = [p for p in prompts for _ in range(b.samples_per_prompt)]
+        with _timed(rec, Phase.GENERATE):
+            batch = self._generate(actor, prompts, step)
+
+        with _timed(rec, Phase.REWARD):
+            scores = self._rewards(batch, problems, rec)
+        batch = _with(batch, scores=scores)
+
+        partitions: dict[int, Partition] = {}
+        if Role.REF in self.w.models:
+            with _timed(rec, Phase.REF_LOGPROB):
+                ref = self._call(Role.REF, "logprobs", batch, partitions)
+            batch = _with(batch, ref_logprobs=ref.tensors["logprobs"])
+        with _timed(rec, Phase.OLD_LOGPROB):
+            old = self._call(Role.ACTOR, "logprobs", batch, partitions)
+        batch = _with(batch, old_logprobs=old.tensors["logprobs"])
+        if Role.CRITIC in self.w.models:
+            with _timed(rec, Phase.VALUES):
+                values = self._call(Role.CRITIC, "values", batch, partitions)
+            batch = _with(batch, values=values.tensors["values"])
+
+        with _timed(rec, Phase.ADVANTAGE):
+            batch = self._advantages(batch, rec)
+
+        with _timed(rec, Phase.ACTOR_UPDATE):
+            rec.metrics |= self._update(Role.ACTOR, batch, partitions)
+        if Role.CRITIC in self.w.models:
+            with _timed(rec, Phase.CRITIC_UPDATE):
+                rec.metrics |= self._update(Role.CRITIC, batch, partitions)
+
+        wall = time.perf_counter() - t_step
+        mask = batch.tensors[RESPONSE_MASK]
+        tokens = int(batch.tensors[PROMPT_MASK].sum() + mask.sum())
+        rec.metrics |= {
+            "step_time_s": wall,
+            "tokens_per_s": tokens / wall,
+            "response_len_mean": float(mask.sum(1).float().mean()),
+            "logprob_diff_max": float(
+                ((batch.tensors["rollout_logprobs"] - batch.tensors["old_logprobs"]).abs() * mask)
+                .max()
+            ),
+        }
+        return rec
+
+    # --- phases --------------------------------------------------------------
+    def _generate(self, actor: WorkerGroup, prompts: list[list[int]], step: int) -> Batch:
+        layout = actor.gen_dispatch
+        part = balanced_partition([float(len(p)) for p in prompts], layout.num_dp, equal_counts=True)
+        per_replica = [[prompts[i] for i in ix] for ix in part.indices]
+        refs = [
+            w.generate.remote(
+                per_replica[layout.dp_rank[r]],
+                self.sampling,
+                derived_seed(self.seed, step, "replica", layout.dp_rank[r]),
+            )
+            for r, w in enumerate(actor.workers)
+        ]
+        results = self.c.gather(actor, refs, "generate")
+        return collect(layout, align(results, self.tok.pad_id), part)
+
+    def _rewards(self, batch: Batch, problems: list[Problem], rec: StepRecord) -> torch.Tensor:
+        if self.task is None:
+            group = self.c.group(Role.REWARD)
+            out = self._call(Role.REWARD, "scores", batch, {})
+            del group
+            scores = out.tensors["scores"].float()
+        else:
+            spp = self.w.batch.samples_per_prompt
+            values, exact = [], 0
+            for i in range(len(batch)):
+                n = int(batch.tensors[RESPONSE_MASK][i].sum())
+                text = self.tok.decode(batch.tensors[RESPONSE][i, :n].tolist())
+                if n and int(batch.tensors[RESPONSE][i, n - 1]) == self.tok.eos_id:
+                    text += self.task.stop  # decode drops special tokens; the checker wants it
+                score = self.task.score(problems[i // spp], text)
+                values.append(score)
+                exact += score == 1.0
+                if i % spp == 0 and len(rec.samples) < 4:
+                    rec.samples.append(
+                        {"prompt": problems[i // spp].prompt, "response": text, "reward": score}
+                    )
+            scores = torch.tensor(values)
+            rec.metrics["exact_match"] = exact / len(batch)
+        rec.metrics["reward_mean"] = float(scores.mean())
+        rec.metrics["reward_std"] = float(scores.std()) if len(scores) > 1 else 0.0
+        return scores
+
+    def _partition(self, role: Role, batch: Batch, cache: dict[int, Partition]) -> Partition:
+        """The token-aware equal-count split over `role`'s DP replicas (one per DP size)."""
+        d = self.plan.parallelism[role].train.d
+        if d not in cache:
+            lens = (batch.tensors[PROMPT_MASK].sum(1) + batch.tensors[RESPONSE_MASK].sum(1)).tolist()
+            works = WorkModel.for_model(self.w.models[role]).works([int(x) for x in lens])
+            cache[d] = balanced_partition(works, d, equal_counts=True)
+        return cache[d]
+
+    def _call(self, role: Role, method: str, batch: Batch, cache: dict[int, Partition]) -> Batch:
+        group = self.c.group(role)
+        part = self._partition(role, batch, cache)
+        shards = split_by_dp(batch, group.dispatch, part)
+        if method == "logprobs":
+            t = self.sampling.temperature
+            refs = [w.logprobs.remote(role, s, t) for w, s in zip(group.workers, shards, strict=True)]
+        elif method == "values":
+            refs = [w.values.remote(role, s) for w, s in zip(group.workers, shards, strict=True)]
+        else:
+            refs = [w.scores.remote(role, s) for w, s in zip(group.workers, shards, strict=True)]
+        return collect(group.dispatch, self.c.gather(group, refs, method), part)
+
+    def _advantages(self, batch: Batch, rec: StepRecord) -> Batch:
+        t, rl_cfg = batch.tensors, self.w.rl
+        mask = t[RESPONSE_MASK]
+        ref = t.get("ref_logprobs")
+        if ref is not None:
+            d = ref - t["old_logprobs"]
+            rec.metrics["kl_ref"] = float(rl.masked_mean(d.exp() - d - 1, mask))
+        if self.w.algorithm is Algorithm.GRPO:
+            adv = rl.group_advantages(t["scores"], self.w.batch.samples_per_prompt)
+            out = _with(batch, advantages=adv)
+        else:
+            rewards = rl.token_rewards(t["scores"], t["old_logprobs"], ref, mask, rl_cfg.kl_coef)
+            adv, returns = rl.gae(rewards, t["values"], mask, rl_cfg.gamma, rl_cfg.lam)
+            out = _with(batch, advantages=adv, returns=returns)
+        if ref is not None and self.w.algorithm is Algorithm.GRPO and rl_cfg.kl_coef:
+            out = _with(out, ref_logprobs_in_loss=ref)
+        return out
+
+    def _update(self, role: Role, batch: Batch, cache: dict[int, Partition]) -> dict[str, float]:
+        group = self.c.group(role)
+        part = self._partition(role, batch, cache)
+        shards = split_by_dp(batch, group.dispatch, part)
+        refs = [
+            w.update.remote(role, s, self.update_cfg)
+            for w, s in zip(group.workers, shards, strict=True)
+        ]
+        results = self.c.gather(group, refs, "update")
+        holders = [results[r] for r in group.dispatch.result_ranks]
+        return {k: sum(h[k] for h in holders) / len(holders) for k in holders[0]}
+
+    # --- checkpoints -----------------------------------------------------------
+    def save(self, directory: str) -> None:
+        for group in self._trained():
+            refs = [
+                w.save_state.remote(group.role, f"{directory}/{group.role}-rank{r}.pt")
+                for r, w in enumerate(group.workers)
+            ]
+            self.c.gather(group, refs, "save_state")
+
+    def load(self, directory: str) -> None:
+        for group in self._trained():
+            refs = [
+                w.load_state.remote(group.role, f"{directory}/{group.role}-rank{r}.pt")
+                for r, w in enumerate(group.workers)
+            ]
+            self.c.gather(group, refs, "load_state")
+
+    def _trained(self) -> list[WorkerGroup]:
+        return [g for g in self.c.groups if g.role in (Role.ACTOR, Role.CRITIC)]
+
+
+class _timed:
+    """Adds the block's wall time to `rec.phases[phase]`."""
+
+    def __init__(self, rec: StepRecord, phase: Phase) -> None:
+        self.rec, self.phase = rec, phase
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        dt = time.perf_counter() - self.t0
+        self.rec.phases[self.phase.value] = self.rec.phases.get(self.phase.value, 0.0) + dt
+
+
+def _with(batch: Batch, **tensors: torch.Tensor) -> Batch:
+    return Batch(tensors={**batch.tensors, **tensors}, meta=batch.meta)
+
+
+def align(batches: Sequence[Batch], pad_id: int) -> list[Batch]:
+    """Batches of one sequence layout: prompts left-padded, responses right-padded to the widest."""
+    p = max(b.tensors[PROMPT].shape[1] for b in batches)
+    r = max(b.tensors[RESPONSE].shape[1] for b in batches)
+    out = []
+    for b in batches:
+        t = dict(b.tensors)
+        dp = p - t[PROMPT].shape[1]
+        dr = r - t[RESPONSE].shape[1]
+        t[PROMPT] = torch.nn.functional.pad(t[PROMPT], (dp, 0), value=pad_id)
+        t[PROMPT_MASK] = torch.nn.functional.pad(t[PROMPT_MASK], (dp, 0), value=False)
+        for key in t:
+            if key not in (PROMPT, PROMPT_MASK) and t[key].dim() == 2:
+                fill: Any = pad_id if key == RESPONSE else 0
+                t[key] = torch.nn.functional.pad(t[key], (0, dr), value=fill)
+        out.append(Batch(tensors=t, meta=b.meta))
+    return out
+
+
+__all__ = ["DispatchLayout", "RLLoop", "StepRecord", "align", "check_executable", "derived_seed"]
