@@ -117,6 +117,59 @@ class Layer(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(w.hidden, w.ffn // t, dtype=dtype))
         self.q, self.kv, self.ffn = q, kv, w.ffn // t
         self.heads, self.kv_heads, self.head_dim = w.num_heads // t, w.num_kv_heads // t, hd
+        self.tp, self.eps = tp, arch.norm_eps
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn_mask: torch.Tensor,
+        cache: KVCache | None,
+        index: int,
+        start: int,
+    ) -> torch.Tensor:
+        # Called as a module (not a method of the model) so that FSDP2's per-layer
+        # hooks gather this layer's weights around it.
+        x = x + self._attention(x, cos, sin, attn_mask, cache, index, start)
+        return x + self._mlp(x)
+
+    def _attention(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn_mask: torch.Tensor,
+        cache: KVCache | None,
+        index: int,
+        start: int,
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = copy_to_tp(rms_norm(x, self.input_norm, self.eps), self.tp)
+        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        q, k, v = qkv.split((self.q, self.kv, self.kv), dim=-1)
+        hd = self.head_dim
+        q = q.view(b, s, self.heads, hd).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, hd).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if cache is not None:
+            cache.keys[index][:, :, start : start + s] = k
+            cache.values[index][:, :, start : start + s] = v
+            k = cache.keys[index][:, :, : start + s]
+            v = cache.values[index][:, :, : start + s]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, enable_gqa=self.heads != self.kv_heads
+        )
+        out = out.transpose(1, 2).reshape(b, s, self.q)
+        return reduce_from_tp(out @ self.o_proj.t(), self.tp)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        h = copy_to_tp(rms_norm(x, self.post_norm, self.eps), self.tp)
+        gate, up = (h @ self.gate_up.t()).split(self.ffn, dim=-1)
+        return reduce_from_tp((F.silu(gate) * up) @ self.down_proj.t(), self.tp)
+
 
 
 class Transformer(nn.Module):
@@ -212,8 +265,7 @@ class Transformer(nn.Module):
 
         x = self._embed(ids)
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(layer, x, cos, sin, attn_mask, cache, i, start)
-            x = x + self._mlp(layer, x)
+            x = layer(x, cos, sin, attn_mask, cache, i, start)
         if cache is not None:
             cache.length = start + s
         x = rms_norm(x, self.norm, self.arch.norm_eps)
@@ -230,44 +282,6 @@ class Transformer(nn.Module):
         inside = (ids >= lo) & (ids < lo + rows)
         local = F.embedding((ids - lo).clamp(0, rows - 1), self.embed) * inside[..., None]
         return reduce_from_tp(local, self.tp)
-
-    def _attention(
-        self,
-        layer: Layer,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        attn_mask: torch.Tensor,
-        cache: KVCache | None,
-        index: int,
-        start: int,
-    ) -> torch.Tensor:
-        b, s, _ = x.shape
-        h = copy_to_tp(rms_norm(x, layer.input_norm, self.arch.norm_eps), self.tp)
-        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-        q, k, v = qkv.split((layer.q, layer.kv, layer.kv), dim=-1)
-        hd = layer.head_dim
-        q = q.view(b, s, layer.heads, hd).transpose(1, 2)
-        k = k.view(b, s, layer.kv_heads, hd).transpose(1, 2)
-        v = v.view(b, s, layer.kv_heads, hd).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        if cache is not None:
-            cache.keys[index][:, :, start : start + s] = k
-            cache.values[index][:, :, start : start + s] = v
-            k = cache.keys[index][:, :, : start + s]
-            v = cache.values[index][:, :, : start + s]
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, enable_gqa=layer.heads != layer.kv_heads
-        )
-        out = out.transpose(1, 2).reshape(b, s, layer.q)
-        return reduce_from_tp(out @ layer.o_proj.t(), self.tp)
-
-    def _mlp(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
-        h = copy_to_tp(rms_norm(x, layer.post_norm, self.arch.norm_eps), self.tp)
-        gate, up = (h @ layer.gate_up.t()).split(layer.ffn, dim=-1)
-        return reduce_from_tp((F.silu(gate) * up) @ layer.down_proj.t(), self.tp)
-
 
 # --- full weights and their shards ----------------------------------------------
 
