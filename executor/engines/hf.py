@@ -80,10 +80,8 @@ def load_checkpoint(path: str | Path) -> tuple[ModelSpec, dict[str, torch.Tensor
     if p.suffix == ".gguf":
         if not p.is_file():
             raise SpecError(f"{p}: GGUF file not found")
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            str(p.parent), gguf_file=p.name, dtype=torch.float32
-        )
-        spec = _spec_of_config(hf_model.config, name=p.stem)
+        config, state = _gguf_state_dict(p)
+        spec = _spec_of_config(config, name=p.stem)
     else:
         if not (p / "config.json").is_file():
             raise SpecError(
@@ -92,8 +90,26 @@ def load_checkpoint(path: str | Path) -> tuple[ModelSpec, dict[str, torch.Tensor
             )
         spec = model_from_hf_config(p, name=p.name)
         hf_model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32)
-    weights = to_canonical(dict(hf_model.state_dict()), TinyLlama.from_model_spec(spec))
+        state = dict(hf_model.state_dict())
+    weights = to_canonical(state, TinyLlama.from_model_spec(spec))
     return spec, weights
+
+
+def _gguf_state_dict(path: Path) -> tuple[object, dict[str, torch.Tensor]]:
+    """transformers' config and dequantised state dict (transformers' names) of a GGUF file.
+
+    `from_pretrained(gguf_file=...)` refuses to run without `accelerate`, which
+    it needs only for device placement; these are the two steps it takes, the
+    tensors renamed through a weightless (meta-device) skeleton of the model.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    loaded = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton)
+    return config, dict(loaded["tensors"])
 
 
 def _spec_of_config(config: object, *, name: str) -> ModelSpec:
