@@ -360,6 +360,72 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _start_ray(plan: object, num_cpus: int | None) -> None:
+    """A local Ray with room for the plan: CPU workers are logical, so enough CPU slots."""
+    import os
+
+    import ray
+
+    from placeflow.executor.pools import required_resources
+
+    needed = int(required_resources(plan).get("CPU", 0))  # type: ignore[arg-type]
+    cpus = num_cpus or max(os.cpu_count() or 1, needed)
+    if not ray.is_initialized():
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR")
+
+
+def _print_run(console: Console, records: Sequence[object], run_dir: Path) -> None:
+    table = Table(title=f"run {run_dir}")
+    cols = ("step", "reward", "exact", "pg loss", "kl ref", "entropy", "resp len", "tokens/s", "s")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for rec in records:
+        m = rec.metrics  # type: ignore[attr-defined]
+        table.add_row(
+            str(rec.step),  # type: ignore[attr-defined]
+            f"{m['reward_mean']:.3f}",
+            f"{m.get('exact_match', float('nan')):.2f}",
+            f"{m['pg_loss']:+.4f}",
+            f"{m.get('kl_ref', 0.0):.4f}",
+            f"{m['entropy']:.2f}",
+            f"{m['response_len_mean']:.1f}",
+            f"{m['tokens_per_s']:,.0f}",
+            f"{m['step_time_s']:.2f}",
+        )
+    console.print(table)
+
+
+def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+    import ray
+
+    from placeflow.executor.errors import ExecutorError
+    from placeflow.executor.run import RunConfig, run_plan
+    from placeflow.plan import load_plan
+
+    plan = load_plan(args.plan)
+    run_dir = Path(args.run_dir or Path("runs") / plan.name)
+    cfg = RunConfig(
+        steps=args.steps,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        timeout_s=args.timeout,
+        num_threads=args.threads,
+        progress=not args.no_progress,
+    )
+    _start_ray(plan, args.num_cpus)
+    try:
+        result = run_plan(plan, run_dir, cfg)
+    except ExecutorError as exc:
+        print(f"placeflow: run failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ray.shutdown()
+    _print_run(console, result.records, run_dir)
+    console.print(f"run directory: {run_dir} (metrics.jsonl, manifest.json, checkpoints/)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="placeflow",
@@ -398,6 +464,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="write an HTML report (plotly, works offline)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_cmd_simulate)
+
+    p = sub.add_parser("run", help="train a plan with RL on this machine's devices (Ray)")
+    p.add_argument("plan", help="plan TOML file")
+    p.add_argument("--steps", type=int, default=20, help="RL steps in all (resumed ones count)")
+    p.add_argument("--run-dir", help="run directory (default: runs/<plan name>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0: at the end only")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--num-cpus", type=int, help="CPU slots for the local Ray instance")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per remote call")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=_cmd_run)
 
     prof = sub.add_parser("profiles", help="list, check and import profiles")
     psub = prof.add_subparsers(dest="profiles_command", required=True)
