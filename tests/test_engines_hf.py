@@ -11,6 +11,7 @@ SmolLM2-135M runs only when its GGUF file is already cached (see
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -37,7 +38,11 @@ from placeflow.models import ModelSpec, model_from_hf_config
 from placeflow.procs import free_port, report_rank, run_ranks
 from placeflow.reshard_plan import TinyLlama
 
-transformers = pytest.importorskip("transformers")
+
+def _transformers() -> Any:
+    """transformers, the oracle; tests that need it skip without it (the TP ones do not)."""
+    return pytest.importorskip("transformers")
+
 
 ATOL = 1e-5
 VOCAB = 96
@@ -58,6 +63,7 @@ def _hf_model(kind: str, *, tied: bool, seed: int, path: Path) -> Any:
         rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
         attn_implementation="eager",
     )
+    transformers = _transformers()
     if kind == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     else:
@@ -302,6 +308,7 @@ def smollm2_gguf() -> Path:
 def test_smollm2_matches_transformers(smollm2_gguf: Path) -> None:
     from placeflow.executor.engines import smollm2
 
+    transformers = _transformers()
     spec, weights = load_checkpoint(smollm2_gguf)
     assert sum(t.numel() for t in weights.values()) == smollm2.NUM_PARAMS
     assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads) == (30, 576, 9, 3)
@@ -436,7 +443,18 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _adapter_checkpoint(tmp_path: Path) -> tuple[Path, ModelSpec]:
-    _hf_model("qwen2", tied=False, seed=21, path=tmp_path)  # writes config.json
+    """A checkpoint directory as far as the adapter looks: a Qwen2 config.json."""
+    config = {
+        "model_type": "qwen2",
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 40,
+        "vocab_size": VOCAB,
+        "tie_word_embeddings": False,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return tmp_path, model_from_hf_config(tmp_path)
 
 
@@ -544,6 +562,7 @@ def test_vllm_logprobs_match_our_model_after_a_weight_push(tmp_path: Path) -> No
     from placeflow.executor.engines.sampler import SamplingParams
     from placeflow.executor.engines.vllm_adapter import VLLMConfig, VLLMSampler
 
+    transformers = _transformers()
     config = transformers.LlamaConfig(
         vocab_size=256,
         hidden_size=128,

@@ -74,8 +74,6 @@ def to_hf(params: dict[str, torch.Tensor], model: TinyLlama) -> dict[str, torch.
 
 def load_checkpoint(path: str | Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """A local checkpoint directory (or .gguf file) as (ModelSpec, full canonical weights)."""
-    from transformers import AutoModelForCausalLM  # heavy import, only when loading
-
     p = Path(path)
     if p.suffix == ".gguf":
         if not p.is_file():
@@ -89,6 +87,8 @@ def load_checkpoint(path: str | Path) -> tuple[ModelSpec, dict[str, torch.Tensor
                 "by transformers' save_pretrained or a .gguf file"
             )
         spec = model_from_hf_config(p, name=p.name)
+        from transformers import AutoModelForCausalLM  # heavy import, only when loading
+
         hf_model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32)
         state = dict(hf_model.state_dict())
     weights = to_canonical(state, TinyLlama.from_model_spec(spec))
