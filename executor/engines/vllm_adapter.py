@@ -4,11 +4,18 @@
 `Sampler.generate` does: token ids in (`TokensPrompt`), token ids and one
 logprob per sampled token out (`SamplingParams(logprobs=0)` asks vLLM for the
 sampled token's logprob only). No text anywhere: the engine starts with
-`skip_tokenizer_init` and requests set `detokenize=False`. New weights are
-pushed by Hugging Face name (`to_hf`) through `LLM.collective_rpc` to a method
-that `WeightReceiver` adds to every vLLM worker (vLLM's `worker_extension_cls`,
-the route vLLM's RLHF examples, TRL and OpenRLHF take); each worker's
-`model.load_weights` shards the full tensors for its own TP rank.
+`skip_tokenizer_init` and requests set `detokenize=False`.
+
+New weights go by Hugging Face name (`to_hf`), full size, in buckets: each
+bucket is written as a safetensors file to shared memory (/dev/shm) and its
+path handed through `LLM.collective_rpc` to a method that `WeightReceiver`
+adds to every vLLM worker (vLLM's `worker_extension_cls`, the route of vLLM's
+RLHF examples, TRL and OpenRLHF); each worker's `model.load_weights` slices
+its own TP shard. Only the path crosses vLLM's RPC because its engine-core
+process decodes untyped RPC arguments as plain msgpack, which does not rebuild
+tensors (vLLM's examples send metadata by RPC and tensors over NCCL or CUDA
+IPC instead). A file works for any process layout on one node and on CPU in
+tests.
 
 Where it departs from `Sampler`:
 
@@ -31,6 +38,7 @@ it is imported when a `VLLMSampler` is built, never by importing this module.
 from __future__ import annotations
 
 import importlib
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +82,7 @@ class VLLMConfig:
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     enforce_eager: bool = False  # True skips CUDA-graph capture (faster start, slower decode)
     dummy_weights: bool = False  # random weights until the first load_weights
-    bucket_bytes: int = 256 << 20  # largest weight push per collective_rpc call
+    bucket_bytes: int = 256 << 20  # largest push per collective_rpc call (sizes as given)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -94,9 +102,13 @@ class WeightReceiver:
 
     model_runner: Any
 
-    def placeflow_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
-        """Full-size tensors by Hugging Face name; the model slices this worker's TP shard."""
-        self.model_runner.model.load_weights(weights=weights)
+    def placeflow_load_weights(self, path: str) -> int:
+        """Full-size tensors by Hugging Face name from a safetensors file; each worker slices
+        its own TP shard. Returns how many tensors it loaded."""
+        from safetensors.torch import load_file  # a vLLM dependency
+
+        weights = load_file(path)
+        self.model_runner.model.load_weights(weights=list(weights.items()))
         return len(weights)
 
 
@@ -165,13 +177,21 @@ class VLLMSampler:
                 "load_weights takes every weight of the model: "
                 f"missing {missing[:5]}, unknown {unknown[:5]}"
             )
+        from safetensors.torch import save_file  # a vLLM dependency
+
         dtype = _DTYPES[self.config.dtype]
-        named = {
-            name: t.detach().to("cpu", dtype).contiguous()
-            for name, t in to_hf(dict(params), self._weights).items()
-        }
-        for bucket in buckets(named, self.config.bucket_bytes):
-            self._llm.collective_rpc("placeflow_load_weights", args=(bucket,))
+        named = to_hf(dict(params), self._weights)  # views: converted one bucket at a time
+        with tempfile.TemporaryDirectory(prefix="placeflow-weights-", dir=_shared_memory()) as tmp:
+            for i, bucket in enumerate(buckets(named, self.config.bucket_bytes)):
+                path = Path(tmp) / f"bucket{i}.safetensors"
+                # copy=True: safetensors wants tensors that own their memory, not views.
+                save_file({n: t.detach().to("cpu", dtype, copy=True) for n, t in bucket}, str(path))
+                self._llm.collective_rpc("placeflow_load_weights", args=(str(path),))
+
+
+def _shared_memory() -> str | None:
+    """/dev/shm where there is one (files in RAM), else the default temporary folder."""
+    return "/dev/shm" if Path("/dev/shm").is_dir() else None
 
 
 def vllm_sampling_params(vllm: ModuleType, params: SamplingParams, seed: int) -> Any:
