@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -260,7 +259,6 @@ def tp_rank(rank: int, job: TPJob, results: Any) -> None:
 
 
 def test_tp2_matches_single_process_logits_and_gradients() -> None:
-    start = time.monotonic()
     got: dict[tuple[str, int], tuple[Any, dict[str, Any]]] = {}
     job = TPJob(port=free_port(), cases=tuple(TP_SPECS))
     run_ranks(
@@ -288,7 +286,6 @@ def test_tp2_matches_single_process_logits_and_gradients() -> None:
             assert tp_grads.keys() == expected.keys()
             for name, grad in expected.items():
                 torch.testing.assert_close(tp_grads[name], grad, atol=ATOL, rtol=1e-4, msg=name)
-    assert time.monotonic() - start < 60  # spawning two interpreters dominates
 
 
 # --- SmolLM2-135M, the real model, when its GGUF file is cached -------------------------
