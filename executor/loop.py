@@ -140,6 +140,7 @@ class RLLoop:
             top_p=rl_cfg.top_p,
             max_tokens=self.w.batch.response_len,
             stop_ids=(self.tok.eos_id,),
+            ignore_stop=rl_cfg.ignore_stop,
         )
         self.update_cfg = UpdateConfig(
             ppo_epochs=self.w.batch.ppo_epochs,

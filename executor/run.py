@@ -23,6 +23,7 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -111,8 +112,8 @@ def last_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return best
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -122,8 +123,17 @@ def _record_json(rec: StepRecord) -> dict[str, Any]:
     return {"step": rec.step, **rec.metrics, "phases": rec.phases, "samples": rec.samples}
 
 
-def run_plan(plan: Plan, run_dir: str | Path, cfg: RunConfig) -> RunResult:
-    """Train `plan` for `cfg.steps` steps (in all, counting resumed ones). Ray must be up."""
+AfterStep = Callable[[RLLoop, StepRecord], None]
+
+
+def run_plan(
+    plan: Plan, run_dir: str | Path, cfg: RunConfig, *, after_step: AfterStep | None = None
+) -> RunResult:
+    """Train `plan` for `cfg.steps` steps (in all, counting resumed ones). Ray must be up.
+
+    `after_step` runs on the controller after each step is recorded and checkpointed
+    (evaluation, custom logging; the tests inject failures with it).
+    """
     check_executable(plan)
     tokenizer = tokenizer_for(plan)
     run_dir = Path(run_dir)
@@ -183,6 +193,8 @@ def run_plan(plan: Plan, run_dir: str | Path, cfg: RunConfig) -> RunResult:
                 if (every and (step + 1) % every == 0) or step + 1 == cfg.steps:
                     save_checkpoint(loop, run_dir, step)
                     last_saved = step
+                if after_step is not None:
+                    after_step(loop, rec)
         except ExecutorError as exc:
             kept = (
                 f"the checkpoint of step {last_saved} is kept; rerun with --resume to continue"

@@ -151,6 +151,7 @@ class RLConfig:
     top_p: float = 1.0
     grad_clip: float = 1.0
     weight_decay: float = 0.0
+    ignore_stop: bool = False  # fixed-length responses of response_len tokens (benchmarks)
 
     def __post_init__(self) -> None:
         for name in ("lr", "critic_lr"):
@@ -262,7 +263,13 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
     if t.has("rl"):
         rt = t.table("rl")
         rt.reject_unknown(_RL_KEYS)
-        rl = RLConfig(**{k: rt.get_float(k) for k in _RL_KEYS if rt.has(k)})
+        rl = RLConfig(
+            **{
+                k: rt.get_bool(k) if k == "ignore_stop" else rt.get_float(k)
+                for k in _RL_KEYS
+                if rt.has(k)
+            }
+        )
     return Workload(
         name=t.get_str("name", "workload"),
         algorithm=algorithm,

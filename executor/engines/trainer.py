@@ -4,9 +4,16 @@ The plan's ZeRO stage picks torch's own implementation:
 
 - zero 3: FSDP2 (`fully_shard`, per layer and the root) over a DeviceMesh of
   the DP group: parameters, gradients and optimizer state sharded;
-- zero 1 and 2: DDP for gradients plus `ZeroRedundancyOptimizer` (optimizer
-  state sharded, parameters replicated, as Megatron's distributed optimizer);
-- zero 0 (or d = 1): DDP (or nothing) and a plain AdamW.
+- zero 1 and 2: gradients all-reduced once per optimizer step, plus torch's
+  `ZeroRedundancyOptimizer` (optimizer state sharded, parameters replicated, as
+  Megatron's distributed optimizer);
+- zero 0 (or d = 1): the same all-reduce and a plain AdamW.
+
+The replicated-parameter all-reduce is one flat buffer in parameter order
+rather than torch's DDP: DDP re-buckets gradients in the order autograd
+produced them on the first iteration of each process, which changes the order
+in which a ring all-reduce sums each element, so a resumed process would drift
+from an uninterrupted one in the last bits.
 
 TP is inside the model (`tp.py`). Gradient accumulation over micro-batches
 syncs once per optimizer step. Clipping uses the global gradient norm: squares
@@ -32,7 +39,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
-from torch.nn.parallel import DistributedDataParallel
 
 from placeflow.executor.engines.transformer import Transformer
 
@@ -61,14 +67,11 @@ class TrainEngine:
         self.model, self.optim_config, self.zero = model, optim, zero
         self.dp_group, self.dp_size = dp_group, dp_size
         self.fsdp = dp_size > 1 and zero == 3
-        self.wrapped: torch.nn.Module = model
         if self.fsdp:
             mesh = DeviceMesh.from_group(dp_group, model.embed.device.type)
             for layer in model.layers:
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
-        elif dp_size > 1:
-            self.wrapped = DistributedDataParallel(model, process_group=dp_group)
         params = list(model.parameters())
         kwargs = dict(lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas)
         self.optimizer: torch.optim.Optimizer
@@ -80,7 +83,7 @@ class TrainEngine:
             self.optimizer = torch.optim.AdamW(params, **kwargs)  # type: ignore[arg-type]
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.wrapped(ids, mask)
+        return self.model(ids, mask)
 
     @contextlib.contextmanager
     def accumulate(self, *, sync: bool) -> Iterator[None]:
@@ -88,15 +91,23 @@ class TrainEngine:
         if self.fsdp:
             assert isinstance(self.model, FSDPModule)
             self.model.set_requires_gradient_sync(sync)
-            yield
-        elif isinstance(self.wrapped, DistributedDataParallel) and not sync:
-            with self.wrapped.no_sync():
-                yield
-        else:
-            yield
+        yield
+
+    def _average_gradients(self) -> None:
+        """Mean of the replicas' gradients: one all-reduce of a flat buffer in parameter order."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.dp_size
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     def step(self) -> float:
         """Clip to the global norm, take an optimizer step, zero gradients; the norm."""
+        if self.dp_size > 1 and not self.fsdp:
+            self._average_gradients()
         norm = self.grad_norm()
         clip = self.optim_config.grad_clip
         if clip > 0 and math.isfinite(norm) and norm > clip:
