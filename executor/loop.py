@@ -133,7 +133,9 @@ class RLLoop:
         check_executable(self.plan)
         self.seed = seed
         self.tok = tokenizer
-        self.task: Task | None = get_task(self.w.reward_function) if self.w.reward_function else None
+        self.task: Task | None = (
+            get_task(self.w.reward_function) if self.w.reward_function else None
+        )
         rl_cfg = self.w.rl
         self.sampling = SamplingParams(
             temperature=rl_cfg.temperature,
@@ -239,8 +241,9 @@ class RLLoop:
             "tokens_per_s": tokens / wall,
             "response_len_mean": float(mask.sum(1).float().mean()),
             "logprob_diff_max": float(
-                ((batch.tensors["rollout_logprobs"] - batch.tensors["old_logprobs"]).abs() * mask)
-                .max()
+                (
+                    (batch.tensors["rollout_logprobs"] - batch.tensors["old_logprobs"]).abs() * mask
+                ).max()
             ),
         }
         return rec
@@ -248,7 +251,9 @@ class RLLoop:
     # --- phases --------------------------------------------------------------
     def _generate(self, actor: WorkerGroup, prompts: list[list[int]], step: int) -> Batch:
         layout = actor.gen_dispatch
-        part = balanced_partition([float(len(p)) for p in prompts], layout.num_dp, equal_counts=True)
+        part = balanced_partition(
+            [float(len(p)) for p in prompts], layout.num_dp, equal_counts=True
+        )
         per_replica = [[prompts[i] for i in ix] for ix in part.indices]
         refs = [
             w.generate.remote(
@@ -292,7 +297,9 @@ class RLLoop:
         """The token-aware equal-count split over `role`'s DP replicas (one per DP size)."""
         d = self.plan.parallelism[role].train.d
         if d not in cache:
-            lens = (batch.tensors[PROMPT_MASK].sum(1) + batch.tensors[RESPONSE_MASK].sum(1)).tolist()
+            lens = (
+                batch.tensors[PROMPT_MASK].sum(1) + batch.tensors[RESPONSE_MASK].sum(1)
+            ).tolist()
             works = WorkModel.for_model(self.w.models[role]).works([int(x) for x in lens])
             cache[d] = balanced_partition(works, d, equal_counts=True)
         return cache[d]
@@ -303,7 +310,9 @@ class RLLoop:
         shards = split_by_dp(batch, group.dispatch, part)
         if method == "logprobs":
             t = self.sampling.temperature
-            refs = [w.logprobs.remote(role, s, t) for w, s in zip(group.workers, shards, strict=True)]
+            refs = [
+                w.logprobs.remote(role, s, t) for w, s in zip(group.workers, shards, strict=True)
+            ]
         elif method == "values":
             refs = [w.values.remote(role, s) for w, s in zip(group.workers, shards, strict=True)]
         else:

@@ -142,7 +142,9 @@ def run_plan(
     if cfg.resume:
         found = last_checkpoint(run_dir)
         if not (run_dir / "manifest.json").is_file():
-            raise SpecError(f"{run_dir}: nothing to resume (no manifest.json); run without --resume")
+            raise SpecError(
+                f"{run_dir}: nothing to resume (no manifest.json); run without --resume"
+            )
         manifest = json.loads((run_dir / "manifest.json").read_text())
         if manifest["plan"]["content_hash"] != plan.content_hash():
             raise SpecError(
@@ -151,7 +153,9 @@ def run_plan(
                 f"(hash {plan.content_hash()}). Resume with the same plan or use a new run dir"
             )
         if manifest["seed"] != cfg.seed:
-            raise SpecError(f"{run_dir} was run with seed {manifest['seed']}; pass --seed {manifest['seed']}")
+            raise SpecError(
+                f"{run_dir} was run with seed {manifest['seed']}; pass --seed {manifest['seed']}"
+            )
         if found is not None:
             start, resume_from = found[0] + 1, found[1]
         # Steps after the checkpoint are redone: drop their metrics.
@@ -160,7 +164,8 @@ def run_plan(
     else:
         if (run_dir / "manifest.json").exists():
             raise SpecError(
-                f"{run_dir} already holds a run; pass --resume to continue it or choose a new directory"
+                f"{run_dir} already holds a run; pass --resume to continue it "
+                "or choose a new directory"
             )
         run_dir.mkdir(parents=True, exist_ok=True)
         write_manifest(run_dir, plan, cfg)
@@ -196,12 +201,12 @@ def run_plan(
                 if after_step is not None:
                     after_step(loop, rec)
         except ExecutorError as exc:
-            kept = (
+            keep_note = (
                 f"the checkpoint of step {last_saved} is kept; rerun with --resume to continue"
                 if last_saved is not None
                 else "no checkpoint was written yet; rerun from the start"
             )
-            message = f"run failed at step {step}: {exc}\n{kept}"
+            message = f"run failed at step {step}: {exc}\n{keep_note}"
             (run_dir / "error.txt").write_text(message + "\n")
             raise RunError(message) from exc
         finally:

@@ -31,10 +31,10 @@ import ray
 import torch
 import torch.distributed as dist
 
+from placeflow.errors import SpecError
 from placeflow.executor.balance import WorkModel
 from placeflow.executor.batch import Batch
 from placeflow.executor.dispatch import DispatchLayout
-from placeflow.errors import SpecError
 from placeflow.executor.engines.roles import (
     ActorEngine,
     CriticEngine,
@@ -49,7 +49,6 @@ from placeflow.executor.groups import RoleLayout
 from placeflow.hardware import DeviceKind
 from placeflow.reshard_plan import plan_reshard
 from placeflow.workload import Role
-
 
 E = TypeVar("E")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -371,7 +372,7 @@ def _start_ray(plan: object, num_cpus: int | None) -> None:
     needed = int(required_resources(plan).get("CPU", 0))  # type: ignore[arg-type]
     cpus = num_cpus or max(os.cpu_count() or 1, needed)
     if not ray.is_initialized():
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR")
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR)
 
 
 def _print_run(console: Console, records: Sequence[object], run_dir: Path) -> None:

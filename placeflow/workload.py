@@ -263,13 +263,12 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
     if t.has("rl"):
         rt = t.table("rl")
         rt.reject_unknown(_RL_KEYS)
-        rl = RLConfig(
-            **{
-                k: rt.get_bool(k) if k == "ignore_stop" else rt.get_float(k)
-                for k in _RL_KEYS
-                if rt.has(k)
-            }
-        )
+        values: dict[str, Any] = {
+            k: rt.get_bool(k) if k == "ignore_stop" else rt.get_float(k)
+            for k in _RL_KEYS
+            if rt.has(k)
+        }
+        rl = RLConfig(**values)
     return Workload(
         name=t.get_str("name", "workload"),
         algorithm=algorithm,

@@ -228,7 +228,9 @@ class _Trainable:
         return {k: v / max(count, 1) for k, v in sums.items()}
 
     @torch.no_grad()
-    def _forward_all(self, batch: Batch, fn: Callable[[Batch, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def _forward_all(
+        self, batch: Batch, fn: Callable[[Batch, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         self.model.eval()
         out = []
         for mb in _micro_batches(batch, self.setup.micro_batch):
@@ -288,7 +290,9 @@ class ActorEngine(_Trainable):
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> Batch:
         if self.rollout is None:
             raise SpecError("this actor rank has no rollout engine")
-        return completions_batch(prompts, self.rollout.generate(prompts, params, seed), self.setup.pad_id)
+        return completions_batch(
+            prompts, self.rollout.generate(prompts, params, seed), self.setup.pad_id
+        )
 
     def logprobs(self, batch: Batch, temperature: float) -> Batch:
         lp = self._forward_all(batch, lambda mb, logits: response_logp(logits, mb, temperature)[0])
@@ -297,7 +301,9 @@ class ActorEngine(_Trainable):
     def update(self, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
         dp = self.groups.dp_size
 
-        def loss_fn(mb: Batch, logits: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+        def loss_fn(
+            mb: Batch, logits: torch.Tensor, num_tokens: int
+        ) -> tuple[torch.Tensor, dict[str, float]]:
             t = mb.tensors
             logp, dists = response_logp(logits, mb, cfg.temperature)
             terms = rl.policy_loss(
@@ -314,7 +320,9 @@ class ActorEngine(_Trainable):
             ent = rl.entropy(dists)
             loss = terms.loss
             if cfg.entropy_coef:
-                loss = loss - cfg.entropy_coef * rl.masked_sum(ent, t[RESPONSE_MASK]) * (dp / num_tokens)
+                loss = loss - cfg.entropy_coef * rl.masked_sum(ent, t[RESPONSE_MASK]) * (
+                    dp / num_tokens
+                )
             return loss, {
                 "pg_loss": terms.pg_loss,
                 "kl": terms.kl,
@@ -339,7 +347,9 @@ class CriticEngine(_Trainable):
     def update(self, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
         dp = self.groups.dp_size
 
-        def loss_fn(mb: Batch, out: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+        def loss_fn(
+            mb: Batch, out: torch.Tensor, num_tokens: int
+        ) -> tuple[torch.Tensor, dict[str, float]]:
             t = mb.tensors
             width, r = t[PROMPT].shape[1], t[RESPONSE].shape[1]
             loss, mean = rl.value_loss(

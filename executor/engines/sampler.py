@@ -65,9 +65,7 @@ def policy_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.log_softmax(logits.float() / scale, dim=-1)
 
 
-def _draw(
-    logp: torch.Tensor, params: SamplingParams, gen: torch.Generator
-) -> torch.Tensor:
+def _draw(logp: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
     if params.temperature == 0:
         return logp.argmax(-1)
     probs = logp.exp()

@@ -73,14 +73,18 @@ class TrainEngine:
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
         params = list(model.parameters())
-        kwargs = dict(lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas)
+        kwargs: dict[str, Any] = {
+            "lr": optim.lr,
+            "weight_decay": optim.weight_decay,
+            "betas": optim.betas,
+        }
         self.optimizer: torch.optim.Optimizer
         if dp_size > 1 and zero in (1, 2):
             self.optimizer = ZeroRedundancyOptimizer(
                 params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **kwargs
             )
         else:
-            self.optimizer = torch.optim.AdamW(params, **kwargs)  # type: ignore[arg-type]
+            self.optimizer = torch.optim.AdamW(params, **kwargs)
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.model(ids, mask)

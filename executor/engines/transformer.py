@@ -66,9 +66,7 @@ class KVCache:
     length: int = 0
 
     @classmethod
-    def empty(
-        cls, model: Transformer, batch: int, capacity: int, device: torch.device
-    ) -> KVCache:
+    def empty(cls, model: Transformer, batch: int, capacity: int, device: torch.device) -> KVCache:
         shape = (batch, model.local_kv_heads, capacity, model.head_dim)
         dtype = model.embed.dtype
         return cls(
@@ -108,9 +106,7 @@ class Layer(nn.Module):
         q, kv = w.num_heads * hd // t, w.num_kv_heads * hd // t
         self.input_norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype))
         self.qkv = nn.Parameter(torch.empty(q + 2 * kv, w.hidden, dtype=dtype))
-        self.qkv_bias = (
-            nn.Parameter(torch.zeros(q + 2 * kv, dtype=dtype)) if w.qkv_bias else None
-        )
+        self.qkv_bias = nn.Parameter(torch.zeros(q + 2 * kv, dtype=dtype)) if w.qkv_bias else None
         self.o_proj = nn.Parameter(torch.empty(w.hidden, q, dtype=dtype))
         self.post_norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype))
         self.gate_up = nn.Parameter(torch.empty(2 * w.ffn // t, w.hidden, dtype=dtype))
@@ -171,7 +167,6 @@ class Layer(nn.Module):
         return reduce_from_tp((F.silu(gate) * up) @ self.down_proj.t(), self.tp)
 
 
-
 class Transformer(nn.Module):
     """One TP rank's shard of a decoder; `value_head` makes it a critic / reward model."""
 
@@ -195,7 +190,9 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Layer(arch, tp, dtype) for _ in range(w.num_layers))
         self.norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype))
         # A critic's head is replicated (one output); an LM head is vocab-parallel.
-        self.value_head = nn.Parameter(torch.zeros(1, w.hidden, dtype=dtype)) if value_head else None
+        self.value_head = (
+            nn.Parameter(torch.zeros(1, w.hidden, dtype=dtype)) if value_head else None
+        )
         self.lm_head = (
             nn.Parameter(torch.empty(w.vocab // tp.size, w.hidden, dtype=dtype))
             if not value_head and not w.tied_embeddings
@@ -245,7 +242,7 @@ class Transformer(nn.Module):
         With `cache`, `ids` continue the cached sequence: `mask` covers the new
         tokens only and the cache grows by seq.
         """
-        b, s = ids.shape
+        s = ids.shape[1]
         if cache is None:
             key_mask = mask
             positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -283,6 +280,7 @@ class Transformer(nn.Module):
         local = F.embedding((ids - lo).clamp(0, rows - 1), self.embed) * inside[..., None]
         return reduce_from_tp(local, self.tp)
 
+
 # --- full weights and their shards ----------------------------------------------
 
 
@@ -307,9 +305,7 @@ def random_full(arch: Arch, seed: int, *, critic: bool = False) -> dict[str, tor
     return out
 
 
-def shard_full(
-    full: dict[str, torch.Tensor], arch: Arch, tp: TPGroup
-) -> dict[str, torch.Tensor]:
+def shard_full(full: dict[str, torch.Tensor], arch: Arch, tp: TPGroup) -> dict[str, torch.Tensor]:
     """This TP rank's shards of full weights (names outside the plan, e.g. value_head, whole)."""
     specs = {p.name: p for p in arch.weights.params()}
     out = {}
