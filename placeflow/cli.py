@@ -361,8 +361,12 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _start_ray(plan: object, num_cpus: int | None) -> None:
-    """A local Ray with room for the plan: CPU workers are logical, so enough CPU slots."""
+def _start_ray(plan: object, num_cpus: int | None) -> bool:
+    """A local Ray with room for the plan: CPU workers are logical, so enough CPU slots.
+
+    True when this call started Ray (and the caller shuts it down); an already
+    running Ray (a notebook's, a test session's) is used as it is.
+    """
     import os
 
     import ray
@@ -371,8 +375,10 @@ def _start_ray(plan: object, num_cpus: int | None) -> None:
 
     needed = int(required_resources(plan).get("CPU", 0))  # type: ignore[arg-type]
     cpus = num_cpus or max(os.cpu_count() or 1, needed)
-    if not ray.is_initialized():
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR)
+    if ray.is_initialized():
+        return False
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR)
+    return True
 
 
 def _print_run(console: Console, records: Sequence[object], run_dir: Path) -> None:
@@ -400,6 +406,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     import ray
 
     from placeflow.executor.errors import ExecutorError
+    from placeflow.executor.loop import check_executable, tokenizer_for
     from placeflow.executor.run import RunConfig, run_plan
     from placeflow.plan import load_plan
 
@@ -414,16 +421,87 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         num_threads=args.threads,
         progress=not args.no_progress,
     )
-    _start_ray(plan, args.num_cpus)
+    check_executable(plan)  # before Ray starts: a plan it cannot run fails in a second
+    tokenizer_for(plan)
+    started = _start_ray(plan, args.num_cpus)
     try:
         result = run_plan(plan, run_dir, cfg)
     except ExecutorError as exc:
         print(f"placeflow: run failed: {exc}", file=sys.stderr)
         return 1
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
     _print_run(console, result.records, run_dir)
     console.print(f"run directory: {run_dir} (metrics.jsonl, manifest.json, checkpoints/)")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    import ray
+
+    from placeflow.executor.errors import ExecutorError
+    from placeflow.executor.loop import check_executable, tokenizer_for
+    from placeflow.executor.run import RunConfig, read_metrics, run_plan
+    from placeflow.plan import load_plan
+    from placeflow.reports.run import run_report
+    from placeflow.simulator import simulate
+    from placeflow.simulator.fidelity import compare
+    from placeflow.simulator.simulate import cost_models_for
+
+    plan = load_plan(args.plan)
+    if args.steps < 2:
+        raise SpecError("--steps must be at least 2 (the first step is a warm-up)")
+    # Simulate first: a profile or plan problem shows before any worker starts.
+    estimate = simulate(plan, cost_models_for(plan, args.profile))
+    if not estimate.feasible:
+        raise SpecError(f"the plan does not fit: {estimate.infeasible_reason}")
+    run_dir = Path(args.run_dir or Path("runs") / f"validate-{plan.name}")
+    cfg = RunConfig(
+        steps=args.steps,
+        seed=args.seed,
+        num_threads=args.threads,
+        progress=not args.no_progress,
+        profile=args.profile,
+    )
+    check_executable(plan)  # before Ray starts: a plan it cannot run fails in a second
+    tokenizer_for(plan)
+    started = _start_ray(plan, args.num_cpus)
+    try:
+        run_plan(plan, run_dir, cfg)
+    except ExecutorError as exc:
+        print(f"placeflow: run failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if started:
+            ray.shutdown()
+    table = compare(estimate, read_metrics(run_dir), warmup=1)
+    (run_dir / "fidelity.json").write_text(json.dumps(table.to_json(), indent=2) + "\n")
+    (run_dir / "fidelity.md").write_text(table.to_markdown())
+    (run_dir / "estimate.json").write_text(json.dumps(estimate.to_json(), indent=2) + "\n")
+    report = run_report(run_dir, args.report)
+    if args.json:
+        console.print_json(json.dumps(table.to_json()))
+        return 0
+    out = Table(title=f"{plan.name}: measured vs simulated ({args.profile}), {table.steps} steps")
+    for col in ("phase", "measured s", "simulated s", "error"):
+        out.add_column(col, justify="left" if col == "phase" else "right")
+    for p in (*table.phases, table.step):
+        out.add_row(p.phase, f"{p.measured_s:.4f}", f"{p.predicted_s:.4f}", f"{p.rel_error:+.1%}")
+    console.print(out)
+    worst = table.worst
+    console.print(
+        f"median |error| {table.median_abs_error:.1%}, worst "
+        + (f"{worst.phase} {abs(worst.rel_error):.1%}" if worst else "-")
+    )
+    console.print(f"wrote {run_dir}/fidelity.json, fidelity.md and {report}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.reports.run import run_report
+
+    console.print(f"wrote {run_report(args.run_dir, args.out)}")
     return 0
 
 
@@ -478,6 +556,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per remote call")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_cmd_run)
+
+    p = sub.add_parser(
+        "validate", help="run a plan here and compare its measured phases with the simulator"
+    )
+    p.add_argument("plan", help="plan TOML file")
+    p.add_argument("--profile", required=True, help="profile of this hardware (e.g. cpu)")
+    p.add_argument("--steps", type=int, default=6, help="RL steps; the first is a warm-up")
+    p.add_argument("--run-dir", help="run directory (default: runs/validate-<plan name>)")
+    p.add_argument("--report", help="HTML report path (default: RUN_DIR/report.html)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--num-cpus", type=int, help="CPU slots for the local Ray instance")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=_cmd_validate)
+
+    p = sub.add_parser("report", help="HTML report of a run directory (curves, phases, fidelity)")
+    p.add_argument("run_dir", help="a directory written by `placeflow run` or `validate`")
+    p.add_argument("--out", help="HTML path (default: RUN_DIR/report.html)")
+    p.set_defaults(handler=_cmd_report)
 
     prof = sub.add_parser("profiles", help="list, check and import profiles")
     psub = prof.add_subparsers(dest="profiles_command", required=True)
