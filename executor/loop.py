@@ -133,9 +133,12 @@ class RLLoop:
         check_executable(self.plan)
         self.seed = seed
         self.tok = tokenizer
+        # Prompts come from the named task; a workload scored by a reward model alone
+        # draws its prompts from `arith` (whose checker is then not used).
         self.task: Task | None = (
             get_task(self.w.reward_function) if self.w.reward_function else None
         )
+        self.prompt_task: Task = self.task or get_task("arith")
         rl_cfg = self.w.rl
         self.sampling = SamplingParams(
             temperature=rl_cfg.temperature,
@@ -186,8 +189,9 @@ class RLLoop:
 
     # --- one step ----------------------------------------------------------
     def problems(self, step: int) -> list[Problem]:
-        assert self.task is not None
-        return self.task.problems(self.w.batch.prompts_per_step, derived_seed(self.seed, step))
+        return self.prompt_task.problems(
+            self.w.batch.prompts_per_step, derived_seed(self.seed, step)
+        )
 
     def step(self, step: int) -> StepRecord:
         rec = StepRecord(step=step)
@@ -201,7 +205,7 @@ class RLLoop:
         rec.metrics["reshard_bytes_max"] = float(max(m[0] for m in moved))
         rec.metrics["reshard_peak_bytes_max"] = float(max(m[1] for m in moved))
 
-        problems = self.problems(step) if self.task is not None else []
+        problems = self.problems(step)
         prompts = [self.tok.encode(p.prompt)[-b.prompt_len :] for p in problems]
         prompts = [p for p in prompts for _ in range(b.samples_per_prompt)]
         with _timed(rec, Phase.GENERATE):
@@ -268,9 +272,7 @@ class RLLoop:
 
     def _rewards(self, batch: Batch, problems: list[Problem], rec: StepRecord) -> torch.Tensor:
         if self.task is None:
-            group = self.c.group(Role.REWARD)
             out = self._call(Role.REWARD, "scores", batch, {})
-            del group
             scores = out.tensors["scores"].float()
         else:
             spp = self.w.batch.samples_per_prompt

@@ -9,6 +9,7 @@ last checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import ray
 
 from placeflow.errors import SpecError
-from placeflow.executor.loop import RLLoop, StepRecord, check_executable
+from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokenizer_for
 from placeflow.executor.run import RunConfig, RunError, read_metrics, run_plan
 from placeflow.plan import Plan, load_plan
 
@@ -101,7 +102,32 @@ def test_worker_death_keeps_checkpoint(ray_cluster: None, tmp_path: Path) -> Non
     assert "step 1 is kept" in (tmp_path / "error.txt").read_text()
 
 
-def test_unexecutable_plans_are_refused_before_start() -> None:
-    plan = _plan("ppo-7b-colocate-h100x16")
-    with pytest.raises(SpecError):
-        check_executable(plan)
+def test_unexecutable_plans_are_refused_before_start(cpu4_plans: dict[str, Plan]) -> None:
+    with pytest.raises(SpecError, match="separate generator set"):
+        check_executable(cpu4_plans["generator"])
+    bad_batch = dataclasses.replace(
+        _plan("grpo-tiny-cpu4-split"),
+        workload=dataclasses.replace(
+            _plan("grpo-tiny-cpu4-split").workload,
+            batch=dataclasses.replace(
+                _plan("grpo-tiny-cpu4-split").workload.batch,
+                prompts_per_step=3,
+                samples_per_prompt=3,
+                mini_batches=1,
+            ),
+        ),
+    )
+    with pytest.raises(SpecError, match="split evenly"):
+        check_executable(bad_batch)
+    with pytest.raises(SpecError, match="vocabulary of 32000"):
+        tokenizer_for(_plan("ppo-7b-colocate-h100x16"))
+
+
+def test_standalone_plan_with_a_reward_model_runs(
+    ray_cluster: None, tmp_path: Path, cpu4_plans: dict[str, Plan]
+) -> None:
+    # GRPO scored by a (random-init) reward model on its own device: the role's path runs.
+    result = run_plan(cpu4_plans["standalone"], tmp_path, RunConfig(steps=2, progress=False))
+    for rec in result.records:
+        assert "reward" in rec.phases and math.isfinite(rec.metrics["reward_mean"])
+        assert "exact_match" not in rec.metrics
