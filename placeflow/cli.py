@@ -64,7 +64,9 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
 
     name = args.name or (Path(args.out).stem if args.out else f"{args.device}-local")
     grid = ProfilerGrid.quick(args.device) if args.quick else ProfilerGrid.full(args.device)
-    profile = profile_device(args.device, grid=grid, name=name, progress=not args.no_progress)
+    profile = profile_device(
+        args.device, grid=grid, name=name, progress=not args.no_progress, threads=args.threads
+    )
     out = Path(args.out) if args.out else user_profile_dir() / f"{name}.json"
     save_profile(profile, out)
     coverage = ", ".join(f"{op} {n}" for op, n in profile.coverage().items())
@@ -522,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a small grid (a few minutes on CPU)")
     p.add_argument("--out", help="profile file to write (default: the user profile directory)")
     p.add_argument("--name", help="profile name (default: the --out file stem or <device>-local)")
+    p.add_argument(
+        "--threads", type=int, help="CPU: torch threads per device (default 1: a device is a core)"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_cmd_profile)
 

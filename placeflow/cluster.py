@@ -11,6 +11,11 @@ memory_gib = 80           # optional override of the device's memory
 profile = "h100-sxm"      # optional: another profile name or a profile file path
 ```
 
+A CPU pool's devices are logical workers of one core each; `cores_per_node`
+(CPU pools only) says how many physical cores a node really has. When a phase
+keeps more workers of a node busy than it has cores, they share them, and the
+simulator stretches the phase by workers / cores (`PoolSpec.contention`).
+
 A heterogeneous cluster has several `[[pools]]`; a device set never spans pools.
 """
 
@@ -21,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from placeflow.errors import SpecError
-from placeflow.hardware import GIB, GpuSpec, get_hardware
+from placeflow.hardware import GIB, DeviceKind, GpuSpec, get_hardware
 from placeflow.tomlio import Table, load_spec
 
 
@@ -35,6 +40,7 @@ class PoolSpec:
     gpus_per_node: int
     price_per_gpu_hour: float | None = None
     profile: str = ""
+    cores_per_node: int | None = None  # CPU pools: physical cores shared by the workers
 
     def __post_init__(self) -> None:
         if self.num_nodes <= 0:
@@ -52,6 +58,23 @@ class PoolSpec:
             )
         if not self.profile:
             object.__setattr__(self, "profile", self.gpu.profile)
+        if self.cores_per_node is not None:
+            if self.gpu.kind is not DeviceKind.CPU:
+                raise SpecError(
+                    f"pool {self.name!r}: cores_per_node applies to CPU pools only "
+                    f"({self.gpu.name} devices do not share cores)"
+                )
+            if self.cores_per_node <= 0:
+                raise SpecError(
+                    f"pool {self.name!r}: cores_per_node must be at least 1, "
+                    f"got {self.cores_per_node}"
+                )
+
+    def contention(self, busy_devices_per_node: int) -> float:
+        """How much slower each of that many busy devices of one node runs (>= 1)."""
+        if self.cores_per_node is None:
+            return 1.0
+        return max(1.0, min(busy_devices_per_node, self.gpus_per_node) / self.cores_per_node)
 
     @property
     def num_gpus(self) -> int:
@@ -91,6 +114,7 @@ _POOL_KEYS = (
     "price_per_gpu_hour",
     "memory_gib",
     "profile",
+    "cores_per_node",
 )
 
 
@@ -111,6 +135,7 @@ def _pool_from_table(t: Table, index: int) -> PoolSpec:
         gpus_per_node=t.get_int("gpus_per_node"),
         price_per_gpu_hour=t.optional_float("price_per_gpu_hour"),
         profile=t.get_str("profile", gpu.profile),
+        cores_per_node=t.get_int("cores_per_node") if t.has("cores_per_node") else None,
     )
 
 
@@ -139,5 +164,7 @@ def cluster_to_dict(c: ClusterSpec) -> dict[str, Any]:
         }
         if p.price_per_gpu_hour is not None:
             pool["price_per_gpu_hour"] = p.price_per_gpu_hour
+        if p.cores_per_node is not None:
+            pool["cores_per_node"] = p.cores_per_node
         pools.append(pool)
     return {"name": c.name, "pools": pools}

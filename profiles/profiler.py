@@ -35,8 +35,11 @@ than a larger size, or growing faster than its work) is re-timed, keeping the
 lowest median: on a shared machine a burst of other work can inflate every
 sample of a fast point. A CUDA point that runs out of GPU memory is skipped and
 listed in the provenance notes, so one oversized point cannot end a long run.
-On CPU the profiler sets torch's thread count to the cores this process may use
-(restored afterwards) and records it in the provenance.
+On CPU the profiler times kernels with one torch thread by default, because a
+CPU device is one core: the executor runs one worker per device with one
+thread, and a profile taken with every core would price each worker's kernels
+at the speed of all of them together. `threads` overrides it (restored
+afterwards); the provenance records it.
 """
 
 from __future__ import annotations
@@ -259,12 +262,6 @@ def _check_device(device: str, grid: ProfilerGrid) -> None:
 
 def _num_gpus() -> int:
     return torch.cuda.device_count()
-
-
-def _usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _supports_enable_gqa() -> bool:
@@ -513,7 +510,14 @@ def _measure_points(device: str, grid: ProfilerGrid, report: Report) -> _Measure
     )
 
 
-def profile_device(device: str, *, grid: ProfilerGrid, name: str, progress: bool = True) -> Profile:
+def profile_device(
+    device: str,
+    *,
+    grid: ProfilerGrid,
+    name: str,
+    progress: bool = True,
+    threads: int | None = None,
+) -> Profile:
     """Time every point of `grid` on this machine's `device` ("cpu" or "cuda").
 
     Raises SpecError if `device` is unknown, does not match the grid, or is
@@ -522,7 +526,8 @@ def profile_device(device: str, *, grid: ProfilerGrid, name: str, progress: bool
     _check_device(device, grid)
     previous_threads = torch.get_num_threads()
     if device == "cpu":
-        torch.set_num_threads(_usable_cores())  # deliberate: every core this process may use
+        # One core per CPU device, as the executor runs its workers (module docstring).
+        torch.set_num_threads(threads or 1)
     load = _Load(busy_before=cpu_busy_fraction(), started_s=time.monotonic())
     try:
         total = len(grid.points()) + grid.num_collective_points()

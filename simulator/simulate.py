@@ -14,6 +14,7 @@ iteration time is the steady-state distance between the ends of steps 2 and 3.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -121,7 +122,7 @@ def _cost_calls(
             kv_seqs=kv_seqs,
         )
         for phase, cost in role_costs.items():
-            costs[phase] = (set_index, cost)
+            costs[phase] = (set_index, _contended(plan, set_index, cost))
     if problem:
         infinite = calls.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
         costs[Phase.GENERATE] = (gen_set_index, infinite)
@@ -139,6 +140,22 @@ def _cost_calls(
             _Call(phase=call.phase, roles=(call.role,), sets=(set_index,), cost=cost, preds=preds)
         )
     return _with_transitions(plan, cms, out), [problem] if problem else []
+
+
+def _contended(plan: Plan, set_index: int, cost: calls.CallCost) -> calls.CallCost:
+    """Stretch a call on CPU workers that share fewer cores than the set keeps busy.
+
+    A phase of a set keeps all the set's devices busy; on a node with fewer
+    physical cores than that (PoolSpec.cores_per_node) each worker gets
+    cores / workers of a core. GPU pools are never stretched.
+    """
+    s, pool = plan.sets[set_index], plan.pool_of(set_index)
+    nodes = {d // pool.gpus_per_node for d in s.devices()}
+    per_node = max(sum(1 for d in s.devices() if d // pool.gpus_per_node == n) for n in nodes)
+    factor = pool.contention(per_node)
+    if factor == 1.0:
+        return cost
+    return dataclasses.replace(cost, time_s=cost.time_s * factor, busy_s=cost.busy_s * factor)
 
 
 def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[_Call]:
@@ -167,6 +184,7 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         phase, sets = Phase.RESHARD, (actor_set,)
     else:
         return costed
+    cost = _contended(plan, actor_set, cost)
     transition = _Call(phase=phase, roles=(Role.ACTOR,), sets=sets, cost=cost, preds=())
     result = [transition]
     for c in costed:

@@ -252,3 +252,30 @@ def test_optimizer_offload_needs_a_gpu_pool():
     par[Role.ACTOR] = dataclasses.replace(par[Role.ACTOR], offload_optimizer=True)
     with pytest.raises(ValueError, match="offload_optimizer needs"):
         dataclasses.replace(plan, parallelism=par)
+
+
+def test_cpu_workers_sharing_cores_are_stretched() -> None:
+    """cpu4: 4 logical workers on 2 cores. A phase on all 4 runs at half speed; on 2, at full."""
+    import dataclasses as dc
+
+    from placeflow.simulator.simulate import cost_models_for
+
+    plans = Path(__file__).resolve().parents[1] / "examples" / "plans"
+    for name, factor in (("grpo-tiny-cpu4-colocate", 2.0), ("grpo-tiny-cpu4-split", 1.0)):
+        plan = load_plan(plans / f"{name}.toml")
+        assert plan.cluster.pools[0].cores_per_node == 2
+        free_pool = dc.replace(plan.cluster.pools[0], cores_per_node=None)
+        free = dc.replace(plan, cluster=dc.replace(plan.cluster, pools=(free_pool,)))
+        cms = cost_models_for(plan, "cpu")
+        shared, alone = simulate(plan, cms).phase_totals_s(), simulate(free, cms).phase_totals_s()
+        for phase, seconds in alone.items():
+            assert shared[phase] == pytest.approx(seconds * factor), (name, phase)
+
+
+def test_cores_per_node_is_for_cpu_pools_only() -> None:
+    from placeflow.cluster import cluster_from_dict
+    from placeflow.errors import SpecError
+
+    pool = {"gpu": "h100-sxm", "num_nodes": 1, "gpus_per_node": 8, "cores_per_node": 4}
+    with pytest.raises(SpecError, match="CPU pools only"):
+        cluster_from_dict({"name": "x", "pools": [pool]})
