@@ -220,9 +220,10 @@ class RLLoop:
             with _timed(rec, Phase.REF_LOGPROB):
                 ref = self._call(Role.REF, "logprobs", batch, partitions)
             batch = _with(batch, ref_logprobs=ref.tensors["logprobs"])
-        with _timed(rec, Phase.OLD_LOGPROB):
-            old = self._call(Role.ACTOR, "logprobs", batch, partitions)
-        batch = _with(batch, old_logprobs=old.tensors["logprobs"])
+        if self.w.recomputes_old_logprobs:
+            with _timed(rec, Phase.OLD_LOGPROB):
+                old = self._call(Role.ACTOR, "logprobs", batch, partitions)
+            batch = _with(batch, old_logprobs=old.tensors["logprobs"])
         if Role.CRITIC in self.w.models:
             with _timed(rec, Phase.VALUES):
                 values = self._call(Role.CRITIC, "values", batch, partitions)
@@ -244,12 +245,10 @@ class RLLoop:
             "step_time_s": wall,
             "tokens_per_s": tokens / wall,
             "response_len_mean": float(mask.sum(1).float().mean()),
-            "logprob_diff_max": float(
-                (
-                    (batch.tensors["rollout_logprobs"] - batch.tensors["old_logprobs"]).abs() * mask
-                ).max()
-            ),
         }
+        if "old_logprobs" in batch.tensors:  # else the update measured it on its own forward
+            diff = (batch.tensors["rollout_logprobs"] - batch.tensors["old_logprobs"]).abs()
+            rec.metrics["logprob_diff_max"] = float((diff * mask).max())
         return rec
 
     # --- phases --------------------------------------------------------------
@@ -325,14 +324,16 @@ class RLLoop:
         t, rl_cfg = batch.tensors, self.w.rl
         mask = t[RESPONSE_MASK]
         ref = t.get("ref_logprobs")
+        # Without a re-scoring phase the rollout's logprobs stand for the old policy's.
+        old = t["old_logprobs"] if "old_logprobs" in t else t["rollout_logprobs"]
         if ref is not None:
-            d = ref - t["old_logprobs"]
+            d = ref - old
             rec.metrics["kl_ref"] = float(rl.masked_mean(d.exp() - d - 1, mask))
         if self.w.algorithm is Algorithm.GRPO:
             adv = rl.group_advantages(t["scores"], self.w.batch.samples_per_prompt)
             out = _with(batch, advantages=adv)
         else:
-            rewards = rl.token_rewards(t["scores"], t["old_logprobs"], ref, mask, rl_cfg.kl_coef)
+            rewards = rl.token_rewards(t["scores"], old, ref, mask, rl_cfg.kl_coef)
             adv, returns = rl.gae(rewards, t["values"], mask, rl_cfg.gamma, rl_cfg.lam)
             out = _with(batch, advantages=adv, returns=returns)
         if ref is not None and self.w.algorithm is Algorithm.GRPO and rl_cfg.kl_coef:
@@ -349,7 +350,12 @@ class RLLoop:
         ]
         results = self.c.gather(group, refs, "update")
         holders = [results[r] for r in group.dispatch.result_ranks]
-        return {k: sum(h[k] for h in holders) / len(holders) for k in holders[0]}
+        return {
+            k: max(h[k] for h in holders)
+            if k.endswith("_max")
+            else sum(h[k] for h in holders) / len(holders)
+            for k in holders[0]
+        }
 
     # --- checkpoints -----------------------------------------------------------
     def save(self, directory: str) -> None:

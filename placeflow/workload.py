@@ -179,6 +179,18 @@ class Workload:
     async_one_step_off: bool = False
     rl: RLConfig = field(default_factory=RLConfig)
 
+    @property
+    def recomputes_old_logprobs(self) -> bool:
+        """Whether a step re-scores the sampled tokens with the actor before updating.
+
+        GRPO and ReMax with one optimizer step per batch (ppo_epochs = mini_batches
+        = 1) are on-policy at that step: the old policy is the current one, so the
+        ratio is exp(logp - logp.detach()) = 1 and the update's own forward gives
+        it (as TRL does). PPO re-scores always: its KL-shaped reward needs them.
+        """
+        single_step = self.batch.ppo_epochs == 1 and self.batch.mini_batches == 1
+        return not (self.algorithm in (Algorithm.GRPO, Algorithm.REMAX) and single_step)
+
     def __post_init__(self) -> None:
         required, optional = ROLES[self.algorithm]
         roles = set(self.models)

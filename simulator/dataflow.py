@@ -61,12 +61,17 @@ def build_dataflow(workload: Workload) -> nx.DiGraph:
         frozenset(workload.roles),
         workload.batch.num_samples,
         workload.batch.prompts_per_step,
+        workload.recomputes_old_logprobs,
     ).copy()
 
 
 @cache
 def _cached_dataflow(
-    algorithm: Algorithm, roles: frozenset[Role], num_samples: int, num_prompts: int
+    algorithm: Algorithm,
+    roles: frozenset[Role],
+    num_samples: int,
+    num_prompts: int,
+    old_logprob: bool = True,
 ) -> nx.DiGraph:
     g: nx.DiGraph = nx.DiGraph()
 
@@ -102,6 +107,8 @@ def _cached_dataflow(
             continue
         if phase is Phase.COST_VALUES and algorithm is not Algorithm.SAFE_RLHF:
             continue
+        if phase is Phase.OLD_LOGPROB and not old_logprob:
+            continue  # on-policy single update: the update's forward is the old policy
         extra = num_prompts if (phase is Phase.REWARD and algorithm is Algorithm.REMAX) else 0
         node = add(
             ModelCall(
@@ -129,14 +136,19 @@ def dataflow_calls(workload: Workload) -> tuple[tuple[ModelCall, tuple[Phase, ..
         frozenset(workload.roles),
         workload.batch.num_samples,
         workload.batch.prompts_per_step,
+        workload.recomputes_old_logprobs,
     )
 
 
 @cache
 def _cached_calls(
-    algorithm: Algorithm, roles: frozenset[Role], num_samples: int, num_prompts: int
+    algorithm: Algorithm,
+    roles: frozenset[Role],
+    num_samples: int,
+    num_prompts: int,
+    old_logprob: bool = True,
 ) -> tuple[tuple[ModelCall, tuple[Phase, ...]], ...]:
-    g = _cached_dataflow(algorithm, roles, num_samples, num_prompts)
+    g = _cached_dataflow(algorithm, roles, num_samples, num_prompts, old_logprob)
     return tuple((c, tuple(g.predecessors(c.phase))) for c in calls_in_order(g))
 
 

@@ -21,6 +21,7 @@ from placeflow.executor.engines.roles import (
     RESPONSE_MASK,
     completions_batch,
     response_logp,
+    response_outputs,
     sequence,
 )
 from placeflow.executor.engines.sampler import Sampler, SamplingParams, left_pad
@@ -44,9 +45,8 @@ def test_sampler_logprobs_equal_a_plain_forward(model: Transformer) -> None:
     params = SamplingParams(temperature=0.7, max_tokens=6, stop_ids=(10,))
     outs = Sampler(model, pad_id=0).generate(PROMPTS, params, seed=11)
     batch = completions_batch(PROMPTS, outs, pad_id=0)
-    ids, mask, _ = sequence(batch)
     with torch.no_grad():
-        logp, _ = response_logp(model(ids, mask), batch, 0.7)
+        logp, _ = response_logp(response_outputs(model, batch), batch, 0.7)
     m = batch.tensors[RESPONSE_MASK]
     assert torch.allclose(logp[m], batch.tensors["rollout_logprobs"][m], atol=1e-5)
 

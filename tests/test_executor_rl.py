@@ -131,3 +131,15 @@ def test_standalone_plan_with_a_reward_model_runs(
     for rec in result.records:
         assert "reward" in rec.phases and math.isfinite(rec.metrics["reward_mean"])
         assert "exact_match" not in rec.metrics
+
+
+def test_single_update_grpo_skips_the_rescoring_phase(ray_cluster: None, tmp_path: Path) -> None:
+    plan = _plan("grpo-tiny-cpu4-split")
+    batch = dataclasses.replace(plan.workload.batch, mini_batches=1)
+    plan = dataclasses.replace(plan, workload=dataclasses.replace(plan.workload, batch=batch))
+    assert not plan.workload.recomputes_old_logprobs
+    result = run_plan(plan, tmp_path, RunConfig(steps=2, progress=False))
+    for rec in result.records:
+        assert "old_logprob" not in rec.phases
+        # The update's own forward checked the rollout's logprobs.
+        assert rec.metrics["logprob_diff_max"] < 1e-3

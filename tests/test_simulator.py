@@ -279,3 +279,16 @@ def test_cores_per_node_is_for_cpu_pools_only() -> None:
     pool = {"gpu": "h100-sxm", "num_nodes": 1, "gpus_per_node": 8, "cores_per_node": 4}
     with pytest.raises(SpecError, match="CPU pools only"):
         cluster_from_dict({"name": "x", "pools": [pool]})
+
+
+def test_single_update_grpo_has_no_old_logprob_phase() -> None:
+    plan = load_plan(
+        Path(__file__).resolve().parents[1] / "examples/plans/grpo-tiny-cpu4-split.toml"
+    )
+    one = dataclasses.replace(plan.workload.batch, mini_batches=1)
+    single = dataclasses.replace(plan.workload, batch=one)
+    assert Phase.OLD_LOGPROB in build_dataflow(plan.workload)
+    assert Phase.OLD_LOGPROB not in build_dataflow(single)
+    models = {**single.models, Role.CRITIC: single.models[Role.ACTOR]}
+    ppo = dataclasses.replace(single, algorithm=Algorithm.PPO, models=models)
+    assert ppo.recomputes_old_logprobs  # its KL-shaped reward needs them

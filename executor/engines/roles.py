@@ -107,13 +107,25 @@ def sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
     return ids, mask, t[PROMPT].shape[1]
 
 
+def response_outputs(call: Callable[..., torch.Tensor], batch: Batch) -> torch.Tensor:
+    """The model's outputs where each response token is predicted: (B, R, ...).
+
+    The head runs on those positions only (from the last prompt token on), not
+    on the prompt: with a large vocabulary that is most of the head's cost.
+    """
+    ids, mask, width = sequence(batch)
+    r = batch.tensors[RESPONSE].shape[1]
+    return call(ids, mask, head_from=width - 1)[:, :r]
+
+
 def response_logp(
     logits: torch.Tensor, batch: Batch, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logprobs of the response tokens (B, R), full log-distributions there (B, R, V))."""
-    width = batch.tensors[PROMPT].shape[1]
-    r = batch.tensors[RESPONSE].shape[1]
-    logp = policy_logprobs(logits[:, width - 1 : width + r - 1], temperature)
+    """(logprobs of the response tokens (B, R), full log-distributions there (B, R, V)).
+
+    `logits` are aligned with the response tokens (`response_outputs`).
+    """
+    logp = policy_logprobs(logits, temperature)
     return logp.gather(-1, batch.tensors[RESPONSE][..., None]).squeeze(-1), logp
 
 
@@ -165,8 +177,7 @@ class ScoringEngine:
     def logprobs(self, batch: Batch, temperature: float) -> Batch:
         out = []
         for mb in _micro_batches(batch, self.setup.micro_batch):
-            ids, mask, _ = sequence(mb)
-            out.append(response_logp(self.model(ids, mask), mb, temperature)[0])
+            out.append(response_logp(response_outputs(self.model, mb), mb, temperature)[0])
         return Batch(tensors={"logprobs": torch.cat(out)})
 
     @torch.no_grad()
@@ -215,17 +226,19 @@ class _Trainable:
                 num_tokens = self._global_tokens(mini.tensors[RESPONSE_MASK])
                 micros = _micro_batches(mini, self.setup.micro_batch)
                 for i, mb in enumerate(micros):
-                    ids, mask, _ = sequence(mb)
                     with self.trainer.accumulate(sync=i == len(micros) - 1):
-                        out = self.trainer(ids, mask)
+                        out = response_outputs(self.trainer, mb)
                         loss, metrics = loss_fn(mb, out, num_tokens)
                         loss.backward()
                     for k, v in metrics.items():
-                        sums[k] = sums.get(k, 0.0) + v
+                        # "_max" metrics are maxima over micro-batches, the rest means.
+                        sums[k] = (
+                            max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v
+                        )
                     count += 1
                 norm = self.trainer.step()
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm * len(micros)
-        return {k: v / max(count, 1) for k, v in sums.items()}
+        return {k: v if k.endswith("_max") else v / max(count, 1) for k, v in sums.items()}
 
     @torch.no_grad()
     def _forward_all(
@@ -234,8 +247,7 @@ class _Trainable:
         self.model.eval()
         out = []
         for mb in _micro_batches(batch, self.setup.micro_batch):
-            ids, mask, _ = sequence(mb)
-            out.append(fn(mb, self.trainer(ids, mask)))
+            out.append(fn(mb, response_outputs(self.trainer, mb)))
         return torch.cat(out)
 
     def state(self) -> dict[str, Any]:
@@ -306,9 +318,18 @@ class ActorEngine(_Trainable):
         ) -> tuple[torch.Tensor, dict[str, float]]:
             t = mb.tensors
             logp, dists = response_logp(logits, mb, cfg.temperature)
+            mask = t[RESPONSE_MASK]
+            extra: dict[str, float] = {}
+            old = t.get("old_logprobs")
+            if old is None:
+                # On-policy single step (Workload.recomputes_old_logprobs): this forward is
+                # the old policy; the rollout's logprobs are checked against it here.
+                old = logp.detach()
+                diff = (old - t["rollout_logprobs"]).abs() * mask
+                extra["logprob_diff_max"] = float(diff.max())
             terms = rl.policy_loss(
                 logp,
-                t["old_logprobs"],
+                old,
                 t["advantages"],
                 t[RESPONSE_MASK],
                 clip=cfg.clip_ratio,
@@ -317,7 +338,11 @@ class ActorEngine(_Trainable):
                 ref_logprobs=t.get("ref_logprobs_in_loss"),
                 kl_coef=cfg.kl_coef,
             )
-            ent = rl.entropy(dists)
+            if cfg.entropy_coef:
+                ent = rl.entropy(dists)
+            else:  # a metric only: no graph through the full vocabulary
+                with torch.no_grad():
+                    ent = rl.entropy(dists)
             loss = terms.loss
             if cfg.entropy_coef:
                 loss = loss - cfg.entropy_coef * rl.masked_sum(ent, t[RESPONSE_MASK]) * (
@@ -329,6 +354,7 @@ class ActorEngine(_Trainable):
                 "clip_fraction": terms.clip_fraction,
                 "approx_kl": terms.approx_kl,
                 "entropy": float(rl.masked_mean(ent.detach(), t[RESPONSE_MASK])),
+                **extra,
             }
 
         return self._train(batch, cfg, loss_fn)
@@ -336,13 +362,8 @@ class ActorEngine(_Trainable):
 
 class CriticEngine(_Trainable):
     def values(self, batch: Batch) -> Batch:
-        def fn(mb: Batch, out: torch.Tensor) -> torch.Tensor:
-            width = mb.tensors[PROMPT].shape[1]
-            r = mb.tensors[RESPONSE].shape[1]
-            # V(s_t) for response token t is read where token t is predicted.
-            return out[:, width - 1 : width + r - 1]
-
-        return Batch(tensors={"values": self._forward_all(batch, fn)})
+        # V(s_t) for response token t is read where token t is predicted.
+        return Batch(tensors={"values": self._forward_all(batch, lambda mb, out: out)})
 
     def update(self, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
         dp = self.groups.dp_size
@@ -351,9 +372,8 @@ class CriticEngine(_Trainable):
             mb: Batch, out: torch.Tensor, num_tokens: int
         ) -> tuple[torch.Tensor, dict[str, float]]:
             t = mb.tensors
-            width, r = t[PROMPT].shape[1], t[RESPONSE].shape[1]
             loss, mean = rl.value_loss(
-                out[:, width - 1 : width + r - 1],
+                out,
                 t["values"],
                 t["returns"],
                 t[RESPONSE_MASK],

@@ -101,7 +101,7 @@ class Sampler:
         gen = torch.Generator(device=device).manual_seed(seed)
         stop = torch.tensor(params.stop_ids or (-1,), device=device)
 
-        logits = self.model(ids, mask, cache=cache)[:, -1]
+        logits = self.model(ids, mask, cache=cache, head_from=width - 1)[:, -1]
         tokens = torch.empty((batch, params.max_tokens), dtype=torch.long, device=device)
         logps = torch.zeros((batch, params.max_tokens), device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)

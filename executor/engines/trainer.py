@@ -86,8 +86,8 @@ class TrainEngine:
         else:
             self.optimizer = torch.optim.AdamW(params, **kwargs)
 
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.model(ids, mask)
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.model(ids, mask, **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *, sync: bool) -> Iterator[None]:

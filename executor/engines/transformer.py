@@ -236,11 +236,13 @@ class Transformer(nn.Module):
         mask: torch.Tensor,
         *,
         cache: KVCache | None = None,
+        head_from: int = 0,
     ) -> torch.Tensor:
         """Logits (batch, seq, vocab) or values (batch, seq) for `ids` (batch, seq).
 
         With `cache`, `ids` continue the cached sequence: `mask` covers the new
-        tokens only and the cache grows by seq.
+        tokens only and the cache grows by seq. `head_from` skips the head on the
+        first positions (outputs start there).
         """
         s = ids.shape[1]
         if cache is None:
@@ -265,7 +267,7 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, attn_mask, cache, i, start)
         if cache is not None:
             cache.length = start + s
-        x = rms_norm(x, self.norm, self.arch.norm_eps)
+        x = rms_norm(x[:, head_from:], self.norm, self.arch.norm_eps)
         if self.value_head is not None:
             return (x @ self.value_head.t()).squeeze(-1)
         head = self.lm_head if self.lm_head is not None else self.embed
