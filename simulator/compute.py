@@ -10,6 +10,14 @@ the elementwise ops again and the same two all-reduces.
 The head is the LM head (n = vocab/t) followed by a float32 log-softmax, or a
 scalar value head for critics and reward models.
 
+Framework ops. Besides those kernels the engine dispatches many small ops
+(views, casts, RoPE's rotations, masks, splits, the sampler's bookkeeping); on
+small models they are a large share of the time. Each costs the dispatch
+overhead of one op, which the profile measures as its smallest elementwise add
+(`op_overhead_s`); how many there are is a fact about placeflow's engine,
+counted by `tests/test_engines.py::test_engine_op_counts_match_the_simulator`
+(every dispatched aten op, less the kernels costed above).
+
 Every function is memoised on its arguments in the cost model's memo, because
 the planner asks the same questions for thousands of plans.
 """
@@ -19,6 +27,20 @@ from __future__ import annotations
 from placeflow.models import ModelSpec
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, Scope
+
+# Dispatched ops of the engine not costed as kernels (see the module docstring).
+EXTRA_OPS_LAYER_FORWARD = 50  # per decoder layer, prefill or training forward
+EXTRA_OPS_LAYER_BACKWARD = 95  # per decoder layer, backward
+EXTRA_OPS_LAYER_DECODE = 56  # per decoder layer, one decode step with the KV cache
+EXTRA_OPS_CALL_FORWARD = 39  # per forward: embedding, positions, mask, final norm, head
+EXTRA_OPS_CALL_BACKWARD = 39  # per backward: the same ops' gradients and the loss
+EXTRA_OPS_DECODE_STEP = 63  # per decode step: embedding, head, sampling, stop checks
+OP_OVERHEAD_BYTES = 1024  # the profile's smallest elementwise point
+
+
+def op_overhead_s(cm: CostModel) -> float:
+    """Dispatch overhead of one small op: the profile's smallest elementwise add."""
+    return cm.elementwise_s(ElementwiseKind.ADD, OP_OVERHEAD_BYTES)
 
 
 def _gemm_shapes(model: ModelSpec, t: int) -> tuple[tuple[int, int], ...]:
@@ -53,6 +75,8 @@ def layer_forward_s(
     time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
     time_s += cm.elementwise_s(ElementwiseKind.SILU_MUL, m * 2 * model.ffn_hidden_size // t * b)
     time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
+    extra = EXTRA_OPS_LAYER_DECODE if decode_kv_len else EXTRA_OPS_LAYER_FORWARD
+    time_s += extra * op_overhead_s(cm)
     cm.memo[key] = time_s
     return time_s
 
@@ -74,6 +98,7 @@ def layer_backward_s(cm: CostModel, model: ModelSpec, t: int, batch: int, seq: i
     time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
     time_s += 2 * cm.elementwise_s(ElementwiseKind.SILU_MUL, m * 2 * model.ffn_hidden_size // t * b)
     time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
+    time_s += EXTRA_OPS_LAYER_BACKWARD * op_overhead_s(cm)
     cm.memo[key] = time_s
     return time_s
 
@@ -81,12 +106,16 @@ def layer_backward_s(cm: CostModel, model: ModelSpec, t: int, batch: int, seq: i
 def head_forward_s(
     cm: CostModel, model: ModelSpec, t: int, tokens: int, *, value_head: bool
 ) -> float:
-    """LM head plus float32 log-softmax over the vocabulary shard, or a scalar value head."""
+    """LM head plus float32 log-softmax over the vocabulary shard, or a scalar value head;
+    with the forward's framework ops outside the layers."""
+    calls = EXTRA_OPS_CALL_FORWARD * op_overhead_s(cm)
     if value_head:
-        return cm.gemm_s(tokens, 1, model.hidden_size)
+        return cm.gemm_s(tokens, 1, model.hidden_size) + calls
     vocab = model.vocab_size // t
-    return cm.gemm_s(tokens, vocab, model.hidden_size) + cm.elementwise_s(
-        ElementwiseKind.SOFTMAX, tokens * vocab * 4
+    return (
+        cm.gemm_s(tokens, vocab, model.hidden_size)
+        + cm.elementwise_s(ElementwiseKind.SOFTMAX, tokens * vocab * 4)
+        + calls
     )
 
 
@@ -96,6 +125,7 @@ def head_backward_s(
     n = 1 if value_head else model.vocab_size // t
     k = model.hidden_size
     time_s = cm.gemm_s(tokens, k, n) + cm.gemm_s(k, n, tokens)
+    time_s += EXTRA_OPS_CALL_BACKWARD * op_overhead_s(cm)
     if not value_head:
         time_s += cm.elementwise_s(ElementwiseKind.SOFTMAX, tokens * n * 4)
     return time_s
@@ -110,7 +140,9 @@ def decode_step_s(
     parallelism in generation splits memory, not time (plus one send per stage).
     """
     layers = model.num_layers * layer_forward_s(cm, model, tg, batch, 1, decode_kv_len=kv_len)
+    # The decode step's own ops replace the forward's: the sampler's step is not a scoring call.
     head = head_forward_s(cm, model, tg, batch, value_head=False)
+    head += (EXTRA_OPS_DECODE_STEP - EXTRA_OPS_CALL_FORWARD) * op_overhead_s(cm)
     p2p = (pg - 1) * cm.collective_s(
         CollectiveKind.SEND_RECV, batch * model.hidden_size * model.dtype.num_bytes, 2, Scope.INTRA
     )

@@ -7,10 +7,13 @@ forwards; a trainer step against torch's AdamW on the same gradients.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from placeflow.catalogue import get_model
 from placeflow.errors import SpecError, UnknownNameError
@@ -28,6 +31,7 @@ from placeflow.executor.engines.sampler import Sampler, SamplingParams, left_pad
 from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
 from placeflow.executor.engines.transformer import Arch, Transformer, random_full
 from placeflow.executor.tasks import Problem, get_task
+from placeflow.simulator import compute
 from placeflow.workload import RLConfig
 
 
@@ -216,3 +220,57 @@ def test_sequence_layout_round_trip() -> None:
     assert width == 2 and b.tensors[PROMPT].shape == (2, 2) and b.tensors[RESPONSE].shape == (2, 2)
     assert ids.tolist() == [[1, 2, 4, 0], [0, 3, 5, 6]]
     assert mask.tolist() == [[True, True, True, False], [False, True, True, True]]
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _ops(fn: Callable[[], object]) -> int:
+    counter = _CountOps()
+    with counter:
+        fn()
+    return counter.count
+
+
+def test_engine_op_counts_match_the_simulator() -> None:
+    """The simulator's framework-op counts (simulator/compute.py) are this engine's."""
+    counts = {}
+    for layers in (2, 4):
+        spec = dataclasses.replace(get_model("tiny-llama"), num_layers=layers)
+        m = Transformer(Arch.of(spec))
+        m.load_shards(random_full(m.arch, seed=0))
+        ids = torch.randint(0, 256, (4, 10))
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        with torch.no_grad():
+            fwd = _ops(lambda m=m, ids=ids, mask=mask: m(ids, mask))
+
+        def train(m: Transformer = m, ids: torch.Tensor = ids, mask: torch.Tensor = mask) -> None:
+            m(ids, mask).float().logsumexp(-1).mean().backward()
+
+        both = _ops(train)
+        s = Sampler(m, pad_id=0)
+        steps = {
+            n: _ops(
+                lambda s=s, n=n: s.generate(
+                    [[1, 2, 3]] * 4, SamplingParams(max_tokens=n, ignore_stop=True), 0
+                )
+            )
+            for n in (4, 8)
+        }
+        counts[layers] = (fwd, both - fwd, (steps[8] - steps[4]) / 4)
+    per_layer = [(counts[4][i] - counts[2][i]) / 2 for i in range(3)]
+    base = [counts[2][i] - 2 * per_layer[i] for i in range(3)]
+    kernels_fwd, kernels_bwd = 10, 17  # GEMMs, attention, norms, adds, SwiGLU (compute.py)
+    assert per_layer[0] - kernels_fwd == compute.EXTRA_OPS_LAYER_FORWARD
+    assert per_layer[1] - kernels_bwd == compute.EXTRA_OPS_LAYER_BACKWARD
+    assert per_layer[2] - kernels_fwd == compute.EXTRA_OPS_LAYER_DECODE
+    assert base[0] - 2 == compute.EXTRA_OPS_CALL_FORWARD  # head GEMM + log-softmax
+    assert base[1] - 3 == compute.EXTRA_OPS_CALL_BACKWARD  # two head GEMMs + softmax
+    assert base[2] - 2 == compute.EXTRA_OPS_DECODE_STEP
