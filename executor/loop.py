@@ -48,6 +48,7 @@ from placeflow.executor.engines.roles import (
 )
 from placeflow.executor.engines.sampler import SamplingParams
 from placeflow.executor.engines.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch
 from placeflow.executor.groups import WorkerGroup
@@ -126,13 +127,21 @@ class StepRecord:
 class RLLoop:
     """GRPO or PPO on `controller`'s workers; `build()` once, then `step(k)` per step."""
 
-    def __init__(self, controller: Controller, *, seed: int, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        *,
+        seed: int,
+        tokenizer: Tokenizer,
+        tp_impl: TPImpl = TPImpl.NATIVE,
+    ) -> None:
         self.c = controller
         self.plan = controller.plan
         self.w = self.plan.workload
         check_executable(self.plan)
         self.seed = seed
         self.tok = tokenizer
+        self.tp_impl = tp_impl
         # Prompts come from the named task; a workload scored by a reward model alone
         # draws its prompts from `arith` (whose checker is then not used).
         self.task: Task | None = (
@@ -179,6 +188,7 @@ class RLLoop:
             zero=par.zero,
             micro_batch=par.micro_batch,
             pad_id=self.tok.pad_id,
+            tp_impl=self.tp_impl,
         )
 
     def build(self) -> None:

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from placeflow.errors import SpecError
 from placeflow.executor.controller import Controller
+from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.errors import ExecutorError
 from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokenizer_for
 from placeflow.plan import Plan, save_plan
@@ -56,6 +57,7 @@ class RunConfig:
     num_threads: int = 1  # torch threads per worker
     progress: bool = True
     profile: str | None = None  # for the manifest; default: the plan's device profile
+    tp_impl: TPImpl = TPImpl.NATIVE  # tensor parallelism: placeflow's or megatron-core's layers
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def write_manifest(run_dir: Path, plan: Plan, cfg: RunConfig) -> None:
         "workload": workload_to_dict(plan.workload),
         "seed": cfg.seed,
         "steps": cfg.steps,
+        "tp_impl": cfg.tp_impl.value,
         "checkpoint_every": cfg.checkpoint_every,
         "versions": versions(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -176,7 +179,7 @@ def run_plan(
         raise SpecError("Ray is not running; call ray.init() first (the CLI does)")
     records: list[StepRecord] = []
     with Controller(plan, timeout_s=cfg.timeout_s, num_threads=cfg.num_threads) as controller:
-        loop = RLLoop(controller, seed=cfg.seed, tokenizer=tokenizer)
+        loop = RLLoop(controller, seed=cfg.seed, tokenizer=tokenizer, tp_impl=cfg.tp_impl)
         loop.build()
         if resume_from is not None:
             loop.load(str(resume_from))

@@ -227,7 +227,8 @@ class Worker:
         info = rr.info
 
         def tp_group(axis: Axis, size: int, rank: int) -> TPGroup:
-            return TPGroup(group=rr.groups[axis] if size > 1 else None, size=size, rank=rank)
+            group = rr.groups[axis] if size > 1 else None
+            return TPGroup(group=group, size=size, rank=rank, impl=setup.tp_impl)
 
         groups = RoleGroups(
             tp=tp_group(Axis.TP, train.t, info.tp),

@@ -407,6 +407,7 @@ def _print_run(console: Console, records: Sequence[object], run_dir: Path) -> No
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     import ray
 
+    from placeflow.executor.engines.tp import TPImpl
     from placeflow.executor.errors import ExecutorError
     from placeflow.executor.loop import check_executable, tokenizer_for
     from placeflow.executor.run import RunConfig, run_plan
@@ -422,6 +423,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         timeout_s=args.timeout,
         num_threads=args.threads,
         progress=not args.no_progress,
+        tp_impl=TPImpl(args.tp_backend),
     )
     check_executable(plan)  # before Ray starts: a plan it cannot run fails in a second
     tokenizer_for(plan)
@@ -559,6 +561,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--num-cpus", type=int, help="CPU slots for the local Ray instance")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per remote call")
+    p.add_argument(
+        "--tp-backend",
+        choices=("native", "megatron"),
+        default="native",
+        help="tensor-parallel layers: placeflow's own or megatron-core's",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_cmd_run)
 

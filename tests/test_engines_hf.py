@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from placeflow.errors import SpecError
 from placeflow.executor.engines.hf import load_checkpoint, to_canonical, to_hf
 from placeflow.executor.engines.tokenizer import HFTokenizer
-from placeflow.executor.engines.tp import TPGroup
+from placeflow.executor.engines.tp import TPGroup, TPImpl
 from placeflow.executor.engines.transformer import (
     Arch,
     KVCache,
@@ -244,15 +244,16 @@ def tp_rank(rank: int, job: TPJob, results: Any) -> None:
             world_size=2,
             timeout=timedelta(seconds=60),
         )
-        tp = TPGroup(group=dist.group.WORLD, size=2, rank=rank)
-        for case in job.cases:
+        for key in job.cases:
+            case, impl = key.split("|")  # native or megatron-core TP layers
+            tp = TPGroup(group=dist.group.WORLD, size=2, rank=rank, impl=TPImpl(impl))
             arch = _tp_arch(case)
             model = Transformer(arch, tp=tp)
             model.load_shards(shard_full(_tp_full(case), arch, tp))
             logits, grads = _loss_and_grads(model)
             # numpy, not tensors: a tensor in a queue is shared memory that dies with this process
             numpy_grads = {name: g.numpy() for name, g in grads.items()}
-            results.put(("result", case, rank, logits.numpy(), numpy_grads))
+            results.put(("result", key, rank, logits.numpy(), numpy_grads))
         dist.destroy_process_group()
 
     report_rank(rank, results, body)
@@ -260,7 +261,8 @@ def tp_rank(rank: int, job: TPJob, results: Any) -> None:
 
 def test_tp2_matches_single_process_logits_and_gradients() -> None:
     got: dict[tuple[str, int], tuple[Any, dict[str, Any]]] = {}
-    job = TPJob(port=free_port(), cases=tuple(TP_SPECS))
+    impls = ("native", "megatron")
+    job = TPJob(port=free_port(), cases=tuple(f"{c}|{i}" for c in TP_SPECS for i in impls))
     run_ranks(
         tp_rank,
         job,
@@ -271,13 +273,14 @@ def test_tp2_matches_single_process_logits_and_gradients() -> None:
         stall_timeout_s=60.0,
     )
     _, mask = _batch(seed=13)
-    for case in job.cases:
+    for key in job.cases:
+        case = key.split("|")[0]
         arch = _tp_arch(case)
         model = Transformer(arch)
         model.load_shards(_tp_full(case))
         logits, grads = _loss_and_grads(model)
         for rank in range(2):
-            tp_logits, np_grads = got[(case, rank)]
+            tp_logits, np_grads = got[(key, rank)]
             tp_grads = {name: torch.from_numpy(g) for name, g in np_grads.items()}
             tp_logits = torch.from_numpy(tp_logits)
             torch.testing.assert_close(tp_logits[mask], logits[mask], atol=ATOL, rtol=0)

@@ -18,6 +18,7 @@ import pytest
 import ray
 
 from placeflow.errors import SpecError
+from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokenizer_for
 from placeflow.executor.run import RunConfig, RunError, read_metrics, run_plan
 from placeflow.plan import Plan, load_plan
@@ -143,3 +144,20 @@ def test_single_update_grpo_skips_the_rescoring_phase(ray_cluster: None, tmp_pat
         assert "old_logprob" not in rec.phases
         # The update's own forward checked the rollout's logprobs.
         assert rec.metrics["logprob_diff_max"] < 1e-3
+
+
+def test_megatron_tp_path_trains_like_the_native_one(ray_cluster: None, tmp_path: Path) -> None:
+    # The colocate plan trains the actor with t=2: megatron-core's layers must give the
+    # same step as placeflow's own TP (same weights, same samples, same arithmetic).
+    plan = _plan("grpo-tiny-cpu4-colocate")
+    native = run_plan(plan, tmp_path / "n", RunConfig(steps=1, progress=False))
+    mega = run_plan(
+        plan, tmp_path / "m", RunConfig(steps=1, progress=False, tp_impl=TPImpl.MEGATRON)
+    )
+    (a,), (b,) = native.records, mega.records
+    assert a.metrics["reward_mean"] == b.metrics["reward_mean"]  # same samples
+    for key in ("pg_loss", "grad_norm", "entropy"):
+        assert a.metrics[key] == pytest.approx(b.metrics[key], rel=1e-4, abs=1e-6), key
+    assert b.metrics["logprob_diff_max"] < 1e-3
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert manifest["tp_impl"] == "megatron"

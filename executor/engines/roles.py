@@ -36,7 +36,7 @@ from placeflow.executor.engines.sampler import (
     left_pad,
     policy_logprobs,
 )
-from placeflow.executor.engines.tp import TPGroup
+from placeflow.executor.engines.tp import TPGroup, TPImpl
 from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
 from placeflow.executor.engines.transformer import Arch, Transformer, random_full, shard_full
 from placeflow.executor.reshard import MemoryMeter, reshard_colocated
@@ -73,6 +73,7 @@ class EngineSetup:
     zero: int = 0
     micro_batch: int = 8
     pad_id: int = 0
+    tp_impl: TPImpl = TPImpl.NATIVE  # native or megatron-core TP layers (tp.py)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,6 +31,7 @@ from placeflow.errors import SpecError
 from placeflow.executor.engines.tp import (
     SINGLE,
     TPGroup,
+    column_linear,
     copy_to_tp,
     gather_from_tp,
     reduce_from_tp,
@@ -114,6 +115,10 @@ class Layer(nn.Module):
         self.q, self.kv, self.ffn = q, kv, w.ffn // t
         self.heads, self.kv_heads, self.head_dim = w.num_heads // t, w.num_kv_heads // t, hd
         self.tp, self.eps = tp, arch.norm_eps
+        if tp.megatron:  # megatron-core layers around this layer's own weights
+            full_qkv = (w.num_heads + 2 * w.num_kv_heads) * hd
+            self.qkv_linear = column_linear(tp, w.hidden, full_qkv, gather=False)
+            self.gate_up_linear = column_linear(tp, w.hidden, 2 * w.ffn, gather=False)
 
     def forward(
         self,
@@ -141,8 +146,13 @@ class Layer(nn.Module):
         start: int,
     ) -> torch.Tensor:
         b, s, _ = x.shape
-        h = copy_to_tp(rms_norm(x, self.input_norm, self.eps), self.tp)
-        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        h = rms_norm(x, self.input_norm, self.eps)
+        if self.tp.megatron:
+            qkv = self.qkv_linear(h, weight=self.qkv)[0]  # copies into the TP region itself
+            if self.qkv_bias is not None:
+                qkv = qkv + self.qkv_bias
+        else:
+            qkv = F.linear(copy_to_tp(h, self.tp), self.qkv, self.qkv_bias)
         q, k, v = qkv.split((self.q, self.kv, self.kv), dim=-1)
         hd = self.head_dim
         q = q.view(b, s, self.heads, hd).transpose(1, 2)
@@ -162,8 +172,12 @@ class Layer(nn.Module):
         return reduce_from_tp(out @ self.o_proj.t(), self.tp)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
-        h = copy_to_tp(rms_norm(x, self.post_norm, self.eps), self.tp)
-        gate, up = (h @ self.gate_up.t()).split(self.ffn, dim=-1)
+        h = rms_norm(x, self.post_norm, self.eps)
+        if self.tp.megatron:
+            gu = self.gate_up_linear(h, weight=self.gate_up)[0]
+        else:
+            gu = copy_to_tp(h, self.tp) @ self.gate_up.t()
+        gate, up = gu.split(self.ffn, dim=-1)
         return reduce_from_tp((F.silu(gate) * up) @ self.down_proj.t(), self.tp)
 
 
@@ -200,6 +214,8 @@ class Transformer(nn.Module):
         )
         self.head_dim = w.hidden // w.num_heads
         self.local_kv_heads = w.num_kv_heads // tp.size
+        if tp.megatron and not value_head:
+            self.head_linear = column_linear(tp, w.hidden, w.vocab, gather=False)
 
     # --- weights ------------------------------------------------------------
     def shard_names(self) -> list[str]:
@@ -271,6 +287,8 @@ class Transformer(nn.Module):
         if self.value_head is not None:
             return (x @ self.value_head.t()).squeeze(-1)
         head = self.lm_head if self.lm_head is not None else self.embed
+        if self.tp.megatron:
+            return gather_from_tp(self.head_linear(x, weight=head)[0], self.tp)
         return gather_from_tp(copy_to_tp(x, self.tp) @ head.t(), self.tp)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
