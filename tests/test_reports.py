@@ -9,6 +9,7 @@ is what proves the page works offline; it skips where Chromium is absent.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -168,3 +169,62 @@ def test_page_renders_in_headless_chromium(estimate: StepEstimate, tmp_path: Pat
     figures = done.stdout.split('id="figure-')[1:]
     assert len(figures) == 2
     assert all('class="main-svg"' in f for f in figures)
+
+
+def _fake_run_dir(path: Path) -> Path:
+    """A run directory as `placeflow validate` writes it, with made-up numbers."""
+    path.mkdir(parents=True)
+    manifest = {
+        "plan": {"name": "p", "content_hash": "abc"},
+        "profile": {"name": "cpu", "sha256": "x"},
+        "seed": 0,
+        "versions": {"torch": "2.13.0"},
+    }
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    lines = [
+        {
+            "step": i,
+            "reward_mean": 0.1 * i,
+            "exact_match": 0.0,
+            "entropy": 5.0 - i,
+            "pg_loss": 0.01,
+            "tokens_per_s": 1000.0,
+            "phases": {"generate": 0.02, "actor_update": 0.05},
+            "samples": [{"prompt": "1+2=", "response": "3\n", "reward": 1.0}],
+        }
+        for i in range(3)
+    ]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fidelity = {
+        "profile": "cpu",
+        "steps": 2,
+        "phases": [
+            {"phase": "generate", "measured_s": 0.02, "predicted_s": 0.01, "rel_error": -0.5}
+        ],
+        "step": {"measured_s": 0.07, "predicted_s": 0.05, "rel_error": -0.29},
+        "median_abs_error": 0.5,
+        "worst_phase": "generate",
+        "worst_abs_error": 0.5,
+    }
+    (path / "fidelity.json").write_text(json.dumps(fidelity))
+    return path
+
+
+def test_run_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    from placeflow.reports.run import run_report
+
+    page = run_report(_fake_run_dir(tmp_path / "run"))
+    text = page.read_text()
+    assert "Measured vs simulated" in text and "Fidelity: measured vs simulated" in text
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("Chromium is not installed")
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"]
+    cmd += ["--no-first-run", "--disable-background-networking", "--disable-component-update"]
+    cmd += ["--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr"]
+    cmd += ["--v=0", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Uncaught" not in done.stderr and "ERROR:CONSOLE" not in done.stderr, done.stderr
+    figures = done.stdout.split('id="figure-')[1:]
+    assert len(figures) == 3 and all('class="main-svg"' in f for f in figures)
