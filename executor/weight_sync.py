@@ -250,7 +250,9 @@ def sync_worker(rank: int, job: SyncJob, results: Any) -> None:
             plan = plan_disjoint(job.model, job.train, gen, job.bucket_bytes)
             active = rank < num_train + gen.world_size
             for method in job.methods:
-                times, out, moved, meter = [], {}, 0, MemoryMeter()
+                times: list[float] = []
+                out: Params = {}
+                moved, meter = 0, MemoryMeter()
                 for i in range(job.warmup + job.repeats):
                     meter = MemoryMeter()
                     dist.barrier()
