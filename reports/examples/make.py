@@ -6,6 +6,12 @@ from the repository root (seconds: one simulation, one planner search).
 Writes ppo-7b-colocate.html (`placeflow simulate` of the shipped colocated
 PPO plan) and ppo-7b-plan-h100x16.html (`placeflow plan` of PPO Llama-2-7B on
 16 H100s), each self-contained with plotly.js inlined.
+
+grpo-tiny-split-validate.html is a run's report (it trains, so it is not made
+here): from the repository root,
+
+    placeflow validate examples/plans/grpo-tiny-cpu4-split.toml --profile cpu --steps 8 \
+        --run-dir runs/validate-split --report reports/examples/grpo-tiny-split-validate.html
 """
 
 from __future__ import annotations
