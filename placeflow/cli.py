@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -404,13 +405,31 @@ def _print_run(console: Console, records: Sequence[object], run_dir: Path) -> No
     console.print(table)
 
 
-def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+def _execute(plan: Any, run_dir: Path, cfg: Any, num_cpus: int | None) -> Any:
+    """`run_plan` on a local Ray (started here if none runs); its RunResult, or None
+    after printing why the run failed. Plan problems raise SpecError before Ray starts."""
     import ray
 
-    from placeflow.executor.engines.tp import TPImpl
     from placeflow.executor.errors import ExecutorError
     from placeflow.executor.loop import check_executable, tokenizer_for
-    from placeflow.executor.run import RunConfig, run_plan
+    from placeflow.executor.run import run_plan
+
+    check_executable(plan)  # before Ray starts: a plan it cannot run fails in a second
+    tokenizer_for(plan)
+    started = _start_ray(plan, num_cpus)
+    try:
+        return run_plan(plan, run_dir, cfg)
+    except ExecutorError as exc:
+        print(f"placeflow: run failed: {exc}", file=sys.stderr)
+        return None
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.executor.engines.tp import TPImpl
+    from placeflow.executor.run import RunConfig
     from placeflow.plan import load_plan
 
     plan = load_plan(args.plan)
@@ -425,28 +444,16 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         progress=not args.no_progress,
         tp_impl=TPImpl(args.tp_backend),
     )
-    check_executable(plan)  # before Ray starts: a plan it cannot run fails in a second
-    tokenizer_for(plan)
-    started = _start_ray(plan, args.num_cpus)
-    try:
-        result = run_plan(plan, run_dir, cfg)
-    except ExecutorError as exc:
-        print(f"placeflow: run failed: {exc}", file=sys.stderr)
+    result = _execute(plan, run_dir, cfg, args.num_cpus)
+    if result is None:
         return 1
-    finally:
-        if started:
-            ray.shutdown()
     _print_run(console, result.records, run_dir)
     console.print(f"run directory: {run_dir} (metrics.jsonl, manifest.json, checkpoints/)")
     return 0
 
 
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
-    import ray
-
-    from placeflow.executor.errors import ExecutorError
-    from placeflow.executor.loop import check_executable, tokenizer_for
-    from placeflow.executor.run import RunConfig, read_metrics, run_plan
+    from placeflow.executor.run import RunConfig, read_metrics
     from placeflow.plan import load_plan
     from placeflow.reports.run import run_report
     from placeflow.simulator import simulate
@@ -468,17 +475,8 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         progress=not args.no_progress,
         profile=args.profile,
     )
-    check_executable(plan)  # before Ray starts: a plan it cannot run fails in a second
-    tokenizer_for(plan)
-    started = _start_ray(plan, args.num_cpus)
-    try:
-        run_plan(plan, run_dir, cfg)
-    except ExecutorError as exc:
-        print(f"placeflow: run failed: {exc}", file=sys.stderr)
+    if _execute(plan, run_dir, cfg, args.num_cpus) is None:
         return 1
-    finally:
-        if started:
-            ray.shutdown()
     table = compare(estimate, read_metrics(run_dir), warmup=1)
     (run_dir / "fidelity.json").write_text(json.dumps(table.to_json(), indent=2) + "\n")
     (run_dir / "fidelity.md").write_text(table.to_markdown())

@@ -157,6 +157,14 @@ def test_page_renders_in_headless_chromium(estimate: StepEstimate, tmp_path: Pat
     if browser is None:
         pytest.skip("Chromium is not installed")
     page = simulate_report(estimate, tmp_path / "sim.html")
+    # Every figure <div> (the timeline and the memory chart) holds a rendered plotly SVG.
+    figures = _rendered_figures(browser, page, tmp_path)
+    assert len(figures) == 2
+    assert all('class="main-svg"' in f for f in figures)
+
+
+def _rendered_figures(browser: str, page: Path, tmp_path: Path) -> list[str]:
+    """The DOM of each figure <div> after headless Chromium ran the page without errors."""
     # Networking features are off so a page that needs the network fails here.
     cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"]
     cmd += ["--no-first-run", "--disable-background-networking", "--disable-component-update"]
@@ -165,10 +173,7 @@ def test_page_renders_in_headless_chromium(estimate: StepEstimate, tmp_path: Pat
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Uncaught" not in done.stderr and "ERROR:CONSOLE" not in done.stderr, done.stderr
-    # Every figure <div> (the timeline and the memory chart) holds a rendered plotly SVG.
-    figures = done.stdout.split('id="figure-')[1:]
-    assert len(figures) == 2
-    assert all('class="main-svg"' in f for f in figures)
+    return done.stdout.split('id="figure-')[1:]
 
 
 def _fake_run_dir(path: Path) -> Path:
@@ -219,12 +224,5 @@ def test_run_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     browser = _chromium()
     if browser is None:
         pytest.skip("Chromium is not installed")
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"]
-    cmd += ["--no-first-run", "--disable-background-networking", "--disable-component-update"]
-    cmd += ["--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr"]
-    cmd += ["--v=0", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "Uncaught" not in done.stderr and "ERROR:CONSOLE" not in done.stderr, done.stderr
-    figures = done.stdout.split('id="figure-')[1:]
+    figures = _rendered_figures(browser, page, tmp_path)
     assert len(figures) == 3 and all('class="main-svg"' in f for f in figures)

@@ -41,9 +41,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
 from placeflow.executor.engines.transformer import Transformer
-
-# Weights every TP rank holds whole (their gradient norm is counted once).
-_TP_REPLICATED = ("input_norm", "post_norm", "norm", "value_head")
+from placeflow.reshard_plan import Sharding
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +64,12 @@ class TrainEngine:
     ) -> None:
         self.model, self.optim_config, self.zero = model, optim, zero
         self.dp_group, self.dp_size = dp_group, dp_size
+        # Weights split across TP (their squared norms are summed over the TP group);
+        # the rest (norms, a critic's value head) every TP rank holds whole, counted once.
+        # The sharding is reshard_plan's, as for the shards themselves (shard_full).
+        self._tp_split = {
+            p.name for p in model.arch.weights.params() if p.sharding is not Sharding.REPLICATED
+        }
         self.fsdp = dp_size > 1 and zero == 3
         if self.fsdp:
             mesh = DeviceMesh.from_group(dp_group, model.embed.device.type)
@@ -131,10 +135,10 @@ class TrainEngine:
                 continue
             g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             sq = g.double().pow(2).sum()
-            if name.rsplit(".", 1)[-1] in _TP_REPLICATED:
-                whole += sq
-            else:
+            if name in self._tp_split:
                 split += sq
+            else:
+                whole += sq
         if self.fsdp:  # each DP rank holds a disjoint piece of every gradient
             both = torch.stack([split, whole])
             dist.all_reduce(both, group=self.dp_group)
