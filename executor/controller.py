@@ -12,7 +12,9 @@ Start-up, in this order; each step waits for every worker, within `timeout_s`:
 3. per set: rank 0 picks a rendezvous address; all workers of the set join
    one torch.distributed world;
 4. per group, in `group_specs` order: all workers of the set build the role's
-   TP, PP and DP subgroups (the same order on every worker, as collectives need).
+   TP, PP and DP subgroups (the same order on every worker, as collectives need);
+5. with a generator set: the actor's trainer workers and the generator workers
+   join one more group for the weight sync (trainer ranks first).
 
 `shutdown` kills every worker, then removes the placement groups. It runs when
 a `with Controller(plan) as c:` block ends, on any start-up failure, and is
@@ -33,6 +35,7 @@ from placeflow.executor.groups import WorkerGroup, group_specs
 from placeflow.executor.pools import ResourcePool, bundle, create_pools, remove_pools
 from placeflow.executor.worker import WorkerActor, WorkerIdentity, WorkerSpec
 from placeflow.plan import Plan
+from placeflow.reshard_plan import GeneratorLayout
 from placeflow.workload import Role
 
 
@@ -91,6 +94,8 @@ class Controller:
             for group in self.groups:
                 refs = [w.setup_role.remote(group.role, group.spec.layout) for w in group.workers]
                 self.gather(group, refs, "setup_role")
+            if self.plan.generator_set() is not None:
+                self._init_weight_sync()
         except BaseException:
             self.shutdown()
             raise
@@ -113,6 +118,7 @@ class Controller:
                     roles=s.roles,
                     device_kind=pool.kind,
                     num_threads=self.num_threads,
+                    generator=s.generator,
                 )
             )
             for rank in range(s.num_devices)
@@ -128,6 +134,26 @@ class Controller:
             for w in workers
         ]
         self._gather_set(set_index, refs, "init_distributed")
+
+    def _init_weight_sync(self) -> None:
+        trainer = self.group(Role.ACTOR)
+        generator = self.group(Role.ACTOR, generator=True)
+        par = self.plan.parallelism[Role.ACTOR]
+        gen_layout = generator.spec.layout.gen
+        assert gen_layout is not None
+        gen = GeneratorLayout(tg=par.tg, pg=par.pg, replicas=gen_layout.num_replicas)
+        [(host, port)] = self.gather(
+            trainer, [trainer.workers[0].rendezvous_address.remote()], "rendezvous_address"
+        )
+        num_train = len(trainer.workers)
+        refs = [
+            w.init_weight_sync.remote(
+                host=host, port=port, rank=rank, train=par.train, gen=gen, timeout_s=self.timeout_s
+            )
+            for rank, w in enumerate(trainer.workers + generator.workers)
+        ]
+        self.gather(trainer, refs[:num_train], "init_weight_sync")
+        self.gather(generator, refs[num_train:], "init_weight_sync")
 
     # --- calls -----------------------------------------------------------------
     def group(self, role: Role, *, generator: bool = False) -> WorkerGroup:

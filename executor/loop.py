@@ -8,6 +8,7 @@ dispatch to the last result: the measured side of `placeflow validate`.
 
 One step:
   reshard       the actor's weights, training layout -> generation layout
+                (weight_sync instead, to a generator set of its own)
   generate      prompts split over the generation replicas (equal counts)
   reward        the rule-based checker here, or the reward model's scores
   ref_logprob   the reference policy (when the workload has one)
@@ -74,11 +75,6 @@ def check_executable(plan: Plan) -> None:
         )
     if w.reward_function is None and Role.REWARD not in w.models:
         raise SpecError("the workload needs a reward_function or a reward model")
-    if plan.generator_set() is not None:
-        raise SpecError(
-            "the executor runs the actor's generation on its training devices; plans with a "
-            "separate generator set can be simulated but not executed yet"
-        )
     n = w.batch.num_samples
     for role in w.roles:
         par = plan.parallelism[role]
@@ -206,20 +202,14 @@ class RLLoop:
     def step(self, step: int) -> StepRecord:
         rec = StepRecord(step=step)
         t_step = time.perf_counter()
-        actor = self.c.group(Role.ACTOR)
         b = self.w.batch
 
-        with _timed(rec, Phase.RESHARD):
-            refs = [w.sync_rollout.remote() for w in actor.workers]
-            moved = self.c.gather(actor, refs, "sync_rollout")
-        rec.metrics["reshard_bytes_max"] = float(max(m[0] for m in moved))
-        rec.metrics["reshard_peak_bytes_max"] = float(max(m[1] for m in moved))
-
+        rollout = self._sync_rollout(rec)
         problems = self.problems(step)
         prompts = [self.tok.encode(p.prompt)[-b.prompt_len :] for p in problems]
         prompts = [p for p in prompts for _ in range(b.samples_per_prompt)]
         with _timed(rec, Phase.GENERATE):
-            batch = self._generate(actor, prompts, step)
+            batch = self._generate(rollout, prompts, step)
 
         with _timed(rec, Phase.REWARD):
             scores = self._rewards(batch, problems, rec)
@@ -262,6 +252,31 @@ class RLLoop:
         return rec
 
     # --- phases --------------------------------------------------------------
+    def _sync_rollout(self, rec: StepRecord) -> WorkerGroup:
+        """The actor's current weights into its rollout engine; the group that generates.
+
+        Colocated: HybridFlow's reshard on the actor's own workers. With a generator
+        set: the trainer ranks send and the generator ranks receive, at the same time.
+        """
+        actor = self.c.group(Role.ACTOR)
+        if self.plan.generator_set() is None:
+            with _timed(rec, Phase.RESHARD):
+                refs = [w.sync_rollout.remote() for w in actor.workers]
+                moved = self.c.gather(actor, refs, "sync_rollout")
+            rec.metrics["reshard_bytes_max"] = float(max(m[0] for m in moved))
+            rec.metrics["reshard_peak_bytes_max"] = float(max(m[1] for m in moved))
+            return actor
+        generator = self.c.group(Role.ACTOR, generator=True)
+        with _timed(rec, Phase.WEIGHT_SYNC):
+            sends = [w.send_weights.remote() for w in actor.workers]
+            receives = [w.receive_weights.remote() for w in generator.workers]
+            sent = self.c.gather(actor, sends, "send_weights")
+            received = self.c.gather(generator, receives, "receive_weights")
+        rec.metrics["weight_sync_bytes_sent_max"] = float(max(m[0] for m in sent))
+        rec.metrics["weight_sync_bytes_max"] = float(max(m[0] for m in received))
+        rec.metrics["weight_sync_peak_bytes_max"] = float(max(m[1] for m in received))
+        return generator
+
     def _generate(self, actor: WorkerGroup, prompts: list[list[int]], step: int) -> Batch:
         layout = actor.gen_dispatch
         part = balanced_partition(
@@ -385,7 +400,9 @@ class RLLoop:
             self.c.gather(group, refs, "load_state")
 
     def _trained(self) -> list[WorkerGroup]:
-        return [g for g in self.c.groups if g.role in (Role.ACTOR, Role.CRITIC)]
+        return [
+            g for g in self.c.groups if g.role in (Role.ACTOR, Role.CRITIC) and not g.spec.generator
+        ]
 
 
 class _timed:

@@ -13,6 +13,12 @@ Deadlock freedom: every rank walks the same global order of messages
 (generator rank, bucket, trainer rank) and handles the ones it is part of, so
 blocking sends and receives always have a partner that is at the same message.
 
+Messages go over a `Link`: the default torch.distributed world in spawned
+process worlds (tests, benchmark), or, in `placeflow run`, a process group of
+its own between the trainer's and the generator's Ray workers
+(`open_sync_link`): each device set keeps its own world for its roles'
+collectives, and only the sync crosses sets.
+
 `to_full_hf` is the generator side for engines that load weights by name
 (vLLM's `load_weights`): a generator with tg = pg = 1 receives whole tensors,
 renamed to Hugging Face names. `sync_naive` is the baseline verl streams:
@@ -26,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -54,6 +60,56 @@ from placeflow.reshard_plan import (
     split_ranges,
     train_shard,
 )
+
+
+class Link(Protocol):
+    """Blocking point-to-point messages between the ranks of one sync world."""
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None: ...
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None: ...
+
+
+class WorldLink:
+    """The default torch.distributed world (every rank of the sync is a world rank)."""
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        dist.send(tensor, dst=dst)
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        dist.recv(tensor, src=src)
+
+
+class GroupLink:
+    """A process group outside the default world (one per trainer/generator pair of sets)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group  # a c10d backend (ProcessGroupGloo / ProcessGroupNCCL)
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        self.group.send([tensor], dst, 0).wait()
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        self.group.recv([tensor], src, 0).wait()
+
+
+def open_sync_link(
+    *, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float
+) -> GroupLink:
+    """Join the sync world of trainer ranks 0..T-1 and generator ranks T..T+G-1.
+
+    Rank 0 hosts the TCP store at (host, port); every rank calls this at the same
+    time. The group stands beside each worker's own default world, which it leaves
+    untouched (torch.distributed allows one default group per process).
+    """
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
+    prefixed = dist.PrefixStore("placeflow-weight-sync", store)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return GroupLink(dist.ProcessGroupNCCL(prefixed, rank, world_size, options))
+    return GroupLink(dist.ProcessGroupGloo(prefixed, rank, world_size, timeout))
 
 
 def generator_shard_ranges(
@@ -87,12 +143,21 @@ def _local_rows(
 
 
 def sync_disjoint(
-    plan: DisjointPlan, rank: int, shards: Params | None, meter: MemoryMeter
+    plan: DisjointPlan,
+    rank: int,
+    shards: Params | None,
+    meter: MemoryMeter,
+    *,
+    link: Link | None = None,
+    device: torch.device | None = None,
 ) -> tuple[Params, int]:
-    """Run `plan` as world rank `rank`; a generator returns (its shard, bytes received).
+    """Run `plan` as sync-world rank `rank`; a generator returns (its shard, bytes received).
 
-    Trainer ranks pass their training `shards` and get ({}, bytes sent).
+    Trainer ranks pass their training `shards` and get ({}, bytes sent). Generator
+    shards and receive buffers are made on `device` (default CPU); messages go over
+    `link` (default: the torch.distributed world).
     """
+    link = link or WorldLink()
     model, train, gen = plan.model, plan.train, plan.gen
     num_train = train.world_size
     is_gen = rank >= num_train
@@ -102,7 +167,7 @@ def sync_disjoint(
         for p in model.params():
             ranges = generator_shard_ranges(model, p, gen, me)
             if ranges is not None:
-                out[p.name] = meter.hold(torch.empty(p.shard_shape(ranges)))
+                out[p.name] = meter.hold(torch.empty(p.shard_shape(ranges), device=device))
     moved = 0
     for dst, transfer in enumerate(plan.ranks):
         for bucket in transfer.buckets:
@@ -121,12 +186,12 @@ def sync_disjoint(
                         for s in sends
                     ]
                     packed = meter.hold(torch.cat(pieces))
-                    dist.send(packed, dst=num_train + dst)
+                    link.send(packed, num_train + dst)
                     meter.drop(packed)
                     moved += numel * packed.element_size()
                 elif is_gen and me == dst:
-                    buf = meter.hold(torch.empty(numel))
-                    dist.recv(buf, src=src)
+                    buf = meter.hold(torch.empty(numel, device=device))
+                    link.recv(buf, src)
                     offset = 0
                     for s in sends:
                         shape = list(s.param.shape)

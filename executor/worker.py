@@ -19,6 +19,7 @@ intra-op threads itself (default 1) instead of inheriting the host's count.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -35,6 +36,7 @@ from placeflow.errors import SpecError
 from placeflow.executor.balance import WorkModel
 from placeflow.executor.batch import Batch
 from placeflow.executor.dispatch import DispatchLayout
+from placeflow.executor.engines.generator import GeneratorEngine
 from placeflow.executor.engines.roles import (
     ActorEngine,
     CriticEngine,
@@ -46,8 +48,17 @@ from placeflow.executor.engines.roles import (
 from placeflow.executor.engines.sampler import SamplingParams
 from placeflow.executor.engines.tp import TPGroup
 from placeflow.executor.groups import RoleLayout
+from placeflow.executor.reshard import MemoryMeter
+from placeflow.executor.weight_sync import Link, open_sync_link, sync_disjoint
 from placeflow.hardware import DeviceKind
-from placeflow.reshard_plan import plan_reshard
+from placeflow.layout import TrainLayout
+from placeflow.reshard_plan import (
+    WEIGHT_SYNC_BUCKET_BYTES,
+    DisjointPlan,
+    GeneratorLayout,
+    plan_disjoint,
+    plan_reshard,
+)
 from placeflow.workload import Role
 
 E = TypeVar("E")
@@ -77,6 +88,22 @@ class WorkerSpec:
     roles: tuple[Role, ...]
     device_kind: DeviceKind
     num_threads: int = 1
+    generator: bool = False  # a generator set: the actor's rollout engine only
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSync:
+    """This worker's place in the weight sync between the actor's trainer and generator sets.
+
+    Sync-world ranks: trainer ranks 0..T-1 (the trainer set's device order), then
+    generator ranks T..T+G-1; `plan` is derived once from the actor's shapes.
+    """
+
+    rank: int
+    train: TrainLayout
+    gen: GeneratorLayout
+    link: Link
+    plan: DisjointPlan | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +152,8 @@ class Worker:
             self.device = torch.device("cpu")
         self.spec = spec
         self.roles: dict[Role, RoleRank] = {}
-        self.engines: dict[Role, ActorEngine | CriticEngine | ScoringEngine] = {}
+        self.engines: dict[Role, ActorEngine | CriticEngine | ScoringEngine | GeneratorEngine] = {}
+        self.weight_sync: WeightSync | None = None
 
     def identity(self) -> WorkerIdentity:
         return WorkerIdentity(
@@ -155,6 +183,28 @@ class Worker:
             world_size=self.spec.num_devices,
             timeout=timedelta(seconds=timeout_s),
         )
+
+    def init_weight_sync(
+        self,
+        *,
+        host: str,
+        port: int,
+        rank: int,
+        train: TrainLayout,
+        gen: GeneratorLayout,
+        timeout_s: float,
+    ) -> None:
+        """Join the actor's trainer/generator sync world (all its workers call this at once)."""
+        backend = "nccl" if self.spec.device_kind is DeviceKind.CUDA else "gloo"
+        link = open_sync_link(
+            host=host,
+            port=port,
+            rank=rank,
+            world_size=train.world_size + gen.world_size,
+            backend=backend,
+            timeout_s=timeout_s,
+        )
+        self.weight_sync = WeightSync(rank=rank, train=train, gen=gen, link=link)
 
     def setup_role(self, role: Role, layout: RoleLayout) -> RankInfo:
         """Build the role's TP, PP and DP subgroups (collective over the set's world)."""
@@ -219,6 +269,16 @@ class Worker:
         """Build `role`'s engine on this rank (collective: FSDP/DDP set-up over its DP group)."""
         rr = self.roles[role]
         train, gen = rr.layout.train, rr.layout.gen
+        if self.spec.generator:
+            assert role is Role.ACTOR and gen is not None
+            tp = TPGroup(
+                group=rr.groups[Axis.GEN_TP] if gen.tg > 1 else None,
+                size=gen.tg,
+                rank=rr.info.gen_tp or 0,
+                impl=setup.tp_impl,
+            )
+            self.engines[role] = GeneratorEngine(setup, tp, self.device)
+            return
         if train.p > 1 or (gen is not None and gen.pg > 1):
             raise SpecError(
                 f"{role}: the executor runs pipeline parallelism p=1 only (plan has p={train.p}); "
@@ -262,12 +322,50 @@ class Worker:
         return received, actor.last_reshard_peak
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> Batch:
-        return self._engine(Role.ACTOR, ActorEngine).generate(prompts, params, seed)
+        engine = self.engines.get(Role.ACTOR)
+        if not isinstance(engine, ActorEngine | GeneratorEngine):
+            raise SpecError(f"this worker has no rollout engine for the actor (got {engine!r})")
+        return engine.generate(prompts, params, seed)
+
+    def _sync_plan(self, engine: ActorEngine | GeneratorEngine) -> tuple[WeightSync, DisjointPlan]:
+        sync = self.weight_sync
+        if sync is None:
+            raise SpecError(
+                "this worker is in no weight-sync world (the plan has no generator set)"
+            )
+        if sync.plan is None:
+            plan = plan_disjoint(
+                engine.setup.arch.weights, sync.train, sync.gen, WEIGHT_SYNC_BUCKET_BYTES
+            )
+            sync = self.weight_sync = dataclasses.replace(sync, plan=plan)
+        assert sync.plan is not None
+        return sync, sync.plan
+
+    def send_weights(self) -> tuple[int, int]:
+        """Trainer side of the weight sync: (bytes sent, peak extra bytes)."""
+        actor = self._engine(Role.ACTOR, ActorEngine)
+        sync, plan = self._sync_plan(actor)
+        meter = MemoryMeter()
+        _, sent = sync_disjoint(
+            plan, sync.rank, actor.trainer.tp_shards(), meter, link=sync.link, device=self.device
+        )
+        return sent, meter.peak_bytes
+
+    def receive_weights(self) -> tuple[int, int]:
+        """Generator side of the weight sync: (bytes received, peak extra bytes)."""
+        engine = self._engine(Role.ACTOR, GeneratorEngine)
+        sync, plan = self._sync_plan(engine)
+        meter = MemoryMeter()
+        weights, received = sync_disjoint(
+            plan, sync.rank, None, meter, link=sync.link, device=self.device
+        )
+        engine.load_rollout(weights)
+        return received, meter.peak_bytes
 
     def logprobs(self, role: Role, batch: Batch, temperature: float) -> Batch:
         engine = self.engines[role]
-        if isinstance(engine, CriticEngine):
-            raise SpecError(f"{role} is a value model; it has no logprobs")
+        if isinstance(engine, CriticEngine | GeneratorEngine):
+            raise SpecError(f"{role} on this worker has no logprobs (got {engine!r})")
         return engine.logprobs(batch, temperature)
 
     def values(self, role: Role, batch: Batch) -> Batch:

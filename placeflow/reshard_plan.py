@@ -426,6 +426,11 @@ def plan_reshard(model: TinyLlama, gen: GenLayout) -> ReshardPlan:
 # from the trainer ranks that hold the slices of it.
 
 
+# Bucket size of the weight sync between disjoint sets: the executor sends in
+# buckets of this size and the simulator prices the same buckets.
+WEIGHT_SYNC_BUCKET_BYTES = 512 << 20
+
+
 @dataclass(frozen=True, kw_only=True)
 class GeneratorLayout:
     """Generation parallelism on its own ranks: tensor tg, pipeline pg, `replicas` copies.

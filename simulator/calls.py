@@ -46,12 +46,17 @@ from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import CollectiveKind, Scope
-from placeflow.reshard_plan import GeneratorLayout, TinyLlama, plan_disjoint, plan_reshard
+from placeflow.reshard_plan import (
+    WEIGHT_SYNC_BUCKET_BYTES,
+    GeneratorLayout,
+    TinyLlama,
+    plan_disjoint,
+    plan_reshard,
+)
 from placeflow.simulator import compute, memory
 from placeflow.simulator.lengths import LengthModel
 
 DECODE_POINTS = 12
-WEIGHT_SYNC_BUCKET_BYTES = 512 << 20
 
 
 @dataclass(frozen=True, kw_only=True)

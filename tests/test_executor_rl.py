@@ -103,9 +103,30 @@ def test_worker_death_keeps_checkpoint(ray_cluster: None, tmp_path: Path) -> Non
     assert "step 1 is kept" in (tmp_path / "error.txt").read_text()
 
 
-def test_unexecutable_plans_are_refused_before_start(cpu4_plans: dict[str, Plan]) -> None:
-    with pytest.raises(SpecError, match="separate generator set"):
-        check_executable(cpu4_plans["generator"])
+def test_generator_set_run_matches_colocated_run(
+    ray_cluster: None, tmp_path: Path, cpu4_plans: dict[str, Plan]
+) -> None:
+    # The same actor (t2, one generation replica of tg2) generating on a set of its own:
+    # the weight sync hands the generator exactly the weights the colocated reshard gives,
+    # so with the same seeds both runs sample, score and update alike, step for step.
+    apart = cpu4_plans["generator"]
+    together = dataclasses.replace(apart, name="colocated", sets=(apart.sets[0],))
+    a = run_plan(apart, tmp_path / "apart", RunConfig(steps=2, progress=False))
+    b = run_plan(together, tmp_path / "together", RunConfig(steps=2, progress=False))
+    for ra, rb in zip(a.records, b.records, strict=True):
+        assert "weight_sync" in ra.phases and "reshard" not in ra.phases
+        assert "reshard" in rb.phases and "weight_sync" not in rb.phases
+        for key in ("reward_mean", "pg_loss", "grad_norm", "entropy", "response_len_mean"):
+            assert ra.metrics[key] == rb.metrics[key], key
+        # Each generator rank receives the whole tg-shard of the actor and holds at most
+        # its shard plus one bucket (here the model fits one bucket).
+        assert ra.metrics["weight_sync_bytes_max"] == rb.metrics["reshard_peak_bytes_max"]
+        assert ra.metrics["weight_sync_peak_bytes_max"] <= 2 * ra.metrics["weight_sync_bytes_max"]
+    lines = read_metrics(tmp_path / "apart")
+    assert all(m["weight_sync_bytes_max"] > 0 for m in lines)
+
+
+def test_unexecutable_plans_are_refused_before_start() -> None:
     bad_batch = dataclasses.replace(
         _plan("grpo-tiny-cpu4-split"),
         workload=dataclasses.replace(
