@@ -58,6 +58,7 @@ class RunConfig:
     progress: bool = True
     profile: str | None = None  # for the manifest; default: the plan's device profile
     tp_impl: TPImpl = TPImpl.NATIVE  # tensor parallelism: placeflow's or megatron-core's layers
+    rehearsal_of: str | None = None  # "name (hash)" of the plan this run rehearses on CPU
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ def write_manifest(run_dir: Path, plan: Plan, cfg: RunConfig) -> None:
         "plan": {"name": plan.name, "content_hash": plan.content_hash()},
         "profile": _profile_entry(plan, cfg.profile),
         "workload": workload_to_dict(plan.workload),
+        "rehearsal_of": cfg.rehearsal_of,
         "seed": cfg.seed,
         "steps": cfg.steps,
         "tp_impl": cfg.tp_impl.value,

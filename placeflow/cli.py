@@ -298,6 +298,9 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         )
     if args.out:
         save_plan(result.best.plan, args.out)
+    if args.out_dir:
+        written = _write_per_placement(result.per_placement, Path(args.out_dir))
+        print(f"wrote {written} plans (best of each placement) to {args.out_dir}", file=sys.stderr)
     if args.report:
         from placeflow.reports import plan_report
 
@@ -364,6 +367,21 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _write_per_placement(per_placement: Sequence[Any], out_dir: Path) -> int:
+    """The best plan of every feasible placement as DIR/<kind>-<sets>.toml; how many."""
+    from placeflow.plan import save_plan
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for pr in per_placement:
+        if pr.best is None:
+            continue
+        sets = "_".join("+".join(r.value for r in s) for s in pr.placement.sets)
+        save_plan(pr.best.plan, out_dir / f"{pr.placement.kind.value}-{sets}.toml")
+        written += 1
+    return written
+
+
 def _start_ray(plan: object, num_cpus: int | None) -> bool:
     """A local Ray with room for the plan: CPU workers are logical, so enough CPU slots.
 
@@ -414,8 +432,11 @@ def _execute(plan: Any, run_dir: Path, cfg: Any, num_cpus: int | None) -> Any:
     from placeflow.executor.loop import check_executable, tokenizer_for
     from placeflow.executor.run import run_plan
 
+    from placeflow.executor.rehearsal import check_host_memory
+
     check_executable(plan)  # before Ray starts: a plan it cannot run fails in a second
     tokenizer_for(plan)
+    check_host_memory(plan)
     started = _start_ray(plan, num_cpus)
     try:
         return run_plan(plan, run_dir, cfg)
@@ -433,8 +454,21 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from placeflow.plan import load_plan
 
     plan = load_plan(args.plan)
+    rehearsal_of = None
+    if args.rehearse:
+        from placeflow.executor.rehearsal import rehearsal_plan
+
+        rehearsal_of = f"{plan.name} ({plan.content_hash()})"
+        plan = rehearsal_plan(plan)
+        print(
+            f"rehearsing {rehearsal_of} on {plan.num_gpus} CPU workers with tiny models "
+            f"({', '.join(sorted({m.name for m in plan.workload.models.values()}))}); "
+            "its figures are not the GPU run's",
+            file=sys.stderr,
+        )
     run_dir = Path(args.run_dir or Path("runs") / plan.name)
     cfg = RunConfig(
+        rehearsal_of=rehearsal_of,
         steps=args.steps,
         seed=args.seed,
         checkpoint_every=args.checkpoint_every,
@@ -539,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=5, help="how many ranked plans to report")
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", help="write the best plan as TOML (simulate and run accept it)")
+    p.add_argument("--out-dir", help="write the best plan of every placement, one TOML each")
     p.add_argument("--report", help="write an HTML report (plotly, works offline)")
     p.set_defaults(handler=_cmd_plan)
 
@@ -556,6 +591,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0: at the end only")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="run the plan's layout on logical CPU workers with tiny models (a GPU plan here)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--num-cpus", type=int, help="CPU slots for the local Ray instance")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per remote call")

@@ -147,6 +147,11 @@ def run_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
         "tokens/s (last step)": f"{last['tokens_per_s']:,.0f}",
         "versions": ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()),
     }
+    if manifest.get("rehearsal_of"):
+        header["rehearsal"] = (
+            f"of {manifest['rehearsal_of']} on CPU workers with tiny models: checks the "
+            "layout's wiring; its times are not the GPU run's"
+        )
     figures = [curves_figure(lines), phases_figure(lines)]
     tables = []
     if fidelity is not None:
