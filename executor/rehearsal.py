@@ -1,4 +1,4 @@
-"""Rehearsal: a plan's exact layout on logical CPU workers, with tiny models of the same shape rules.
+"""Rehearsal: a plan's exact layout on logical CPU workers, with tiny models of its shapes.
 
 `placeflow run PLAN --rehearse` checks the wiring of a GPU plan on a laptop
 before anyone books GPUs: every device set with its device count and node

@@ -430,9 +430,8 @@ def _execute(plan: Any, run_dir: Path, cfg: Any, num_cpus: int | None) -> Any:
 
     from placeflow.executor.errors import ExecutorError
     from placeflow.executor.loop import check_executable, tokenizer_for
-    from placeflow.executor.run import run_plan
-
     from placeflow.executor.rehearsal import check_host_memory
+    from placeflow.executor.run import run_plan
 
     check_executable(plan)  # before Ray starts: a plan it cannot run fails in a second
     tokenizer_for(plan)
