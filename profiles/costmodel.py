@@ -174,6 +174,9 @@ class CostModel:
     profile_name: str
     dtype_bytes: int
     rooflines: Mapping[FamilyKey, Roofline] = field(hash=False)
+    # A CPU profile's "nodes" are groups of logical workers on the host it was measured
+    # on: a collective between them takes the same loopback as one within a node.
+    host_local: bool = False
     series: Mapping[SeriesId, Series] = field(hash=False)
     # Answers already given, by (op, parameter values): the simulator asks the same
     # questions thousands of times while the planner re-scores plans.
@@ -209,6 +212,7 @@ class CostModel:
         return CostModel(
             profile_name=profile.name,
             dtype_bytes=dtype_bytes,
+            host_local=profile.device_kind == "cpu",
             rooflines=rooflines,
             series=series,
             series_index=_index_series(series),
@@ -338,6 +342,8 @@ class CostModel:
         """A collective over `world_size` ranks; zero for one rank or no bytes."""
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
+        if self.host_local:
+            scope = Scope.INTRA
         params: dict[str, int | str] = {
             "kind": kind.value,
             "world_size": world_size,

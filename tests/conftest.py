@@ -10,7 +10,9 @@ import pytest
 
 from placeflow.plan import Plan, load_plan, plan_from_dict
 
-RAY_NUM_CPUS = 4  # four logical CPU workers: examples/clusters/cpu4.toml
+# Logical CPU slots: one per CPU worker of the largest plan a test runs (the 16-GPU
+# quickstart plan rehearsed on CPU workers); cpu4 and cpu8 plans fit too.
+RAY_NUM_CPUS = 16
 PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"
 
 

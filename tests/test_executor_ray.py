@@ -157,23 +157,25 @@ def test_a_plan_larger_than_ray_fails_before_anything_starts():
             "name": "grpo-tiny-cpu8",
             "workload": "../workloads/grpo-tiny-cpu.toml",
             "cluster": {
-                "name": "cpu8",
-                "pools": [{"name": "cpu", "gpu": "cpu", "num_nodes": 1, "gpus_per_node": 8}],
+                "name": "cpu32",
+                "pools": [{"name": "cpu", "gpu": "cpu", "num_nodes": 1, "gpus_per_node": 32}],
             },
-            "sets": [{"roles": ["actor", "ref"], "pool": "cpu", "num_devices": 8}],
-            "parallelism": {"actor": {"d": 8}, "ref": {"d": 8}},
+            "sets": [{"roles": ["actor", "ref"], "pool": "cpu", "num_devices": 32}],
+            "parallelism": {"actor": {"d": 32}, "ref": {"d": 32}},
         },
-        "cpu8",
+        "cpu32",
         PLANS,
     )
     before = len(ray.util.placement_group_table())
-    with pytest.raises(InsufficientResourcesError, match=r"needs 8 CPU \(Ray reports 4\)"):
+    with pytest.raises(InsufficientResourcesError, match=r"needs 32 CPU \(Ray reports 16\)"):
         Controller(plan).start()
     assert len(ray.util.placement_group_table()) == before  # no placement group was made
 
 
 def test_devices_held_elsewhere_give_a_placement_timeout(cpu4_plans):
-    holder = ray.util.placement_group([{"CPU": 1.0}] * 2)
+    # Hold all but 2 CPU slots: the 4-worker plan cannot get its devices.
+    free = int(ray.cluster_resources()["CPU"]) - 2
+    holder = ray.util.placement_group([{"CPU": 1.0}] * free)
     ray.get(holder.ready(), timeout=TIMEOUT_S)
     try:
         with pytest.raises(PlacementTimeoutError, match="not ready within 1 s"):
