@@ -4,8 +4,15 @@ Bundle i of a set's placement group is the set's i-th device, and the worker
 of rank i is scheduled on it. A bundle is {"CPU": 1} for a CPU pool (one
 logical worker) and {"GPU": 1, "CPU": cpus_per_gpu} for a CUDA pool. A set on
 one node is STRICT_PACK (all bundles on one node); a set spanning nodes is
-PACK, as few nodes as possible. (Ray does not promise that PACK puts bundles
-i..i+gpus_per_node-1 on one node; the plan's TP-in-node rule assumes it.)
+PACK.
+
+Nodes. The plan's node k of a pool (devices k*gpus_per_node ...) is pinned to
+one Ray node with a bundle label selector on `ray.io/node-id`, so that the
+TP-in-node rule and the plan's split across nodes hold on a real cluster
+(`assign_nodes`): the plan nodes its sets use, in pool and index order, take
+whole-node slots of the Ray nodes in the order Ray lists them, as many per
+Ray node as its free resources hold. On one machine (a local Ray with enough
+CPU slots) every logical node of a CPU pool lands on that machine.
 
 Before anything is created the plan's needs are checked against what Ray
 reports (`check_resources`), so a plan too big for the cluster fails with a
@@ -14,8 +21,9 @@ clear message instead of waiting for devices that will never come.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError
@@ -24,6 +32,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from placeflow.executor.errors import InsufficientResourcesError, PlacementTimeoutError
 from placeflow.hardware import DeviceKind
 from placeflow.plan import DeviceSet, Plan
+
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node (its node id)
 
 
 def bundle(kind: DeviceKind, *, cpus_per_gpu: int = 1) -> dict[str, float]:
@@ -47,6 +57,55 @@ def required_resources(plan: Plan, *, cpus_per_gpu: int = 1) -> dict[str, float]
         for name, amount in bundle(plan.pool_of(i).gpu.kind, cpus_per_gpu=cpus_per_gpu).items():
             total[name] = total.get(name, 0.0) + amount * s.num_devices
     return total
+
+
+NodeKey = tuple[str, int]  # (pool name, node index in the pool)
+
+
+def used_nodes(plan: Plan) -> list[NodeKey]:
+    """The plan nodes its device sets occupy, in pool order then node index."""
+    keys = {
+        (s.pool, d // plan.pool_of(i).gpus_per_node)
+        for i, s in enumerate(plan.sets)
+        for d in s.devices()
+    }
+    order = [p.name for p in plan.cluster.pools]
+    return sorted(keys, key=lambda k: (order.index(k[0]), k[1]))
+
+
+def assign_nodes(
+    plan: Plan, nodes: Sequence[Mapping[str, Any]], *, cpus_per_gpu: int = 1
+) -> dict[NodeKey, str]:
+    """Ray node id per plan node (`nodes` as `ray.nodes()` lists them).
+
+    Raises InsufficientResourcesError naming the plan node no Ray node can hold.
+    """
+    free = [(str(n["NodeID"]), dict(n.get("Resources", {}))) for n in nodes if n.get("Alive", True)]
+    out: dict[NodeKey, str] = {}
+    for key in used_nodes(plan):
+        pool = plan.cluster.pool(key[0])
+        need = {
+            k: v * pool.gpus_per_node
+            for k, v in bundle(pool.gpu.kind, cpus_per_gpu=cpus_per_gpu).items()
+        }
+        for node_id, res in free:
+            if all(res.get(k, 0.0) >= v for k, v in need.items()):
+                for k, v in need.items():
+                    res[k] -= v
+                out[key] = node_id
+                break
+        else:
+            have = "; ".join(
+                f"{node_id[:8]}: " + ", ".join(f"{r.get(k, 0.0):g} {k}" for k in need)
+                for node_id, r in free
+            )
+            wanted = ", ".join(f"{v:g} {k}" for k, v in need.items())
+            raise InsufficientResourcesError(
+                f"plan {plan.name!r}: node {key[1]} of pool {key[0]!r} needs {wanted} on one Ray "
+                f"node; the Ray nodes have (free after the plan's other nodes) {have}. Add a node "
+                "of that size or plan for the cluster Ray has"
+            )
+    return out
 
 
 def check_resources(plan: Plan, available: Mapping[str, float], *, cpus_per_gpu: int = 1) -> None:
@@ -75,13 +134,18 @@ class ResourcePool:
 def create_pools(plan: Plan, *, timeout_s: float, cpus_per_gpu: int = 1) -> list[ResourcePool]:
     """One ready placement group per device set; removes what it made if any is not ready."""
     check_resources(plan, ray.cluster_resources(), cpus_per_gpu=cpus_per_gpu)
+    node_of = assign_nodes(plan, ray.nodes(), cpus_per_gpu=cpus_per_gpu)
     pools = []
     for i, s in enumerate(plan.sets):
         kind = plan.pool_of(i).gpu.kind
+        per_node = plan.pool_of(i).gpus_per_node
         group = placement_group(
             [bundle(kind, cpus_per_gpu=cpus_per_gpu)] * s.num_devices,
             strategy=strategy(plan, i),
             name=f"placeflow-{plan.name}-set{i}",
+            bundle_label_selector=[
+                {NODE_ID_LABEL: node_of[(s.pool, d // per_node)]} for d in s.devices()
+            ],
         )
         pools.append(ResourcePool(set_index=i, device_set=s, kind=kind, placement_group=group))
     try:

@@ -4,6 +4,7 @@ Run directory:
   manifest.json        plan name and content hash, profile name and file hash, workload,
                        seed, steps, package versions, start time, the command line
   plan.toml            the plan as run (loadable by `placeflow simulate`)
+  workers.json         where each device of each set ran: Ray node id and IP, pid, device
   metrics.jsonl        one line per step: metrics, measured phase seconds, a few samples
   checkpoints/step-N/  one file per trained role and rank, then state.json (written last:
                        a directory without it is incomplete and ignored)
@@ -105,6 +106,24 @@ def write_manifest(run_dir: Path, plan: Plan, cfg: RunConfig) -> None:
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+def write_workers(run_dir: Path, controller: Controller) -> None:
+    """workers.json: where each device of each set runs (Ray node, process, device)."""
+    rows = [
+        {
+            "set": ident.set_index,
+            "set_label": controller.plan.sets[ident.set_index].label(),
+            "rank": ident.device_index,
+            "node_id": ident.node_id,
+            "node_ip": ident.node_ip,
+            "pid": ident.pid,
+            "device": ident.device,
+        }
+        for idents in controller.identities
+        for ident in idents
+    ]
+    (run_dir / "workers.json").write_text(json.dumps(rows, indent=2) + "\n")
+
+
 def last_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     """(step, directory) of the newest complete checkpoint, if any."""
     best = None
@@ -181,6 +200,7 @@ def run_plan(
         raise SpecError("Ray is not running; call ray.init() first (the CLI does)")
     records: list[StepRecord] = []
     with Controller(plan, timeout_s=cfg.timeout_s, num_threads=cfg.num_threads) as controller:
+        write_workers(run_dir, controller)
         loop = RLLoop(controller, seed=cfg.seed, tokenizer=tokenizer, tp_impl=cfg.tp_impl)
         loop.build()
         if resume_from is not None:

@@ -113,6 +113,7 @@ class WorkerIdentity:
     roles: tuple[Role, ...]
     pid: int
     node_ip: str
+    node_id: str  # the Ray node this worker runs on
     device: str
     num_threads: int
 
@@ -162,6 +163,7 @@ class Worker:
             roles=self.spec.roles,
             pid=os.getpid(),
             node_ip=ray.util.get_node_ip_address(),
+            node_id=ray.get_runtime_context().get_node_id(),
             device=str(self.device),
             num_threads=torch.get_num_threads(),
         )

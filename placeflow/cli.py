@@ -382,11 +382,13 @@ def _write_per_placement(per_placement: Sequence[Any], out_dir: Path) -> int:
     return written
 
 
-def _start_ray(plan: object, num_cpus: int | None) -> bool:
-    """A local Ray with room for the plan: CPU workers are logical, so enough CPU slots.
+def _start_ray(plan: object, num_cpus: int | None, address: str | None = None) -> bool:
+    """Ray for the plan: attach to the cluster at `address` (`auto`: the one this
+    machine belongs to), or start a local Ray with room for the plan (CPU workers
+    are logical, so enough CPU slots).
 
-    True when this call started Ray (and the caller shuts it down); an already
-    running Ray (a notebook's, a test session's) is used as it is.
+    True when this call connected (and the caller disconnects); an already running
+    Ray in this process (a notebook's, a test session's) is used as it is.
     """
     import os
 
@@ -394,10 +396,19 @@ def _start_ray(plan: object, num_cpus: int | None) -> bool:
 
     from placeflow.executor.pools import required_resources
 
-    needed = int(required_resources(plan).get("CPU", 0))  # type: ignore[arg-type]
-    cpus = num_cpus or max(os.cpu_count() or 1, needed)
     if ray.is_initialized():
         return False
+    if address is not None:
+        try:
+            ray.init(address=address, logging_level=logging.ERROR)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise SpecError(
+                f"--address {address}: cannot attach to a Ray cluster there ({exc}); start one "
+                "with `ray start --head` or give its GCS address HOST:PORT"
+            ) from None
+        return True
+    needed = int(required_resources(plan).get("CPU", 0))  # type: ignore[arg-type]
+    cpus = num_cpus or max(os.cpu_count() or 1, needed)
     ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR)
     return True
 
@@ -423,7 +434,9 @@ def _print_run(console: Console, records: Sequence[object], run_dir: Path) -> No
     console.print(table)
 
 
-def _execute(plan: Any, run_dir: Path, cfg: Any, num_cpus: int | None) -> Any:
+def _execute(
+    plan: Any, run_dir: Path, cfg: Any, num_cpus: int | None, address: str | None = None
+) -> Any:
     """`run_plan` on a local Ray (started here if none runs); its RunResult, or None
     after printing why the run failed. Plan problems raise SpecError before Ray starts."""
     import ray
@@ -435,8 +448,9 @@ def _execute(plan: Any, run_dir: Path, cfg: Any, num_cpus: int | None) -> Any:
 
     check_executable(plan)  # before Ray starts: a plan it cannot run fails in a second
     tokenizer_for(plan)
-    check_host_memory(plan)
-    started = _start_ray(plan, num_cpus)
+    if address is None:  # on a cluster the workers' memory is the nodes', not this machine's
+        check_host_memory(plan)
+    started = _start_ray(plan, num_cpus, address)
     try:
         return run_plan(plan, run_dir, cfg)
     except ExecutorError as exc:
@@ -477,7 +491,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         progress=not args.no_progress,
         tp_impl=TPImpl(args.tp_backend),
     )
-    result = _execute(plan, run_dir, cfg, args.num_cpus)
+    result = _execute(plan, run_dir, cfg, args.num_cpus, args.address)
     if result is None:
         return 1
     _print_run(console, result.records, run_dir)
@@ -508,7 +522,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         progress=not args.no_progress,
         profile=args.profile,
     )
-    if _execute(plan, run_dir, cfg, args.num_cpus) is None:
+    if _execute(plan, run_dir, cfg, args.num_cpus, args.address) is None:
         return 1
     table = compare(estimate, read_metrics(run_dir), warmup=1)
     (run_dir / "fidelity.json").write_text(json.dumps(table.to_json(), indent=2) + "\n")
@@ -597,6 +611,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--num-cpus", type=int, help="CPU slots for the local Ray instance")
+    p.add_argument(
+        "--address",
+        help="attach to an existing Ray cluster (auto, or its HOST:PORT) instead of a local Ray",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per remote call")
     p.add_argument(
         "--tp-backend",
@@ -618,6 +636,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--num-cpus", type=int, help="CPU slots for the local Ray instance")
+    p.add_argument(
+        "--address",
+        help="attach to an existing Ray cluster (auto, or its HOST:PORT) instead of a local Ray",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_cmd_validate)
