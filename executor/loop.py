@@ -24,6 +24,7 @@ micro-batches on every rank).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Sequence
@@ -68,9 +69,9 @@ def derived_seed(*parts: int | str) -> int:
 def check_executable(plan: Plan) -> None:
     """Raise SpecError for plans the executor cannot run (before any worker starts)."""
     w = plan.workload
-    if w.algorithm not in (Algorithm.GRPO, Algorithm.PPO):
+    if w.algorithm not in (Algorithm.GRPO, Algorithm.PPO, Algorithm.REMAX):
         raise SpecError(
-            f"the executor runs GRPO and PPO; workload {w.name!r} is {w.algorithm} "
+            f"the executor runs GRPO, ReMax and PPO; workload {w.name!r} is {w.algorithm} "
             "(it can be planned and simulated)"
         )
     if w.reward_function is None and Role.REWARD not in w.models:
@@ -209,10 +210,19 @@ class RLLoop:
         prompts = [self.tok.encode(p.prompt)[-b.prompt_len :] for p in problems]
         prompts = [p for p in prompts for _ in range(b.samples_per_prompt)]
         with _timed(rec, Phase.GENERATE):
-            batch = self._generate(rollout, prompts, step)
+            batch = self._generate(rollout, prompts, step, self.sampling)
+        baseline = None
+        if self.w.algorithm is Algorithm.REMAX:
+            greedy = dataclasses.replace(self.sampling, temperature=0.0)
+            with _timed(rec, Phase.GENERATE_BASELINE):
+                baseline = self._generate(rollout, prompts[:: b.samples_per_prompt], step, greedy)
 
         with _timed(rec, Phase.REWARD):
-            scores = self._rewards(batch, problems, rec)
+            scores = self._rewards(batch, problems, b.samples_per_prompt, rec)
+            if baseline is not None:
+                base = self._rewards(baseline, problems, 1, None)
+                batch = _with(batch, baseline_scores=base.repeat_interleave(b.samples_per_prompt))
+                rec.metrics["baseline_reward_mean"] = float(base.mean())
         batch = _with(batch, scores=scores)
 
         partitions: dict[int, Partition] = {}
@@ -277,7 +287,9 @@ class RLLoop:
         rec.metrics["weight_sync_peak_bytes_max"] = float(max(m[1] for m in received))
         return generator
 
-    def _generate(self, actor: WorkerGroup, prompts: list[list[int]], step: int) -> Batch:
+    def _generate(
+        self, actor: WorkerGroup, prompts: list[list[int]], step: int, params: SamplingParams
+    ) -> Batch:
         layout = actor.gen_dispatch
         part = balanced_partition(
             [float(len(p)) for p in prompts], layout.num_dp, equal_counts=True
@@ -286,7 +298,7 @@ class RLLoop:
         refs = [
             w.generate.remote(
                 per_replica[layout.dp_rank[r]],
-                self.sampling,
+                params,
                 derived_seed(self.seed, step, "replica", layout.dp_rank[r]),
             )
             for r, w in enumerate(actor.workers)
@@ -294,12 +306,15 @@ class RLLoop:
         results = self.c.gather(actor, refs, "generate")
         return collect(layout, align(results, self.tok.pad_id), part)
 
-    def _rewards(self, batch: Batch, problems: list[Problem], rec: StepRecord) -> torch.Tensor:
+    def _rewards(
+        self, batch: Batch, problems: list[Problem], spp: int, rec: StepRecord | None
+    ) -> torch.Tensor:
+        """Scores of `batch` (`spp` responses per problem, in order); with `rec`, the
+        reward metrics and a few decoded samples go into it."""
         if self.task is None:
             out = self._call(Role.REWARD, "scores", batch, {})
             scores = out.tensors["scores"].float()
         else:
-            spp = self.w.batch.samples_per_prompt
             values, exact = [], 0
             for i in range(len(batch)):
                 n = int(batch.tensors[RESPONSE_MASK][i].sum())
@@ -309,14 +324,16 @@ class RLLoop:
                 score = self.task.score(problems[i // spp], text)
                 values.append(score)
                 exact += score == 1.0
-                if i % spp == 0 and len(rec.samples) < 4:
+                if rec is not None and i % spp == 0 and len(rec.samples) < 4:
                     rec.samples.append(
                         {"prompt": problems[i // spp].prompt, "response": text, "reward": score}
                     )
             scores = torch.tensor(values)
-            rec.metrics["exact_match"] = exact / len(batch)
-        rec.metrics["reward_mean"] = float(scores.mean())
-        rec.metrics["reward_std"] = float(scores.std()) if len(scores) > 1 else 0.0
+            if rec is not None:
+                rec.metrics["exact_match"] = exact / len(batch)
+        if rec is not None:
+            rec.metrics["reward_mean"] = float(scores.mean())
+            rec.metrics["reward_std"] = float(scores.std()) if len(scores) > 1 else 0.0
         return scores
 
     def _partition(self, role: Role, batch: Batch, cache: dict[int, Partition]) -> Partition:
@@ -357,11 +374,13 @@ class RLLoop:
         if self.w.algorithm is Algorithm.GRPO:
             adv = rl.group_advantages(t["scores"], self.w.batch.samples_per_prompt)
             out = _with(batch, advantages=adv)
+        elif self.w.algorithm is Algorithm.REMAX:
+            out = _with(batch, advantages=rl.remax_advantages(t["scores"], t["baseline_scores"]))
         else:
             rewards = rl.token_rewards(t["scores"], old, ref, mask, rl_cfg.kl_coef)
             adv, returns = rl.gae(rewards, t["values"], mask, rl_cfg.gamma, rl_cfg.lam)
             out = _with(batch, advantages=adv, returns=returns)
-        if ref is not None and self.w.algorithm is Algorithm.GRPO and rl_cfg.kl_coef:
+        if ref is not None and self.w.algorithm is not Algorithm.PPO and rl_cfg.kl_coef:
             out = _with(out, ref_logprobs_in_loss=ref)
         return out
 

@@ -1,4 +1,4 @@
-"""The RL math of GRPO and PPO, as pure tensor functions (no processes, no models).
+"""The RL math of GRPO, ReMax, PPO and Safe-RLHF: pure tensor functions (no processes, no models).
 
 Shapes: a batch of B responses padded to R tokens; `mask` (B, R) marks real
 response tokens. Losses are sums over tokens divided by a `num_tokens` the
@@ -37,6 +37,12 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     g = rewards.view(-1, group_size).float()
     std = g.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(g[:, :1])
     return ((g - g.mean(dim=1, keepdim=True)) / (std + eps)).view(-1)
+
+
+def remax_advantages(rewards: torch.Tensor, baseline_rewards: torch.Tensor) -> torch.Tensor:
+    """ReMax (Li et al. 2023): a response's reward minus the reward of its prompt's greedy
+    response, the same for every token (`baseline_rewards` already per sample)."""
+    return rewards.float() - baseline_rewards.float()
 
 
 def token_rewards(

@@ -55,6 +55,19 @@ def test_grpo_raises_reward(ray_cluster: None, tmp_path: Path, plan_name: str) -
     assert {"torch", "ray", "python"} <= set(manifest["versions"])
 
 
+def test_remax_raises_reward(ray_cluster: None, tmp_path: Path) -> None:
+    steps = 24
+    plan = _plan("remax-tiny-cpu4-split")
+    result = run_plan(plan, tmp_path / "run", RunConfig(steps=steps, progress=False))
+    rewards = [r.metrics["reward_mean"] for r in result.records]
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    assert last > first + 0.04, f"reward did not rise: {rewards}"
+    for rec in result.records:
+        # The greedy baseline rollout ran and was scored; the update used the difference.
+        assert {"generate", "generate_baseline", "reward", "actor_update"} <= set(rec.phases)
+        assert math.isfinite(rec.metrics["baseline_reward_mean"])
+
+
 @pytest.mark.parametrize("plan_name", ["ppo-tiny-cpu4-colocate", "ppo-tiny-cpu4-split"])
 def test_ppo_runs_with_finite_losses(ray_cluster: None, tmp_path: Path, plan_name: str) -> None:
     result = run_plan(_plan(plan_name), tmp_path / "run", RunConfig(steps=3, progress=False))
