@@ -40,7 +40,9 @@ from placeflow.executor.controller import Controller
 from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.errors import ExecutorError
 from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokenizer_for
+from placeflow.executor.tasks import get_task
 from placeflow.fsio import atomic_write_text
+from placeflow.hardware import DeviceKind
 from placeflow.plan import Plan, save_plan
 from placeflow.profiles.registry import available_profiles
 
@@ -144,6 +146,39 @@ def _record_json(rec: StepRecord) -> dict[str, Any]:
 AfterStep = Callable[[RLLoop, StepRecord], None]
 
 
+def check_devices(plan: Plan) -> None:
+    """A GPU plan on a machine without enough GPUs: a SpecError saying so, before anything."""
+    import torch
+
+    needed: dict[str, int] = {}
+    for i, s in enumerate(plan.sets):
+        gpu = plan.pool_of(i).gpu
+        if gpu.kind is DeviceKind.CUDA:
+            needed[gpu.name] = needed.get(gpu.name, 0) + s.num_devices
+    if not needed:
+        return
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < sum(needed.values()):
+        what = " and ".join(f"{n} {name}" for name, n in needed.items())
+        has = f"has {have}" if have else "has none"
+        raise SpecError(
+            f"this plan needs {what} devices; this machine {has}; "
+            "use --rehearse to run its layout on CPU workers"
+        )
+
+
+def preflight(plan: Plan) -> Any:
+    """Every check that needs no worker: devices, executability, reward function, tokenizer.
+
+    Returns the tokenizer. Runs before Ray starts, so a plan that cannot run fails at once.
+    """
+    check_devices(plan)
+    check_executable(plan)
+    if plan.workload.reward_function is not None:
+        get_task(plan.workload.reward_function)
+    return tokenizer_for(plan)
+
+
 def run_plan(
     plan: Plan, run_dir: str | Path, cfg: RunConfig, *, after_step: AfterStep | None = None
 ) -> RunResult:
@@ -153,8 +188,7 @@ def run_plan(
     `after_step` runs on the controller after each step is recorded and checkpointed
     (evaluation, custom logging; the tests inject failures with it).
     """
-    check_executable(plan)
-    tokenizer = tokenizer_for(plan)
+    tokenizer = preflight(plan)
     run_dir = Path(run_dir)
     if not ray.is_initialized():
         raise SpecError("Ray is not running; call ray.init() first (the CLI does)")
