@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -540,8 +540,18 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors: `placeflow: error: ...`, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("placeflow").strip()
+        where = f"{command}: " if command else ""
+        hint = f"placeflow {command} --help" if command else "placeflow --help"
+        self.exit(2, f"placeflow: error: {where}{one_line(message)} (see {hint})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="placeflow",
         description="Plan, simulate and execute placements of RL post-training for LLMs.",
     )
