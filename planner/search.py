@@ -161,22 +161,32 @@ def plan_search(
     # and bounded below by the least per-placement bound (exact: the optimum over all
     # placements is the least of the per-placement optima), it closes the gap at once.
     seed = min(solutions, key=lambda s: s.objective_value, default=None)
-    overall = solve(
-        placements,
-        table,
-        cluster,
-        objective,
-        time_limit_s=max(0.2, (1 - RESCORE_SHARE) * time_limit_s - (time.perf_counter() - start)),
-        hint=seed,
-        lower_bound=min(s.objective_bound for s in solutions) if seed and bounds_known else None,
-        tokens_per_step=tokens,
-        target_tokens_per_s=target_tokens_per_s,
-    )
-    status = overall.status
+    try:
+        overall: Solution | None = solve(
+            placements,
+            table,
+            cluster,
+            objective,
+            time_limit_s=max(
+                0.2, (1 - RESCORE_SHARE) * time_limit_s - (time.perf_counter() - start)
+            ),
+            hint=seed,
+            lower_bound=min(s.objective_bound for s in solutions)
+            if seed and bounds_known
+            else None,
+            tokens_per_step=tokens,
+            target_tokens_per_s=target_tokens_per_s,
+        )
+    except SolverTimeout:
+        if seed is None:
+            raise
+        overall = None  # out of time: the per-placement plans found are the answer
+    status = overall.status if overall is not None else Status.FEASIBLE
     if not table.complete or any(s.status is Status.FEASIBLE for s in solutions):
         status = Status.FEASIBLE
-    best_overall = _rank(solution_to_plan(overall, workload, cluster), overall, costs)
-    candidates = [best_overall, *(r.best for r in results if r.best is not None)]
+    candidates = [r.best for r in results if r.best is not None]
+    if overall is not None:
+        candidates.insert(0, _rank(solution_to_plan(overall, workload, cluster), overall, costs))
     unique = {c.plan.content_hash(): c for c in candidates}
     ranked = sorted(unique.values(), key=_sort_key(objective, target_tokens_per_s))
     return PlannerResult(
