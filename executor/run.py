@@ -18,14 +18,16 @@ the same metrics as one that never stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import logging
 import platform
 import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -34,13 +36,18 @@ import ray
 from tqdm import tqdm
 
 from placeflow.errors import SpecError
+from placeflow.executor.checkpoints import RunLock, Skipped, newest_verified, read_json, seal
 from placeflow.executor.controller import Controller
 from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.errors import ExecutorError
 from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokenizer_for
+from placeflow.executor.tasks import get_task
+from placeflow.fsio import atomic_write_text
+from placeflow.hardware import DeviceKind
 from placeflow.plan import Plan, save_plan
 from placeflow.profiles.registry import available_profiles
 
+log = logging.getLogger(__name__)
 _PACKAGES = ("placeflow", "torch", "ray", "transformers", "ortools", "numpy")
 
 
@@ -67,6 +74,7 @@ class RunResult:
     run_dir: Path
     records: list[StepRecord]  # the steps this invocation ran
     first_step: int
+    skipped: list[Skipped] = field(default_factory=list)  # checkpoints resume did not take
 
 
 def versions() -> dict[str, str]:
@@ -103,7 +111,7 @@ def write_manifest(run_dir: Path, plan: Plan, cfg: RunConfig) -> None:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": sys.argv,
     }
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")
 
 
 def write_workers(run_dir: Path, controller: Controller) -> None:
@@ -125,22 +133,31 @@ def write_workers(run_dir: Path, controller: Controller) -> None:
 
 
 def last_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
-    """(step, directory) of the newest complete checkpoint, if any."""
-    best = None
-    for d in (run_dir / "checkpoints").glob("step-*"):
-        state = d / "state.json"
-        if state.is_file():
-            step = int(json.loads(state.read_text())["step"])
-            if best is None or step > best[0]:
-                best = (step, d)
-    return best
+    """(step, directory) of the newest checkpoint that verifies, if any."""
+    return newest_verified(run_dir)[0]
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The metrics lines of a run; a torn last line (a crash mid-write) is left out.
+
+    Any other malformed line is a SpecError naming the file and the line.
+    """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                break  # torn final write: that step is redone on resume
+            raise SpecError(f"{path}: line {i + 1} is not valid JSON") from None
+    return out
 
 
 def _record_json(rec: StepRecord) -> dict[str, Any]:
@@ -150,63 +167,138 @@ def _record_json(rec: StepRecord) -> dict[str, Any]:
 AfterStep = Callable[[RLLoop, StepRecord], None]
 
 
+def check_devices(plan: Plan) -> None:
+    """A GPU plan on a machine without enough GPUs: a SpecError saying so, before anything."""
+    import torch
+
+    needed: dict[str, int] = {}
+    for i, s in enumerate(plan.sets):
+        gpu = plan.pool_of(i).gpu
+        if gpu.kind is DeviceKind.CUDA:
+            needed[gpu.name] = needed.get(gpu.name, 0) + s.num_devices
+    if not needed:
+        return
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < sum(needed.values()):
+        what = " and ".join(f"{n} {name}" for name, n in needed.items())
+        has = f"has {have}" if have else "has none"
+        raise SpecError(
+            f"this plan needs {what} devices; this machine {has}; "
+            "use --rehearse to run its layout on CPU workers"
+        )
+
+
+def preflight(plan: Plan) -> Any:
+    """Every check that needs no worker: devices, executability, reward function, tokenizer.
+
+    Returns the tokenizer. Runs before Ray starts, so a plan that cannot run fails at once.
+    """
+    check_devices(plan)
+    check_executable(plan)
+    if plan.workload.reward_function is not None:
+        get_task(plan.workload.reward_function)
+    return tokenizer_for(plan)
+
+
 def run_plan(
     plan: Plan, run_dir: str | Path, cfg: RunConfig, *, after_step: AfterStep | None = None
 ) -> RunResult:
     """Train `plan` for `cfg.steps` steps (in all, counting resumed ones). Ray must be up.
 
+    The run holds `run_dir`'s lock throughout: a second run into it fails at once.
     `after_step` runs on the controller after each step is recorded and checkpointed
     (evaluation, custom logging; the tests inject failures with it).
     """
-    check_executable(plan)
-    tokenizer = tokenizer_for(plan)
+    tokenizer = preflight(plan)
     run_dir = Path(run_dir)
-    start = 0
-    resume_from: Path | None = None
-    if cfg.resume:
-        found = last_checkpoint(run_dir)
-        if not (run_dir / "manifest.json").is_file():
-            raise SpecError(
-                f"{run_dir}: nothing to resume (no manifest.json); run without --resume"
-            )
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-        if manifest["plan"]["content_hash"] != plan.content_hash():
-            raise SpecError(
-                f"{run_dir} was run with plan {manifest['plan']['name']!r} "
-                f"(hash {manifest['plan']['content_hash']}); this plan differs "
-                f"(hash {plan.content_hash()}). Resume with the same plan or use a new run dir"
-            )
-        if manifest["seed"] != cfg.seed:
-            raise SpecError(
-                f"{run_dir} was run with seed {manifest['seed']}; pass --seed {manifest['seed']}"
-            )
-        if found is not None:
-            start, resume_from = found[0] + 1, found[1]
-        # Steps after the checkpoint are redone: drop their metrics.
-        kept = [m for m in read_metrics(run_dir) if m["step"] < start]
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in kept))
-    else:
-        if (run_dir / "manifest.json").exists():
-            raise SpecError(
-                f"{run_dir} already holds a run; pass --resume to continue it "
-                "or choose a new directory"
-            )
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_manifest(run_dir, plan, cfg)
-        save_plan(plan, run_dir / "plan.toml")
-    (run_dir / "error.txt").unlink(missing_ok=True)
-
     if not ray.is_initialized():
         raise SpecError("Ray is not running; call ray.init() first (the CLI does)")
+    if cfg.resume:
+        _read_run_manifest(run_dir, plan, cfg)
+    else:
+        _make_run_dir(run_dir)
+    with RunLock(run_dir):
+        resume_from: tuple[int, Path] | None = None
+        skipped: list[Skipped] = []
+        if cfg.resume:
+            resume_from, skipped = newest_verified(run_dir)
+            for s in skipped:
+                log.warning("skipped checkpoint %s: %s", s.directory.name, s.reason)
+        else:
+            if (run_dir / "manifest.json").exists():
+                raise SpecError(
+                    f"{run_dir} already holds a run; pass --resume to continue it "
+                    "or choose a new directory"
+                )
+            write_manifest(run_dir, plan, cfg)
+            save_plan(plan, run_dir / "plan.toml")
+        (run_dir / "error.txt").unlink(missing_ok=True)
+        result = _train(plan, run_dir, cfg, tokenizer, resume_from, after_step)
+        return dataclasses.replace(result, skipped=skipped)
+
+
+def _make_run_dir(run_dir: Path) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SpecError(f"run directory {run_dir} is a file; give a directory path")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"cannot make run directory {run_dir}: {exc.strerror}") from None
+
+
+def _read_run_manifest(run_dir: Path, plan: Plan, cfg: RunConfig) -> None:
+    """Check that `run_dir` holds a run of this plan and seed (read only)."""
+    path = run_dir / "manifest.json"
+    if not path.is_file():
+        raise SpecError(f"{run_dir}: nothing to resume (no manifest.json); run without --resume")
+    manifest = read_json(path)
+    try:
+        name, content_hash = manifest["plan"]["name"], manifest["plan"]["content_hash"]
+        seed = manifest["seed"]
+    except (KeyError, TypeError):
+        raise SpecError(f"{path}: no plan name, plan hash or seed; not a placeflow run") from None
+    if content_hash != plan.content_hash():
+        raise SpecError(
+            f"{run_dir} was run with plan {name!r} (hash {content_hash}); this plan differs "
+            f"(hash {plan.content_hash()}). Resume with the same plan or use a new run dir"
+        )
+    if seed != cfg.seed:
+        raise SpecError(f"{run_dir} was run with seed {seed}; pass --seed {seed}")
+
+
+def _drop_metrics_from(run_dir: Path, start: int) -> None:
+    """Steps from `start` on are redone: drop their metrics (atomically)."""
+    metrics = read_metrics(run_dir)
+    kept = [m for m in metrics if m["step"] < start]
+    if len(kept) != len(metrics) or (run_dir / "metrics.jsonl").is_file():
+        atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept))
+    if len(kept) < len(metrics):
+        log.info("redoing steps from %d: dropped %d metrics lines", start, len(metrics) - len(kept))
+
+
+def _train(
+    plan: Plan,
+    run_dir: Path,
+    cfg: RunConfig,
+    tokenizer: Any,
+    resume_from: tuple[int, Path] | None,
+    after_step: AfterStep | None,
+) -> RunResult:
     records: list[StepRecord] = []
+    start = resume_from[0] + 1 if resume_from is not None else 0
     with Controller(plan, timeout_s=cfg.timeout_s, num_threads=cfg.num_threads) as controller:
         write_workers(run_dir, controller)
         loop = RLLoop(controller, seed=cfg.seed, tokenizer=tokenizer, tp_impl=cfg.tp_impl)
         loop.build()
         if resume_from is not None:
-            loop.load(str(resume_from))
+            loop.load(str(resume_from[1]))
+        _drop_metrics_from(run_dir, start)  # only now: the checkpoint verified and loaded
         last_saved = start - 1 if resume_from is not None else None
-        bar = tqdm(range(start, cfg.steps), disable=not cfg.progress, desc=plan.name, unit="step")
+        # Piped output gets one plain line per step instead of carriage-return updates.
+        plain = cfg.progress and not sys.stderr.isatty()
+        bar = tqdm(
+            range(start, cfg.steps), disable=plain or not cfg.progress, desc=plan.name, unit="step"
+        )
         step = start
         try:
             for step in bar:
@@ -214,11 +306,15 @@ def run_plan(
                 records.append(rec)
                 with (run_dir / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps(_record_json(rec)) + "\n")
-                bar.set_postfix(
-                    reward=f"{rec.metrics['reward_mean']:.3f}",
-                    kl=f"{rec.metrics.get('kl_ref', 0.0):.4f}",
-                    tok_s=f"{rec.metrics['tokens_per_s']:.0f}",
-                )
+                postfix = {
+                    "reward": f"{rec.metrics['reward_mean']:.3f}",
+                    "kl": f"{rec.metrics.get('kl_ref', 0.0):.4f}",
+                    "tok_s": f"{rec.metrics['tokens_per_s']:.0f}",
+                }
+                bar.set_postfix(postfix)
+                if plain:
+                    line = " ".join(f"{k}={v}" for k, v in postfix.items())
+                    print(f"{plan.name}: step {step + 1}/{cfg.steps} {line}", file=sys.stderr)
                 every = cfg.checkpoint_every
                 if (every and (step + 1) % every == 0) or step + 1 == cfg.steps:
                     save_checkpoint(loop, run_dir, step)
@@ -232,7 +328,7 @@ def run_plan(
                 else "no checkpoint was written yet; rerun from the start"
             )
             message = f"run failed at step {step}: {exc}\n{keep_note}"
-            (run_dir / "error.txt").write_text(message + "\n")
+            atomic_write_text(run_dir / "error.txt", message + "\n")
             raise RunError(message) from exc
         finally:
             bar.close()
@@ -240,10 +336,11 @@ def run_plan(
 
 
 def save_checkpoint(loop: RLLoop, run_dir: Path, step: int) -> Path:
+    """Workers write their rank files; then state.json and the hash manifest, last."""
     directory = run_dir / "checkpoints" / f"step-{step:06d}"
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     loop.save(str(directory))
-    (directory / "state.json").write_text(json.dumps({"step": step}) + "\n")
+    seal(directory, step)
     return directory

@@ -13,15 +13,29 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
 
 from placeflow import __version__
+from placeflow.cliargs import (
+    bounded_int,
+    non_negative_int,
+    nonempty,
+    positive_float,
+    seconds,
+    seed,
+)
+from placeflow.clio import table_progress, write_or_fallback
 from placeflow.errors import SpecError
+from placeflow.fsio import check_output_dir, check_output_path, safe_name
 
 Handler = Callable[[argparse.Namespace, Console], int]
+MAX_STEPS = 10_000_000
+STEPS = bounded_int(1, MAX_STEPS, "RL steps in all")
+THREADS = bounded_int(1, 1024, "torch threads per worker")
+CPUS = bounded_int(1, 1_000_000, "CPU slots")
 
 
 def _cmd_models(args: argparse.Namespace, console: Console) -> int:
@@ -64,12 +78,13 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from placeflow.profiles.schema import save_profile
 
     name = args.name or (Path(args.out).stem if args.out else f"{args.device}-local")
+    out = Path(args.out) if args.out else user_profile_dir() / f"{safe_name(name)}.json"
+    check_output_path(out, "--out")  # before the minutes of profiling, not after
     grid = ProfilerGrid.quick(args.device) if args.quick else ProfilerGrid.full(args.device)
     profile = profile_device(
         args.device, grid=grid, name=name, progress=not args.no_progress, threads=args.threads
     )
-    out = Path(args.out) if args.out else user_profile_dir() / f"{name}.json"
-    save_profile(profile, out)
+    out = write_or_fallback(lambda path: save_profile(profile, path), out)
     coverage = ", ".join(f"{op} {n}" for op, n in profile.coverage().items())
     console.print(f"wrote profile {name!r} ({len(profile.entries)} entries: {coverage}) to {out}")
     return 0
@@ -171,7 +186,7 @@ def _cmd_profiles_import_vidur(args: argparse.Namespace, console: Console) -> in
         raise SpecError(
             f"{vidur_dir}: not a directory; give the folder holding Vidur's compute/ and network/"
         )
-    out_dir = Path(args.out_dir) if args.out_dir else user_profile_dir()
+    out_dir = check_output_dir(args.out_dir or user_profile_dir(), "--out-dir")
     for name, profile in build_gpu_profiles(vidur_dir).items():
         path = save_profile(profile, out_dir / f"{name}.json")
         console.print(
@@ -190,12 +205,15 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     from placeflow.simulator import simulate
     from placeflow.simulator.simulate import cost_models_for
 
+    if args.report:
+        check_output_path(args.report, "--report")
     plan = load_plan(args.plan)
     estimate = simulate(plan, cost_models_for(plan, args.profile))
     if args.report:
         from placeflow.reports import simulate_report
 
-        print(f"wrote report {simulate_report(estimate, args.report)}", file=sys.stderr)
+        written = write_or_fallback(lambda p: simulate_report(estimate, p), Path(args.report))
+        print(f"wrote report {written}", file=sys.stderr)
     if args.json:
         console.print_json(json.dumps(estimate.to_json()))
         return 0 if estimate.feasible else 1
@@ -280,11 +298,19 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from placeflow.profiles.registry import fitted_cost_model
     from placeflow.workload import load_workload
 
+    for flag, path in (("--out", args.out), ("--report", args.report)):
+        if path:
+            check_output_path(path, flag)
     cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
     costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
-    with Progress(
-        console=Console(stderr=True), transient=True, disable=args.json or not console.is_terminal
-    ) as bar:
+    with (
+        Progress(
+            console=Console(stderr=True),
+            transient=True,
+            disable=args.json or not console.is_terminal,
+        ) as bar,
+        table_progress("costing options", quiet=args.json) as costing,
+    ):
         task = bar.add_task("solving per placement", total=None)
         result = plan_search(
             cluster,
@@ -295,16 +321,19 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             time_limit_s=args.time_limit,
             top_k=args.top,
             progress=lambda i, n: bar.update(task, completed=i, total=n),
+            table_progress=costing,
         )
+    out_path = None
     if args.out:
-        save_plan(result.best.plan, args.out)
+        out_path = write_or_fallback(lambda p: save_plan(result.best.plan, p), Path(args.out))
     if args.out_dir:
         written = _write_per_placement(result.per_placement, Path(args.out_dir))
         print(f"wrote {written} plans (best of each placement) to {args.out_dir}", file=sys.stderr)
     if args.report:
         from placeflow.reports import plan_report
 
-        print(f"wrote report {plan_report(result, args.report)}", file=sys.stderr)
+        written = write_or_fallback(lambda p: plan_report(result, p), Path(args.report))
+        print(f"wrote report {written}", file=sys.stderr)
     per_placement = []
     for pr in result.per_placement:
         entry: dict[str, object] = {
@@ -362,8 +391,8 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         f" on {[s.num_devices for s in best.plan.sets]} GPUs, "
         f"{best.estimate.tokens_per_s:,.0f} tokens/s, iteration {best.estimate.iteration_s:.2f} s"
     )
-    if args.out:
-        console.print(f"wrote {args.out}")
+    if out_path:
+        console.print(f"wrote {out_path}")
     return 0
 
 
@@ -442,12 +471,10 @@ def _execute(
     import ray
 
     from placeflow.executor.errors import ExecutorError
-    from placeflow.executor.loop import check_executable, tokenizer_for
     from placeflow.executor.rehearsal import check_host_memory
-    from placeflow.executor.run import run_plan
+    from placeflow.executor.run import preflight, run_plan
 
-    check_executable(plan)  # before Ray starts: a plan it cannot run fails in a second
-    tokenizer_for(plan)
+    preflight(plan)  # before Ray starts: a plan it cannot run fails in a second
     if address is None:  # on a cluster the workers' memory is the nodes', not this machine's
         check_host_memory(plan)
     started = _start_ray(plan, num_cpus, address)
@@ -479,7 +506,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "its figures are not the GPU run's",
             file=sys.stderr,
         )
-    run_dir = Path(args.run_dir or Path("runs") / plan.name)
+    run_dir = check_output_dir(args.run_dir or Path("runs") / safe_name(plan.name), "--run-dir")
     cfg = RunConfig(
         rehearsal_of=rehearsal_of,
         steps=args.steps,
@@ -508,13 +535,14 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     from placeflow.simulator.simulate import cost_models_for
 
     plan = load_plan(args.plan)
-    if args.steps < 2:
-        raise SpecError("--steps must be at least 2 (the first step is a warm-up)")
+    run_dir = args.run_dir or Path("runs") / f"validate-{safe_name(plan.name)}"
+    run_dir = check_output_dir(run_dir, "--run-dir")
+    if args.report:
+        check_output_path(args.report, "--report")
     # Simulate first: a profile or plan problem shows before any worker starts.
     estimate = simulate(plan, cost_models_for(plan, args.profile))
     if not estimate.feasible:
         raise SpecError(f"the plan does not fit: {estimate.infeasible_reason}")
-    run_dir = Path(args.run_dir or Path("runs") / f"validate-{plan.name}")
     cfg = RunConfig(
         steps=args.steps,
         seed=args.seed,
@@ -550,12 +578,27 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
 def _cmd_report(args: argparse.Namespace, console: Console) -> int:
     from placeflow.reports.run import run_report
 
-    console.print(f"wrote {run_report(args.run_dir, args.out)}")
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise SpecError(f"{run_dir}: not a directory; give a run directory of `placeflow run`")
+    out = Path(args.out) if args.out else run_dir / "report.html"
+    check_output_path(out, "--out")
+    console.print(f"wrote {write_or_fallback(lambda p: run_report(run_dir, p), out)}")
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors: `placeflow: error: ...`, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("placeflow").strip()
+        where = f"{command}: " if command else ""
+        hint = f"placeflow {command} --help" if command else "placeflow --help"
+        self.exit(2, f"placeflow: error: {where}{one_line(message)} (see {hint})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="placeflow",
         description="Plan, simulate and execute placements of RL post-training for LLMs.",
     )
@@ -569,10 +612,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="time real torch kernels on this device and write a profile")
     p.add_argument("--device", choices=("cpu", "cuda"), required=True)
     p.add_argument("--quick", action="store_true", help="a small grid (a few minutes on CPU)")
-    p.add_argument("--out", help="profile file to write (default: the user profile directory)")
-    p.add_argument("--name", help="profile name (default: the --out file stem or <device>-local)")
+    p.add_argument("--out", type=nonempty, help="profile file to write (default: user profile dir)")
     p.add_argument(
-        "--threads", type=int, help="CPU: torch threads per device (default 1: a device is a core)"
+        "--name",
+        type=nonempty,
+        help="profile name (default: --out file stem or <device>-local)",
+    )
+    p.add_argument(
+        "--threads",
+        type=THREADS,
+        help="CPU: torch threads per device (default 1: a device is a core)",
     )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_cmd_profile)
@@ -581,41 +630,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", required=True, help="cluster TOML")
     p.add_argument("--workload", required=True, help="workload TOML")
     p.add_argument("--objective", choices=("throughput", "cost", "gpus"), default="throughput")
-    p.add_argument("--target-tokens-per-s", type=float, help="with --objective gpus")
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver seconds in all")
-    p.add_argument("--top", type=int, default=5, help="how many ranked plans to report")
+    p.add_argument("--target-tokens-per-s", type=positive_float, help="with --objective gpus")
+    p.add_argument("--time-limit", type=seconds, default=60.0, help="search seconds in all")
+    p.add_argument(
+        "--top", type=bounded_int(1, 1000, "ranked plans"), default=5, help="ranked plans to show"
+    )
     p.add_argument("--json", action="store_true")
-    p.add_argument("--out", help="write the best plan as TOML (simulate and run accept it)")
-    p.add_argument("--out-dir", help="write the best plan of every placement, one TOML each")
-    p.add_argument("--report", help="write an HTML report (plotly, works offline)")
+    p.add_argument(
+        "--out", type=nonempty, help="write the best plan as TOML (for simulate and run)"
+    )
+    p.add_argument(
+        "--out-dir", type=nonempty, help="write the best plan of every placement, one TOML each"
+    )
+    p.add_argument("--report", type=nonempty, help="write an HTML report (plotly, works offline)")
     p.set_defaults(handler=_cmd_plan)
 
     p = sub.add_parser("simulate", help="predict one RL step of a plan, phase by phase")
-    p.add_argument("plan", help="plan TOML file")
+    p.add_argument("plan", type=nonempty, help="plan TOML file")
     p.add_argument("--profile", help="profile for every pool (default: each pool's own)")
-    p.add_argument("--report", help="write an HTML report (plotly, works offline)")
+    p.add_argument("--report", type=nonempty, help="write an HTML report (plotly, works offline)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_cmd_simulate)
 
     p = sub.add_parser("run", help="train a plan with RL on this machine's devices (Ray)")
-    p.add_argument("plan", help="plan TOML file")
-    p.add_argument("--steps", type=int, default=20, help="RL steps in all (resumed ones count)")
-    p.add_argument("--run-dir", help="run directory (default: runs/<plan name>)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0: at the end only")
+    p.add_argument("plan", type=nonempty, help="plan TOML file")
+    p.add_argument("--steps", type=STEPS, default=20, help="RL steps in all (resumed ones count)")
+    p.add_argument("--run-dir", type=nonempty, help="run directory (default: runs/<plan name>)")
+    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument(
+        "--checkpoint-every", type=non_negative_int, default=0, help="steps; 0: at the end only"
+    )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument(
         "--rehearse",
         action="store_true",
         help="run the plan's layout on logical CPU workers with tiny models (a GPU plan here)",
     )
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--num-cpus", type=int, help="CPU slots for the local Ray instance")
+    p.add_argument("--threads", type=THREADS, default=1, help="torch threads per worker")
+    p.add_argument("--num-cpus", type=CPUS, help="CPU slots for the local Ray instance")
     p.add_argument(
         "--address",
+        type=nonempty,
         help="attach to an existing Ray cluster (auto, or its HOST:PORT) instead of a local Ray",
     )
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per remote call")
+    p.add_argument("--timeout", type=seconds, default=300.0, help="seconds per remote call")
     p.add_argument(
         "--tp-backend",
         choices=("native", "megatron"),
@@ -628,16 +686,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "validate", help="run a plan here and compare its measured phases with the simulator"
     )
-    p.add_argument("plan", help="plan TOML file")
+    p.add_argument("plan", type=nonempty, help="plan TOML file")
     p.add_argument("--profile", required=True, help="profile of this hardware (e.g. cpu)")
-    p.add_argument("--steps", type=int, default=6, help="RL steps; the first is a warm-up")
-    p.add_argument("--run-dir", help="run directory (default: runs/validate-<plan name>)")
-    p.add_argument("--report", help="HTML report path (default: RUN_DIR/report.html)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--num-cpus", type=int, help="CPU slots for the local Ray instance")
+    p.add_argument(
+        "--steps",
+        type=bounded_int(2, MAX_STEPS, "the first step is a warm-up"),
+        default=6,
+        help="RL steps; the first is a warm-up",
+    )
+    p.add_argument(
+        "--run-dir", type=nonempty, help="run directory (default: runs/validate-<plan name>)"
+    )
+    p.add_argument("--report", type=nonempty, help="HTML path (default: RUN_DIR/report.html)")
+    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--threads", type=THREADS, default=1, help="torch threads per worker")
+    p.add_argument("--num-cpus", type=CPUS, help="CPU slots for the local Ray instance")
     p.add_argument(
         "--address",
+        type=nonempty,
         help="attach to an existing Ray cluster (auto, or its HOST:PORT) instead of a local Ray",
     )
     p.add_argument("--json", action="store_true")
@@ -646,7 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="HTML report of a run directory (curves, phases, fidelity)")
     p.add_argument("run_dir", help="a directory written by `placeflow run` or `validate`")
-    p.add_argument("--out", help="HTML path (default: RUN_DIR/report.html)")
+    p.add_argument("--out", type=nonempty, help="HTML path (default: RUN_DIR/report.html)")
     p.set_defaults(handler=_cmd_report)
 
     prof = sub.add_parser("profiles", help="list, check and import profiles")
@@ -662,23 +728,43 @@ def build_parser() -> argparse.ArgumentParser:
         "import-vidur", help="build h100-sxm and a100-80gb profiles from Vidur CSVs"
     )
     p.add_argument("dir", help="Vidur profile folder (with compute/ and network/)")
-    p.add_argument("--out-dir", help="where to write (default: the user profile directory)")
+    p.add_argument("--out-dir", type=nonempty, help="where to write (default: user profile dir)")
     p.set_defaults(handler=_cmd_profiles_import_vidur)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
+    # Piped or redirected: full-width tables (rich would cut them at 80 columns).
+    console = Console() if sys.stdout.isatty() else Console(width=1000)
+    _log_to_stderr()
     handler: Handler = args.handler
     try:
         return handler(args, console)
     except SpecError as exc:
-        print(f"placeflow: error: {exc}", file=sys.stderr)
+        print(f"placeflow: error: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a path the user gave that the checks could not foresee
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"placeflow: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("placeflow: interrupted", file=sys.stderr)
         return 130
+
+
+def one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _log_to_stderr() -> None:
+    """placeflow's log records (skipped checkpoints, ...) as plain `placeflow:` lines."""
+    log = logging.getLogger("placeflow")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("placeflow: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,18 @@ from placeflow.errors import SpecError
 from placeflow.hardware import GIB, DeviceKind, GpuSpec, get_hardware
 from placeflow.tomlio import Table, load_spec
 
+# More GPUs than any cluster built so far (the largest are ~100k): a bigger number is a
+# typo (1.6e9 for 16), and the planner costs every whole-node count of a pool.
+MAX_CLUSTER_GPUS = 131_072
+
+
+def _check_size(what: str, num_gpus: int) -> None:
+    if num_gpus > MAX_CLUSTER_GPUS:
+        raise SpecError(
+            f"{what} has {num_gpus:,} GPUs; at most {MAX_CLUSTER_GPUS:,} are supported "
+            "(more than the largest clusters built; check num_nodes and gpus_per_node)"
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class PoolSpec:
@@ -51,6 +63,7 @@ class PoolSpec:
             raise SpecError(
                 f"pool {self.name!r}: gpus_per_node must be at least 1, got {self.gpus_per_node}"
             )
+        _check_size(f"pool {self.name!r}", self.num_nodes * self.gpus_per_node)
         if self.price_per_gpu_hour is not None and self.price_per_gpu_hour < 0:
             raise SpecError(
                 f"pool {self.name!r}: price_per_gpu_hour must be >= 0, "
@@ -92,6 +105,7 @@ class ClusterSpec:
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
             raise SpecError(f"cluster {self.name!r}: pool names must be unique, got {names}")
+        _check_size(f"cluster {self.name!r}", self.num_gpus)
 
     @property
     def num_gpus(self) -> int:

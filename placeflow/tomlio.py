@@ -7,6 +7,7 @@ Unknown keys are rejected too: a misspelt key is a silent wrong answer otherwise
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,6 +25,12 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(f"{p}: file not found") from None
+    except IsADirectoryError:
+        raise SpecError(f"{p}: is a directory; give a TOML file") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"{p}: not a UTF-8 text file (byte {exc.start}); give a TOML file"
+        ) from None
     except OSError as exc:
         raise SpecError(f"{p}: cannot read ({exc.strerror})") from None
     try:
@@ -79,6 +86,8 @@ class Table:
         value = self.data[key]
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self._wrong(key, "a number", value)
+        if not math.isfinite(value):  # nan and inf would pass every `<=` check silently
+            raise self._wrong(key, "a finite number", value)
         return float(value)
 
     def optional_float(self, key: str) -> float | None:

@@ -17,14 +17,27 @@ the chosen budget to the actor's set. The full simulator, which re-scores the
 top plans, gives generation all the memory left.
 
 Options dominated in every stage time and both memory figures by another
-option of the same role, pool and count are dropped (Pareto pruning).
+option of the same role, pool and count are dropped (Pareto pruning, by sort and
+sweep: in lexicographic order a dominating option comes first, so each option is
+checked once against the front kept so far, in one vectorised comparison).
+
+On a large cluster the table is the search's biggest cost (one entry per
+whole-node count). `build_cost_table` takes a deadline: it costs the GPU counts
+coarse to fine (powers of two of nodes, then the counts between them by
+bisection) and stops at the deadline, so the table always spans the cluster's
+sizes; `CostTable.complete` says whether every count was costed.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+
+import numpy as np
 
 from placeflow.cluster import ClusterSpec, PoolSpec
 from placeflow.phases import Phase
@@ -81,6 +94,7 @@ class CostTable:
     options: dict[TableKey, list[RoleOption]]
     # Smallest memory shortfall seen per role (bytes per GPU), for infeasibility reasons.
     shortfall: dict[Role, tuple[float, str]]
+    complete: bool = True  # False when the deadline stopped the build before every count
 
     @cached_property
     def time_unit_s(self) -> float:
@@ -141,7 +155,7 @@ def _options_for(
     """Pareto-optimal options of `role` on n GPUs of `pool`, and the smallest shortfall."""
     model = wl.models[role]
     capacity = pool.gpu.memory_bytes
-    kept: list[RoleOption] = []
+    found: list[RoleOption] = []
     best_short, best_reason = math.inf, ""
     for par in parallelism_options(model, role, n, pool):
         resident = resident_bytes(model, role, par)
@@ -168,33 +182,102 @@ def _options_for(
                         f"d={par.train.d} zero={par.zero} micro_batch={par.micro_batch}"
                     )
                 continue
-            opt = RoleOption(
-                role=role,
-                pool=pool.name,
-                num_gpus=n,
-                par=par,
-                kv_seqs=kv_seqs,
-                stage_s=_stage_times(costs),
-                resident_bytes=resident,
-                transient_bytes=transient,
+            found.append(
+                RoleOption(
+                    role=role,
+                    pool=pool.name,
+                    num_gpus=n,
+                    par=par,
+                    kv_seqs=kv_seqs,
+                    stage_s=_stage_times(costs),
+                    resident_bytes=resident,
+                    transient_bytes=transient,
+                )
             )
-            if any(k.dominates(opt) or k == opt for k in kept):
-                continue
-            kept = [k for k in kept if not opt.dominates(k)] + [opt]
+    kept = pareto_front(found)
     return kept, best_short, best_reason
 
 
-def build_cost_table(wl: Workload, cluster: ClusterSpec, cms: dict[str, CostModel]) -> CostTable:
-    """Cost every role's options on every candidate count of every pool."""
+def _criteria(o: RoleOption) -> tuple[float, ...]:
+    return (*o.stage_s, o.resident_bytes, o.transient_bytes)
+
+
+def pareto_front(options: Sequence[RoleOption]) -> list[RoleOption]:
+    """The options no other option dominates, in their given order, by sort and sweep.
+
+    Sorted lexicographically by their criteria, an option can only be dominated
+    by one before it, so one pass checks each against the front kept so far.
+    Options with equal criteria are all kept (they differ in layout).
+    """
+    order = sorted(range(len(options)), key=lambda i: _criteria(options[i]))
+    front = np.empty((len(options), 5))
+    num_kept = 0
+    kept = set()
+    for i in order:
+        c = np.asarray(_criteria(options[i]))
+        f = front[:num_kept]
+        if num_kept and np.any(np.all(f <= c, axis=1) & np.any(f < c, axis=1)):
+            continue
+        front[num_kept] = c
+        num_kept += 1
+        kept.add(i)
+    return [o for i, o in enumerate(options) if i in kept]
+
+
+def coarse_to_fine(counts: Sequence[int]) -> list[int]:
+    """`counts` (sorted) reordered so that every prefix spans them: the smallest, the
+    largest and the powers of two first, then the counts between by bisection."""
+    n = len(counts)
+    if n <= 2:
+        return list(counts)
+    first = sorted({0, n - 1, *(i for i, c in enumerate(counts) if c & (c - 1) == 0)})
+    order, seen = list(first), set(first)
+    gaps = list(itertools.pairwise(first))
+    while gaps:
+        nxt = []
+        for lo, hi in gaps:
+            if hi - lo > 1:
+                mid = (lo + hi) // 2
+                if mid not in seen:
+                    seen.add(mid)
+                    order.append(mid)
+                nxt += [(lo, mid), (mid, hi)]
+        gaps = nxt
+    return [counts[i] for i in order]
+
+
+def build_cost_table(
+    wl: Workload,
+    cluster: ClusterSpec,
+    cms: dict[str, CostModel],
+    *,
+    deadline: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> CostTable:
+    """Cost every role's options on every candidate count of every pool.
+
+    `deadline` (a `time.perf_counter()` value) stops the build after the count it
+    is on; the counts are costed coarse to fine, so the table spans every pool's
+    sizes. `progress(done, total)` is called after each count.
+    """
     options: dict[TableKey, list[RoleOption]] = {}
     shortfall: dict[Role, tuple[float, str]] = {}
-    for pool in cluster.pools:
-        cm = cms[pool.profile]
+    # Interleaved across pools, so that a deadline leaves every pool some counts.
+    ranked = [
+        (rank, i, pool, n)
+        for i, pool in enumerate(cluster.pools)
+        for rank, n in enumerate(coarse_to_fine(candidate_counts(pool)))
+    ]
+    work = [(pool, n) for _, _, pool, n in sorted(ranked, key=lambda r: r[:2])]
+    for done, (pool, n) in enumerate(work):
+        if deadline is not None and done and time.perf_counter() > deadline:
+            return CostTable(options=options, shortfall=shortfall, complete=False)
         for role in wl.roles:
-            for n in candidate_counts(pool):
-                opts, short, reason = _options_for(wl, role, pool, n, cm)
-                if opts:
-                    options[(role, pool.name, n)] = opts
-                elif short < shortfall.get(role, (math.inf, ""))[0]:
-                    shortfall[role] = (short, reason)
+            opts, short, reason = _options_for(wl, role, pool, n, cms[pool.profile])
+            if opts:
+                options[(role, pool.name, n)] = opts
+            elif short < shortfall.get(role, (math.inf, ""))[0]:
+                shortfall[role] = (short, reason)
+        if progress:
+            progress(done + 1, len(work))
     return CostTable(options=options, shortfall=shortfall)

@@ -26,6 +26,10 @@ from placeflow.profiles.costmodel import CostModel
 from placeflow.simulator import StepEstimate, simulate
 from placeflow.workload import Workload
 
+TABLE_SHARE = 0.4  # of the time limit, at most, for the cost table
+SOLVE_SHARE = 0.8  # by then the per-placement solves stop
+RESCORE_SHARE = 0.1  # kept for re-scoring the global solution with the simulator
+
 
 @dataclass(frozen=True, kw_only=True)
 class RankedPlan:
@@ -98,22 +102,39 @@ def plan_search(
     time_limit_s: float = 60.0,
     top_k: int = 5,
     progress: Callable[[int, int], None] | None = None,
+    table_progress: Callable[[int, int], None] | None = None,
 ) -> PlannerResult:
-    """Search placements, GPU counts and parallelism; raises Infeasible or SolverTimeout."""
+    """Search placements, GPU counts and parallelism; raises Infeasible or SolverTimeout.
+
+    The time limit covers the whole search: the cost table gets at most
+    TABLE_SHARE of it (coarse to fine, see `build_cost_table`), the per-placement
+    solves what is left up to SOLVE_SHARE, the seeded global solve and the
+    re-scoring the rest. A search cut short by the limit reports status feasible.
+    """
     start = time.perf_counter()
-    table = build_cost_table(workload, cluster, costs)
+    table = build_cost_table(
+        workload,
+        cluster,
+        costs,
+        deadline=start + TABLE_SHARE * time_limit_s,
+        progress=table_progress,
+    )
     placements = enumerate_placements(workload.roles)
     tokens = float(workload.batch.tokens_per_step)
-    # The time limit covers the whole search: what the table left, mostly for the
-    # per-placement solves; the seeded and bounded global solve needs little.
-    remaining = time_limit_s - (time.perf_counter() - start)
-    per_limit = max(0.5, 0.8 * remaining / len(placements))
+    solve_deadline = start + SOLVE_SHARE * time_limit_s
+    remaining = solve_deadline - time.perf_counter()
+    per_limit = max(0.2, remaining / len(placements))
     results: list[PlacementResult] = []
     solutions: list[Solution] = []
     bounds_known = True
     for i, placement in enumerate(placements):
         if progress:
             progress(i, len(placements))
+        if i and time.perf_counter() + per_limit > solve_deadline:
+            bounds_known = False
+            reason = f"not solved: the time limit of {time_limit_s:g} s ran out; raise --time-limit"
+            results.append(PlacementResult(placement=placement, best=None, reason=reason))
+            continue
         try:
             sol = solve(
                 [placement],
@@ -140,22 +161,32 @@ def plan_search(
     # and bounded below by the least per-placement bound (exact: the optimum over all
     # placements is the least of the per-placement optima), it closes the gap at once.
     seed = min(solutions, key=lambda s: s.objective_value, default=None)
-    overall = solve(
-        placements,
-        table,
-        cluster,
-        objective,
-        time_limit_s=max(1.0, time_limit_s - (time.perf_counter() - start)),
-        hint=seed,
-        lower_bound=min(s.objective_bound for s in solutions) if seed and bounds_known else None,
-        tokens_per_step=tokens,
-        target_tokens_per_s=target_tokens_per_s,
-    )
-    status = overall.status
-    if any(s.status is Status.FEASIBLE for s in solutions):
+    try:
+        overall: Solution | None = solve(
+            placements,
+            table,
+            cluster,
+            objective,
+            time_limit_s=max(
+                0.2, (1 - RESCORE_SHARE) * time_limit_s - (time.perf_counter() - start)
+            ),
+            hint=seed,
+            lower_bound=min(s.objective_bound for s in solutions)
+            if seed and bounds_known
+            else None,
+            tokens_per_step=tokens,
+            target_tokens_per_s=target_tokens_per_s,
+        )
+    except SolverTimeout:
+        if seed is None:
+            raise
+        overall = None  # out of time: the per-placement plans found are the answer
+    status = overall.status if overall is not None else Status.FEASIBLE
+    if not table.complete or any(s.status is Status.FEASIBLE for s in solutions):
         status = Status.FEASIBLE
-    best_overall = _rank(solution_to_plan(overall, workload, cluster), overall, costs)
-    candidates = [best_overall, *(r.best for r in results if r.best is not None)]
+    candidates = [r.best for r in results if r.best is not None]
+    if overall is not None:
+        candidates.insert(0, _rank(solution_to_plan(overall, workload, cluster), overall, costs))
     unique = {c.plan.content_hash(): c for c in candidates}
     ranked = sorted(unique.values(), key=_sort_key(objective, target_tokens_per_s))
     return PlannerResult(

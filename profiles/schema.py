@@ -326,6 +326,8 @@ def load_profile_file(path: str | Path) -> Profile:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ProfileSchemaError(f"{p}: profile file not found") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProfileSchemaError(f"{p}: malformed JSON: {exc}") from None
+    except OSError as exc:
+        raise ProfileSchemaError(f"{p}: cannot read ({exc.strerror})") from None
     return profile_from_json(data, str(p))
