@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,6 +60,8 @@ from placeflow.executor.tasks import Problem, Task, get_task
 from placeflow.phases import Phase
 from placeflow.plan import Plan
 from placeflow.workload import Algorithm, Role
+
+CONTROLLER_STATE = "controller.json"  # in each checkpoint directory
 
 
 def derived_seed(*parts: int | str) -> int:
@@ -107,8 +111,6 @@ def tokenizer_for(plan: Plan) -> Tokenizer:
 
 
 def _checkpoint(name: str) -> str | None:
-    from pathlib import Path
-
     p = Path(name)
     return name if (p.is_dir() or p.suffix == ".gguf") and p.exists() else None
 
@@ -145,6 +147,7 @@ class RLLoop:
             get_task(self.w.reward_function) if self.w.reward_function else None
         )
         self.prompt_task: Task = self.task or get_task("arith")
+        self.multiplier = self.w.rl.lambda_init  # Safe-RLHF's Lagrange multiplier (a state)
         rl_cfg = self.w.rl
         self.sampling = SamplingParams(
             temperature=rl_cfg.temperature,
@@ -217,28 +220,9 @@ class RLLoop:
             with _timed(rec, Phase.GENERATE_BASELINE):
                 baseline = self._generate(rollout, prompts[:: b.samples_per_prompt], step, greedy)
 
-        with _timed(rec, Phase.REWARD):
-            scores = self._rewards(batch, problems, b.samples_per_prompt, rec)
-            if baseline is not None:
-                base = self._rewards(baseline, problems, 1, None)
-                batch = _with(batch, baseline_scores=base.repeat_interleave(b.samples_per_prompt))
-                rec.metrics["baseline_reward_mean"] = float(base.mean())
-        batch = _with(batch, scores=scores)
-
+        batch = self._score(batch, baseline, problems, rec)
         partitions: dict[int, Partition] = {}
-        if Role.REF in self.w.models:
-            with _timed(rec, Phase.REF_LOGPROB):
-                ref = self._call(Role.REF, "logprobs", batch, partitions)
-            batch = _with(batch, ref_logprobs=ref.tensors["logprobs"])
-        if self.w.recomputes_old_logprobs:
-            with _timed(rec, Phase.OLD_LOGPROB):
-                old = self._call(Role.ACTOR, "logprobs", batch, partitions)
-            batch = _with(batch, old_logprobs=old.tensors["logprobs"])
-        if Role.CRITIC in self.w.models:
-            with _timed(rec, Phase.VALUES):
-                values = self._call(Role.CRITIC, "values", batch, partitions)
-            batch = _with(batch, values=values.tensors["values"])
-
+        batch = self._forwards(batch, partitions, rec)
         with _timed(rec, Phase.ADVANTAGE):
             batch = self._advantages(batch, rec)
 
@@ -262,6 +246,48 @@ class RLLoop:
         return rec
 
     # --- phases --------------------------------------------------------------
+    def _score(
+        self, batch: Batch, baseline: Batch | None, problems: list[Problem], rec: StepRecord
+    ) -> Batch:
+        """Rewards (and ReMax's greedy baseline's), then Safe-RLHF's costs."""
+        spp = self.w.batch.samples_per_prompt
+        with _timed(rec, Phase.REWARD):
+            scores = self._rewards(batch, problems, spp, rec)
+            if baseline is not None:
+                base = self._rewards(baseline, problems, 1, None)
+                batch = _with(batch, baseline_scores=base.repeat_interleave(spp))
+                rec.metrics["baseline_reward_mean"] = float(base.mean())
+        batch = _with(batch, scores=scores)
+        if Role.COST in self.w.models:
+            with _timed(rec, Phase.COST):
+                costs = self._call(Role.COST, "scores", batch, {}).tensors["scores"].float()
+            batch = _with(batch, costs=costs)
+            rec.metrics["cost_mean"] = float(costs.mean())
+        return batch
+
+    def _forwards(self, batch: Batch, partitions: dict[int, Partition], rec: StepRecord) -> Batch:
+        """The forward-only calls: reference and old logprobs, the critic's value heads."""
+        if Role.REF in self.w.models:
+            with _timed(rec, Phase.REF_LOGPROB):
+                ref = self._call(Role.REF, "logprobs", batch, partitions)
+            batch = _with(batch, ref_logprobs=ref.tensors["logprobs"])
+        if self.w.recomputes_old_logprobs:
+            with _timed(rec, Phase.OLD_LOGPROB):
+                old = self._call(Role.ACTOR, "logprobs", batch, partitions)
+            batch = _with(batch, old_logprobs=old.tensors["logprobs"])
+        if Role.CRITIC not in self.w.models:
+            return batch
+        with _timed(rec, Phase.VALUES):
+            values = self._call(Role.CRITIC, "values", batch, partitions).tensors["values"]
+        if self.w.algorithm is not Algorithm.SAFE_RLHF:
+            return _with(batch, values=values)
+        # The critic has two heads, value and cost value; each call reads its own, as the
+        # simulator's dataflow has them (two forward calls of the critic).
+        batch = _with(batch, values=values[..., 0])
+        with _timed(rec, Phase.COST_VALUES):
+            both = self._call(Role.CRITIC, "values", batch, partitions).tensors["values"]
+        return _with(batch, cost_values=both[..., 1])
+
     def _sync_rollout(self, rec: StepRecord) -> WorkerGroup:
         """The actor's current weights into its rollout engine; the group that generates.
 
@@ -380,9 +406,28 @@ class RLLoop:
             rewards = rl.token_rewards(t["scores"], old, ref, mask, rl_cfg.kl_coef)
             adv, returns = rl.gae(rewards, t["values"], mask, rl_cfg.gamma, rl_cfg.lam)
             out = _with(batch, advantages=adv, returns=returns)
+            if self.w.algorithm is Algorithm.SAFE_RLHF:
+                out = self._cost_advantages(out, adv, rec)
         if ref is not None and self.w.algorithm is not Algorithm.PPO and rl_cfg.kl_coef:
             out = _with(out, ref_logprobs_in_loss=ref)
         return out
+
+    def _cost_advantages(self, batch: Batch, reward_adv: torch.Tensor, rec: StepRecord) -> Batch:
+        """Safe-RLHF: GAE of the costs over the cost values, the multiplier's dual step on
+        this batch's mean cost, then the combined advantage with the updated multiplier."""
+        t, rl_cfg = batch.tensors, self.w.rl
+        mask = t[RESPONSE_MASK]
+        costs = rl.token_rewards(t["costs"], t["rollout_logprobs"], None, mask, 0.0)
+        cost_adv, cost_returns = rl.gae(costs, t["cost_values"], mask, rl_cfg.gamma, rl_cfg.lam)
+        self.multiplier = rl.lagrange_step(
+            self.multiplier, float(t["costs"].mean()), rl_cfg.cost_limit, rl_cfg.lambda_lr
+        )
+        rec.metrics["lagrange_multiplier"] = self.multiplier
+        return _with(
+            batch,
+            advantages=rl.safe_advantages(reward_adv, cost_adv, self.multiplier),
+            cost_returns=cost_returns,
+        )
 
     def _update(self, role: Role, batch: Batch, cache: dict[int, Partition]) -> dict[str, float]:
         group = self.c.group(role)
@@ -403,6 +448,9 @@ class RLLoop:
 
     # --- checkpoints -----------------------------------------------------------
     def save(self, directory: str) -> None:
+        # The controller's own state (Safe-RLHF's multiplier) beside the workers' files.
+        state = {"lagrange_multiplier": self.multiplier}
+        (Path(directory) / CONTROLLER_STATE).write_text(json.dumps(state) + "\n")
         for group in self._trained():
             refs = [
                 w.save_state.remote(group.role, f"{directory}/{group.role}-rank{r}.pt")
@@ -411,6 +459,8 @@ class RLLoop:
             self.c.gather(group, refs, "save_state")
 
     def load(self, directory: str) -> None:
+        state = json.loads((Path(directory) / CONTROLLER_STATE).read_text())
+        self.multiplier = float(state["lagrange_multiplier"])
         for group in self._trained():
             refs = [
                 w.load_state.remote(group.role, f"{directory}/{group.role}-rank{r}.pt")

@@ -45,6 +45,21 @@ def remax_advantages(rewards: torch.Tensor, baseline_rewards: torch.Tensor) -> t
     return rewards.float() - baseline_rewards.float()
 
 
+def lagrange_step(multiplier: float, mean_cost: float, cost_limit: float, lr: float) -> float:
+    """Safe-RLHF's dual update (Dai et al. 2023; PPO-Lagrangian, Ray et al. 2019):
+    projected gradient ascent on lambda of lambda * (J_c - d), i.e.
+    lambda <- max(0, lambda + lr * (mean episode cost - cost limit))."""
+    return max(0.0, multiplier + lr * (mean_cost - cost_limit))
+
+
+def safe_advantages(
+    reward_advantages: torch.Tensor, cost_advantages: torch.Tensor, multiplier: float
+) -> torch.Tensor:
+    """Safe-RLHF's combined advantage (A_r - lambda * A_c) / (1 + lambda): the policy
+    maximises reward and minimises cost, weighted by the current multiplier."""
+    return (reward_advantages - multiplier * cost_advantages) / (1.0 + multiplier)
+
+
 def token_rewards(
     scores: torch.Tensor,
     logprobs: torch.Tensor,

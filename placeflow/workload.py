@@ -152,13 +152,17 @@ class RLConfig:
     grad_clip: float = 1.0
     weight_decay: float = 0.0
     ignore_stop: bool = False  # fixed-length responses of response_len tokens (benchmarks)
+    # Safe-RLHF: the cost limit d, and the Lagrange multiplier's start and step size.
+    cost_limit: float = 0.0
+    lambda_init: float = 1.0
+    lambda_lr: float = 0.05
 
     def __post_init__(self) -> None:
         for name in ("lr", "critic_lr"):
             if not getattr(self, name) > 0:
                 raise SpecError(f"[rl] {name} must be > 0, got {getattr(self, name)!r}")
         for name in ("kl_coef", "clip_ratio", "value_clip", "entropy_coef", "grad_clip",
-                     "weight_decay", "temperature"):  # fmt: skip
+                     "weight_decay", "temperature", "lambda_init", "lambda_lr"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise SpecError(f"[rl] {name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("gamma", "lam", "top_p"):
