@@ -18,6 +18,9 @@ top plans, gives generation all the memory left.
 
 Options dominated in every stage time and both memory figures by another
 option of the same role, pool and count are dropped (Pareto pruning).
+
+`planner.generators` adds the actor's options for a generator set apart
+(`RoleOption.gen_apart`, `CostTable.generators`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from placeflow.cluster import ClusterSpec, PoolSpec
 from placeflow.phases import Phase
@@ -40,6 +44,9 @@ from placeflow.simulator.roles import (
     role_call_costs,
 )
 from placeflow.workload import Role, Workload
+
+if TYPE_CHECKING:
+    from placeflow.planner.generators import GeneratorOption
 
 KV_BUDGET_FRACTIONS = (0.15, 0.3, 0.5, 0.7)
 GENERATION_STAGE = (Phase.RESHARD, Phase.GENERATE, Phase.GENERATE_BASELINE)
@@ -63,6 +70,9 @@ class RoleOption:
     stage_s: tuple[float, float, float]
     resident_bytes: float
     transient_bytes: float
+    # Actor only: generation runs on a generator set apart (planner.generators), so this
+    # option costs the training set's calls without generation, reshard or KV cache.
+    gen_apart: bool = False
 
     def dominates(self, other: RoleOption) -> bool:
         mine = (*self.stage_s, self.resident_bytes, self.transient_bytes)
@@ -81,6 +91,8 @@ class CostTable:
     options: dict[TableKey, list[RoleOption]]
     # Smallest memory shortfall seen per role (bytes per GPU), for infeasibility reasons.
     shortfall: dict[Role, tuple[float, str]]
+    # The actor's generator-set options (planner.generators); empty: always colocated.
+    generators: tuple[GeneratorOption, ...] = ()
 
     @cached_property
     def time_unit_s(self) -> float:
@@ -90,6 +102,7 @@ class CostTable:
         CP-SAT's proofs fast; the final ranking uses the simulator's exact times.
         """
         longest = max((max(o.stage_s) for opts in self.options.values() for o in opts), default=0.0)
+        longest = max([longest, *(g.load_s for g in self.generators)])
         return max(1e-6, longest / TIME_STEPS)
 
     def to_units(self, seconds: float) -> int:

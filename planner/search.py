@@ -1,6 +1,8 @@
 """plan_search: the planner end to end.
 
-1. Cost table of every role's options (`costtable`).
+1. Cost table of every role's options (`costtable`), with the actor's
+   generator-set options (`generators`): each placement's best plan may or may
+   not give the actor a generator set apart.
 2. CP-SAT over all placements for the optimum (`solve`), and once per
    placement for the per-placement table.
 3. Each resulting plan is checked by the independent validator and re-scored
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from placeflow.cluster import ClusterSpec
 from placeflow.plan import Plan
 from placeflow.planner.costtable import build_cost_table
+from placeflow.planner.generators import with_generators
 from placeflow.planner.model import Objective
 from placeflow.planner.solution import solution_to_plan
 from placeflow.planner.solve import Infeasible, Solution, SolverTimeout, Status, solve
@@ -34,6 +37,12 @@ class RankedPlan:
     estimate: StepEstimate
     model_step_s: float  # the solver's stage-structured estimate
     price_per_mtoken: float | None  # USD per million tokens, when prices are known
+
+    @property
+    def generator_gpus(self) -> int:
+        """Devices of the actor's generator set apart from its training set; 0 if colocated."""
+        gen_set = self.plan.generator_set()
+        return 0 if gen_set is None else self.plan.sets[gen_set].num_devices
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +110,7 @@ def plan_search(
 ) -> PlannerResult:
     """Search placements, GPU counts and parallelism; raises Infeasible or SolverTimeout."""
     start = time.perf_counter()
-    table = build_cost_table(workload, cluster, costs)
+    table = with_generators(build_cost_table(workload, cluster, costs), workload, cluster, costs)
     placements = enumerate_placements(workload.roles)
     tokens = float(workload.batch.tokens_per_step)
     # The time limit covers the whole search: what the table left, mostly for the

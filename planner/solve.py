@@ -16,6 +16,7 @@ from ortools.sat.python import cp_model
 from placeflow.cluster import ClusterSpec
 from placeflow.errors import SpecError
 from placeflow.planner.costtable import CostTable, RoleOption
+from placeflow.planner.generators import GeneratorOption
 from placeflow.planner.model import Objective, build_model
 from placeflow.planner.space import Placement
 from placeflow.planner.variables import Variables
@@ -41,6 +42,7 @@ class SetChoice:
     roles: tuple[Role, ...]
     pool: str
     num_gpus: int
+    generator: bool = False  # the actor's generator set (DeviceSet.generator)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +51,7 @@ class Solution:
     placement: Placement
     sets: tuple[SetChoice, ...]
     options: dict[Role, RoleOption]
+    generator: GeneratorOption | None  # the actor's generator set apart, if it has one
     step_s: float  # the model's stage-structured step time
     solve_s: float
     objective_value: int
@@ -110,11 +113,13 @@ def solve(
     options = {
         key[0]: table.options[key][o] for (key, o), var in v.z.items() if solver.boolean_value(var)
     }
+    generator = next((u for u, var in v.generator_terms(table) if solver.boolean_value(var)), None)
     return Solution(
         status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
         placement=placement,
         sets=sets,
         options=options,
+        generator=generator,
         step_s=solver.value(built.step) * table.time_unit_s,
         solve_s=solver.wall_time,
         objective_value=round(solver.objective_value),
@@ -137,6 +142,8 @@ def _add_hint(
         model.add_hint(var, key in chosen)
     for (table_key, o), var in v.z.items():
         model.add_hint(var, table.options[table_key][o] is hint.options.get(table_key[0]))
+    for u, var in v.generator_terms(table):
+        model.add_hint(var, u is hint.generator)
 
 
 def infeasibility_reason(
