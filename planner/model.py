@@ -55,6 +55,7 @@ def build_model(
     *,
     tokens_per_step: float,
     target_tokens_per_s: float | None = None,
+    one_step_off: bool = False,
 ) -> BuiltModel:
     model = cp_model.CpModel()
     pools = [p.name for p in cluster.pools]
@@ -74,7 +75,7 @@ def build_model(
         + 2 * max((table.to_units(u.load_s) for u in table.generators), default=0)
         + 1
     )
-    step = add_stages(model, v, placements, horizon)
+    step = add_stages(model, v, placements, horizon, one_step_off=one_step_off)
     gpus = cp_model.LinearExpr.sum([gpus_used(v, table, q) for q in pools])
     goal: cp_model.LinearExprT
     if objective is Objective.THROUGHPUT:

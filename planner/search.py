@@ -132,6 +132,7 @@ def plan_search(
                 tokens_per_step=tokens,
                 target_tokens_per_s=target_tokens_per_s,
                 time_limit_s=per_limit,
+                one_step_off=workload.async_one_step_off,
             )
         except Infeasible as exc:
             results.append(PlacementResult(placement=placement, best=None, reason=str(exc)))
@@ -159,6 +160,7 @@ def plan_search(
         lower_bound=min(s.objective_bound for s in solutions) if seed and bounds_known else None,
         tokens_per_step=tokens,
         target_tokens_per_s=target_tokens_per_s,
+        one_step_off=workload.async_one_step_off,
     )
     status = overall.status
     if any(s.status is Status.FEASIBLE for s in solutions):

@@ -70,10 +70,12 @@ def solve(
     num_workers: int = 2,
     hint: Solution | None = None,
     lower_bound: int | None = None,
+    one_step_off: bool = False,
 ) -> Solution:
     """Solve over `placements`. `hint` (a solution over a subset of them) seeds the search;
     `lower_bound` is a proven bound on the objective (e.g. the least of exact per-placement
-    optima), which lets the solver close the gap at once.
+    optima), which lets the solver close the gap at once. `one_step_off`: the workload's
+    asynchronous mode, in which a generator set overlaps training (constraint (8c)).
     """
     roles = {r for placement in placements for block in placement.sets for r in block}
     if roles - {key[0] for key in table.options}:
@@ -85,6 +87,7 @@ def solve(
         objective,
         tokens_per_step=tokens_per_step,
         target_tokens_per_s=target_tokens_per_s,
+        one_step_off=one_step_off,
     )
     if hint is not None:
         _add_hint(built.model, built.variables, placements, table, hint)
