@@ -102,7 +102,6 @@ class CostTable:
         CP-SAT's proofs fast; the final ranking uses the simulator's exact times.
         """
         longest = max((max(o.stage_s) for opts in self.options.values() for o in opts), default=0.0)
-        longest = max([longest, *(g.load_s for g in self.generators)])
         return max(1e-6, longest / TIME_STEPS)
 
     def to_units(self, seconds: float) -> int:
