@@ -266,8 +266,9 @@ def _placement_json(result: object) -> dict[str, object]:
         "name": plan.name,
         "plan_hash": plan.content_hash(),
         "placement_kind": result.kind.value,
-        "placement": [[r.value for r in s.roles] for s in plan.sets],
-        "gpus_per_set": [s.num_devices for s in plan.sets],
+        "placement": [[r.value for r in s.roles] for s in plan.sets if not s.generator],
+        "gpus_per_set": [s.num_devices for s in plan.sets if not s.generator],
+        "generator_gpus": result.generator_gpus,  # 0: the actor generates on its own set
         "pools": [s.pool for s in plan.sets],
         "parallelism": {
             role.value: {
@@ -287,6 +288,16 @@ def _placement_json(result: object) -> dict[str, object]:
         "peak_memory_bytes": est.peak_memory_bytes,
         "price_per_mtoken_usd": result.price_per_mtoken,
     }
+
+
+_PER_PLACEMENT_KEYS = ("gpus_per_set", "generator_gpus", "iteration_s", "tokens_per_s", "plan_hash")
+
+
+def _gpus_label(plan: Any) -> str:
+    """GPUs per colocated set, and the generator set's apart: `[8, 4] + gen 4`."""
+    sets = str([s.num_devices for s in plan.sets if not s.generator])
+    gen = [s.num_devices for s in plan.sets if s.generator]
+    return f"{sets} + gen {gen[0]}" if gen else sets
 
 
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
@@ -347,7 +358,14 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
                 {
                     k: v
                     for k, v in _placement_json(pr.best).items()
-                    if k in ("gpus_per_set", "iteration_s", "tokens_per_s", "plan_hash")
+                    if k
+                    in (
+                        "gpus_per_set",
+                        "generator_gpus",
+                        "iteration_s",
+                        "tokens_per_s",
+                        "plan_hash",
+                    )
                 }
             )
         per_placement.append(entry)
@@ -380,15 +398,15 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             table.add_row(
                 label,
                 pr.placement.kind.value,
-                str([s.num_devices for s in pr.best.plan.sets]),
+                _gpus_label(pr.best.plan),
                 f"{est.iteration_s:.2f}",
                 f"{est.tokens_per_s:,.0f}",
             )
     console.print(table)
     best = result.best
     console.print(
-        f"best: {best.plan.name} ({best.kind}): {[list(map(str, s.roles)) for s in best.plan.sets]}"
-        f" on {[s.num_devices for s in best.plan.sets]} GPUs, "
+        f"best: {best.plan.name} ({best.kind}): {[s.label() for s in best.plan.sets]}"
+        f" on {_gpus_label(best.plan)} GPUs, "
         f"{best.estimate.tokens_per_s:,.0f} tokens/s, iteration {best.estimate.iteration_s:.2f} s"
     )
     if out_path:
@@ -504,6 +522,12 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             f"rehearsing {rehearsal_of} on {plan.num_gpus} CPU workers with tiny models "
             f"({', '.join(sorted({m.name for m in plan.workload.models.values()}))}); "
             "its figures are not the GPU run's",
+            file=sys.stderr,
+        )
+    if plan.workload.async_one_step_off:
+        print(
+            "note: the workload asks for one-step-off asynchrony; the executor runs its steps "
+            "synchronously (the simulator and planner price the overlap)",
             file=sys.stderr,
         )
     run_dir = check_output_dir(args.run_dir or Path("runs") / safe_name(plan.name), "--run-dir")

@@ -26,6 +26,9 @@ whole-node count). `build_cost_table` takes a deadline: it costs the GPU counts
 coarse to fine (powers of two of nodes, then the counts between them by
 bisection) and stops at the deadline, so the table always spans the cluster's
 sizes; `CostTable.complete` says whether every count was costed.
+
+`planner.generators` adds the actor's options for a generator set apart
+(`RoleOption.gen_apart`, `CostTable.generators`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -53,6 +57,9 @@ from placeflow.simulator.roles import (
     role_call_costs,
 )
 from placeflow.workload import Role, Workload
+
+if TYPE_CHECKING:
+    from placeflow.planner.generators import GeneratorOption
 
 KV_BUDGET_FRACTIONS = (0.15, 0.3, 0.5, 0.7)
 GENERATION_STAGE = (Phase.RESHARD, Phase.GENERATE, Phase.GENERATE_BASELINE)
@@ -76,6 +83,9 @@ class RoleOption:
     stage_s: tuple[float, float, float]
     resident_bytes: float
     transient_bytes: float
+    # Actor only: generation runs on a generator set apart (planner.generators), so this
+    # option costs the training set's calls without generation, reshard or KV cache.
+    gen_apart: bool = False
 
     def dominates(self, other: RoleOption) -> bool:
         mine = (*self.stage_s, self.resident_bytes, self.transient_bytes)
@@ -95,6 +105,8 @@ class CostTable:
     # Smallest memory shortfall seen per role (bytes per GPU), for infeasibility reasons.
     shortfall: dict[Role, tuple[float, str]]
     complete: bool = True  # False when the deadline stopped the build before every count
+    # The actor's generator-set options (planner.generators); empty: always colocated.
+    generators: tuple[GeneratorOption, ...] = ()
 
     @cached_property
     def time_unit_s(self) -> float:

@@ -1,10 +1,11 @@
 """The CP-SAT model: variables, the constraint families, and one of three objectives.
 
-Notation as in `planner.variables`; constraints (1)-(8) in `planner.constraints`.
+Notation as in `planner.variables`; constraints (1)-(10) in `planner.constraints`.
 
 Objectives, with T the step time in the table's time unit (8), W the tokens of one step,
-R = Σ_q price_q · Σ_{P,j,n} n·y[P,j,q,n] the price per hour of the GPUs used
-(in hundredths of a cent) and N = Σ n·y the GPUs used:
+N_q = Σ_{P,j,n} n·y[P,j,q,n] + Σ_{u : q'_u = q} m_u·g[u] the GPUs used in pool q
+(generator set included), N = Σ_q N_q and R = Σ_q price_q · N_q the price per hour
+of the GPUs used (in hundredths of a cent):
 
 - throughput: minimise T·(N_max + 1) + N  (the fastest plan; among equally fast
   ones, the fewest GPUs)
@@ -21,6 +22,8 @@ from ortools.sat.python import cp_model
 
 from placeflow.cluster import ClusterSpec
 from placeflow.errors import SpecError
+from placeflow.planner.constraints.generator import add_generator_choice
+from placeflow.planner.constraints.generator_memory import add_generator_memory
 from placeflow.planner.constraints.gpus import add_gpu_budget, gpus_used
 from placeflow.planner.constraints.memory import add_memory
 from placeflow.planner.constraints.stages import add_stages
@@ -52,20 +55,28 @@ def build_model(
     *,
     tokens_per_step: float,
     target_tokens_per_s: float | None = None,
+    one_step_off: bool = False,
 ) -> BuiltModel:
     model = cp_model.CpModel()
     pools = [p.name for p in cluster.pools]
     v = make_variables(model, placements, table, pools)
     add_structure(model, v, placements, table)
-    add_gpu_budget(model, v, cluster)
+    add_gpu_budget(model, v, table, cluster)
     add_memory(model, v, placements, cluster)
+    add_generator_choice(model, v, table, cluster)
+    add_generator_memory(model, v, table, cluster)
     # No stage exceeds the sum over roles of each role's longest option stage.
     longest = {key[0]: 0 for key in table.options}
     for (role, _, _), opts in table.options.items():
         longest[role] = max(longest[role], *(table.to_units(max(o.stage_s)) for o in opts))
-    horizon = sum(longest.values()) + 1
-    step = add_stages(model, v, placements, horizon)
-    gpus = cp_model.LinearExpr.sum([gpus_used(v, q) for q in pools])
+    # The generator's sync adds to the actor's set; its load is one more set.
+    horizon = (
+        sum(longest.values())
+        + 2 * max((table.to_units(u.load_s) for u in table.generators), default=0)
+        + 1
+    )
+    step = add_stages(model, v, placements, horizon, one_step_off=one_step_off)
+    gpus = cp_model.LinearExpr.sum([gpus_used(v, table, q) for q in pools])
     goal: cp_model.LinearExprT
     if objective is Objective.THROUGHPUT:
         goal = step * (cluster.num_gpus + 1) + gpus
@@ -78,7 +89,9 @@ def build_model(
             )
         rate = model.new_int_var(0, 10**12, "R")
         cents = [round((prices[q] or 0.0) * 10**4) for q in pools]
-        model.add(rate == cp_model.LinearExpr.weighted_sum([gpus_used(v, q) for q in pools], cents))
+        model.add(
+            rate == cp_model.LinearExpr.weighted_sum([gpus_used(v, table, q) for q in pools], cents)
+        )
         cost = model.new_int_var(0, 10**18, "RT")
         model.add_multiplication_equality(cost, [rate, step])
         goal = cost

@@ -1,6 +1,8 @@
 """plan_search: the planner end to end.
 
-1. Cost table of every role's options (`costtable`).
+1. Cost table of every role's options (`costtable`), with the actor's
+   generator-set options (`generators`): each placement's best plan may or may
+   not give the actor a generator set apart.
 2. CP-SAT over all placements for the optimum (`solve`), and once per
    placement for the per-placement table.
 3. Each resulting plan is checked by the independent validator and re-scored
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from placeflow.cluster import ClusterSpec
 from placeflow.plan import Plan
 from placeflow.planner.costtable import build_cost_table
+from placeflow.planner.generators import with_generators
 from placeflow.planner.model import Objective
 from placeflow.planner.solution import solution_to_plan
 from placeflow.planner.solve import Infeasible, Solution, SolverTimeout, Status, solve
@@ -38,6 +41,12 @@ class RankedPlan:
     estimate: StepEstimate
     model_step_s: float  # the solver's stage-structured estimate
     price_per_mtoken: float | None  # USD per million tokens, when prices are known
+
+    @property
+    def generator_gpus(self) -> int:
+        """Devices of the actor's generator set apart from its training set; 0 if colocated."""
+        gen_set = self.plan.generator_set()
+        return 0 if gen_set is None else self.plan.sets[gen_set].num_devices
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,12 +121,18 @@ def plan_search(
     re-scoring the rest. A search cut short by the limit reports status feasible.
     """
     start = time.perf_counter()
-    table = build_cost_table(
+    table = with_generators(
+        build_cost_table(
+            workload,
+            cluster,
+            costs,
+            deadline=start + TABLE_SHARE * time_limit_s,
+            progress=table_progress,
+        ),
         workload,
         cluster,
         costs,
         deadline=start + TABLE_SHARE * time_limit_s,
-        progress=table_progress,
     )
     placements = enumerate_placements(workload.roles)
     tokens = float(workload.batch.tokens_per_step)
@@ -144,6 +159,7 @@ def plan_search(
                 tokens_per_step=tokens,
                 target_tokens_per_s=target_tokens_per_s,
                 time_limit_s=per_limit,
+                one_step_off=workload.async_one_step_off,
             )
         except Infeasible as exc:
             results.append(PlacementResult(placement=placement, best=None, reason=str(exc)))
@@ -176,6 +192,7 @@ def plan_search(
             else None,
             tokens_per_step=tokens,
             target_tokens_per_s=target_tokens_per_s,
+            one_step_off=workload.async_one_step_off,
         )
     except SolverTimeout:
         if seed is None:

@@ -3,16 +3,20 @@
 Devices are assigned per pool, largest set first: whole-node sets take the
 next free nodes; sub-node sets (power-of-two divisors of a node) fill the
 remaining nodes first-fit, which never fails when their sizes divide one
-another and the total fits (constraint (4)).
+another and the total fits (constraint (4)). The actor's generator set, when
+the solution has one, is packed like any other set and listed last; the
+actor's generation tensor size is the generator option's tg (pg = 1).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from placeflow.cluster import ClusterSpec
 from placeflow.errors import SpecError
 from placeflow.plan import DeviceSet, Plan
 from placeflow.planner.solve import SetChoice, Solution
-from placeflow.workload import Workload
+from placeflow.workload import Role, Workload
 
 
 def assign_devices(sets: tuple[SetChoice, ...], cluster: ClusterSpec) -> list[DeviceSet]:
@@ -48,14 +52,27 @@ def assign_devices(sets: tuple[SetChoice, ...], cluster: ClusterSpec) -> list[De
                 firsts[i] = node * per_node + per_node - free[node]
                 free[node] -= n
     return [
-        DeviceSet(roles=s.roles, pool=s.pool, first_device=firsts[i], num_devices=s.num_gpus)
+        DeviceSet(
+            roles=s.roles,
+            pool=s.pool,
+            first_device=firsts[i],
+            num_devices=s.num_gpus,
+            generator=s.generator,
+        )
         for i, s in enumerate(sets)
     ]
 
 
 def solution_to_plan(solution: Solution, workload: Workload, cluster: ClusterSpec) -> Plan:
-    sets = assign_devices(solution.sets, cluster)
+    choices = solution.sets
     parallelism = {role: opt.par for role, opt in solution.options.items()}
+    gen = solution.generator
+    if gen is not None:
+        choices += (
+            SetChoice(roles=(Role.ACTOR,), pool=gen.pool, num_gpus=gen.num_gpus, generator=True),
+        )
+        parallelism[Role.ACTOR] = dataclasses.replace(parallelism[Role.ACTOR], tg=gen.tg, pg=1)
+    sets = assign_devices(choices, cluster)
     plan = Plan(
         name="candidate",
         workload=workload,
@@ -63,7 +80,8 @@ def solution_to_plan(solution: Solution, workload: Workload, cluster: ClusterSpe
         sets=tuple(sets),
         parallelism=parallelism,
     )
-    name = f"{workload.name}-{solution.placement.kind}-{plan.content_hash()[:8]}"
+    kind = f"{solution.placement.kind}{'-gen' if gen is not None else ''}"
+    name = f"{workload.name}-{kind}-{plan.content_hash()[:8]}"
     return Plan(
         name=name, workload=workload, cluster=cluster, sets=tuple(sets), parallelism=parallelism
     )

@@ -16,6 +16,7 @@ from ortools.sat.python import cp_model
 from placeflow.cluster import ClusterSpec
 from placeflow.errors import SpecError
 from placeflow.planner.costtable import CostTable, RoleOption
+from placeflow.planner.generators import GeneratorOption
 from placeflow.planner.model import Objective, build_model
 from placeflow.planner.space import Placement
 from placeflow.planner.variables import Variables
@@ -41,6 +42,7 @@ class SetChoice:
     roles: tuple[Role, ...]
     pool: str
     num_gpus: int
+    generator: bool = False  # the actor's generator set (DeviceSet.generator)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +51,7 @@ class Solution:
     placement: Placement
     sets: tuple[SetChoice, ...]
     options: dict[Role, RoleOption]
+    generator: GeneratorOption | None  # the actor's generator set apart, if it has one
     step_s: float  # the model's stage-structured step time
     solve_s: float
     objective_value: int
@@ -67,10 +70,12 @@ def solve(
     num_workers: int = 2,
     hint: Solution | None = None,
     lower_bound: int | None = None,
+    one_step_off: bool = False,
 ) -> Solution:
     """Solve over `placements`. `hint` (a solution over a subset of them) seeds the search;
     `lower_bound` is a proven bound on the objective (e.g. the least of exact per-placement
-    optima), which lets the solver close the gap at once.
+    optima), which lets the solver close the gap at once. `one_step_off`: the workload's
+    asynchronous mode, in which a generator set overlaps training (constraint (8c)).
     """
     roles = {r for placement in placements for block in placement.sets for r in block}
     if roles - {key[0] for key in table.options}:
@@ -82,6 +87,7 @@ def solve(
         objective,
         tokens_per_step=tokens_per_step,
         target_tokens_per_s=target_tokens_per_s,
+        one_step_off=one_step_off,
     )
     if hint is not None:
         _add_hint(built.model, built.variables, placements, table, hint)
@@ -110,11 +116,13 @@ def solve(
     options = {
         key[0]: table.options[key][o] for (key, o), var in v.z.items() if solver.boolean_value(var)
     }
+    generator = next((u for u, var in v.generator_terms(table) if solver.boolean_value(var)), None)
     return Solution(
         status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
         placement=placement,
         sets=sets,
         options=options,
+        generator=generator,
         step_s=solver.value(built.step) * table.time_unit_s,
         solve_s=solver.wall_time,
         objective_value=round(solver.objective_value),
@@ -137,6 +145,8 @@ def _add_hint(
         model.add_hint(var, key in chosen)
     for (table_key, o), var in v.z.items():
         model.add_hint(var, table.options[table_key][o] is hint.options.get(table_key[0]))
+    for u, var in v.generator_terms(table):
+        model.add_hint(var, u is hint.generator)
 
 
 def infeasibility_reason(

@@ -5,6 +5,12 @@ cluster, sets disjoint and inside their pools, divisibility (p·t·d equals the
 set's devices, t divides the heads, p the layers, tg divides t, TP inside a
 node) — through `Plan`'s own validation — and memory per device in every
 phase through the simulator's memory model.
+
+A generator set apart (the actor generating on devices of its own) is checked
+the same way — it counts in its pool, holds the actor alone, tg divides its
+devices, its memory (generation shard and KV cache) fits — and also for what
+`Plan` checks against the training set only: the generation TP groups (tg
+consecutive ranks) stay within one node of the generator's own pool.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from pathlib import Path
 from placeflow.plan import Plan, plan_from_dict, plan_to_dict
 from placeflow.profiles.costmodel import CostModel
 from placeflow.simulator import simulate
+from placeflow.workload import Role
 
 
 def validate_plan(plan: Plan, costs: CostModel | dict[str, CostModel]) -> list[str]:
@@ -29,7 +36,26 @@ def validate_plan(plan: Plan, costs: CostModel | dict[str, CostModel]) -> list[s
     except ValueError as exc:
         problems.append(str(exc))
         return problems
+    problems.extend(_generator_problems(plan))
     estimate = simulate(plan, costs)
     if not estimate.feasible:
         problems.append(f"memory: {estimate.infeasible_reason}")
+    return problems
+
+
+def _generator_problems(plan: Plan) -> list[str]:
+    """Generation TP groups of a generator set apart that leave one node of its pool."""
+    gen_set = plan.generator_set()
+    if gen_set is None:
+        return []
+    s, pool = plan.sets[gen_set], plan.pool_of(gen_set)
+    tg = plan.parallelism[Role.ACTOR].tg
+    problems = []
+    for first in range(s.first_device, s.first_device + s.num_devices, tg):
+        nodes = {d // pool.gpus_per_node for d in range(first, first + tg)}
+        if len(nodes) > 1:
+            problems.append(
+                f"generator set ({s.num_devices} devices from {s.first_device}): generation "
+                f"tensor group of devices {first}..{first + tg - 1} spans nodes {sorted(nodes)}"
+            )
     return problems

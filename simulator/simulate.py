@@ -123,6 +123,22 @@ def _cost_calls(
         )
         for phase, cost in role_costs.items():
             costs[phase] = (set_index, _contended(plan, set_index, cost))
+        if role is Role.ACTOR and kv_seqs and gen_set_index != set_index:
+            # A generator set apart generates on its own pool's devices: its profile.
+            g = plan.sets[gen_set_index]
+            on_gen = role_call_costs(
+                wl,
+                role,
+                plan.parallelism[role],
+                _cm(plan, cms, gen_set_index),
+                first_device=g.first_device,
+                gpus_per_node=plan.pool_of(gen_set_index).gpus_per_node,
+                gen=gen,
+                kv_seqs=kv_seqs,
+            )
+            for phase in (Phase.GENERATE, Phase.GENERATE_BASELINE):
+                if phase in on_gen:
+                    costs[phase] = (gen_set_index, _contended(plan, gen_set_index, on_gen[phase]))
     if problem:
         infinite = calls.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
         costs[Phase.GENERATE] = (gen_set_index, infinite)

@@ -14,6 +14,7 @@ from placeflow.cluster import ClusterSpec, PoolSpec
 from placeflow.hardware import HARDWARE
 from placeflow.planner import Infeasible, Objective, Status, plan_search
 from placeflow.planner.costtable import CostTable, build_cost_table
+from placeflow.planner.generators import with_generators
 from placeflow.planner.solution import assign_devices, solution_to_plan
 from placeflow.planner.solve import SetChoice, solve
 from placeflow.planner.space import (
@@ -92,21 +93,48 @@ def test_parallelism_options_respect_divisibility():
     assert {p.train.t for p in parallelism_options(model, Role.ACTOR, 8, pool)} == {1, 2, 4}
 
 
-def objective_value(choice, table, table_cluster):
-    """Brute-force objective of one complete choice, as the model defines it (time units, MiB)."""
-    sets, options = choice
-    step = sum(
-        max(sum(table.to_units(options[r].stage_s[k]) for r in roles) for roles, _ in sets)
+def objective_value(choice, table, table_cluster, one_step_off=False):
+    """Brute-force objective of one complete choice, as the model defines it (time units, MiB).
+
+    `choice` is (sets, options, generator): the actor's weight sync keeps its set busy in
+    the generation stage, and the generator set is one more set there (or, one step off,
+    runs beside all three stages).
+    """
+    sets, options, gen = choice
+    sync = table.to_units(gen.sync_s) if gen else 0
+    stages = [
+        max(
+            sum(table.to_units(options[r].stage_s[k]) for r in roles)
+            + (sync if k == 0 and Role.ACTOR in roles else 0)
+            for roles, _ in sets
+        )
         for k in range(3)
-    )
-    gpus = sum(n for _, n in sets)
+    ]
+    gen_load = table.to_units(gen.load_s) if gen else 0
+    if one_step_off:
+        step = max(sum(stages), gen_load)
+    else:
+        stages[0] = max(stages[0], gen_load)
+        step = sum(stages)
+    gpus = sum(n for _, n in sets) + (gen.num_gpus if gen else 0)
     return step * (table_cluster.num_gpus + 1) + gpus
 
 
-def brute_force(placements, table: CostTable, cl: ClusterSpec):
+def _fits(placement, opts, cap):
+    return all(
+        sum(math.ceil(opts[r].resident_bytes / MIB) for r in s)
+        + math.ceil(opts[rp].transient_bytes / MIB)
+        <= cap
+        for s in placement.sets
+        for rp in s
+    )
+
+
+def brute_force(placements, table: CostTable, cl: ClusterSpec, one_step_off=False):
+    """(best objective, whether the best choice has a generator set) over every choice."""
     pool = cl.pools[0]
     cap = pool.gpu.memory_bytes // MIB
-    best = math.inf
+    best, best_gen = math.inf, False
     counts = sorted({k[2] for k in table.options})
     for placement in placements:
         for ns in itertools.product(counts, repeat=len(placement.sets)):
@@ -120,27 +148,39 @@ def brute_force(placements, table: CostTable, cl: ClusterSpec):
             if any(k not in table.options for k in keys.values()):
                 continue
             roles = list(keys)
+            sets = list(zip(placement.sets, ns, strict=True))
             for combo in itertools.product(*(table.options[keys[r]] for r in roles)):
                 opts = dict(zip(roles, combo, strict=True))
-                ok = all(
-                    sum(math.ceil(opts[r].resident_bytes / MIB) for r in s)
-                    + math.ceil(opts[rp].transient_bytes / MIB)
-                    <= cap
-                    for s in placement.sets
-                    for rp in s
-                )
-                if ok:
-                    value = objective_value(
-                        (list(zip(placement.sets, ns, strict=True)), opts), table, cl
-                    )
-                    best = min(best, value)
-    return best
+                if not _fits(placement, opts, cap):
+                    continue
+                gens = [None]
+                if opts[Role.ACTOR].gen_apart:
+                    gens = [
+                        g
+                        for g in table.generators
+                        if sum(ns) + g.num_gpus <= pool.num_gpus
+                        and math.ceil((g.resident_bytes + g.transient_bytes) / MIB) <= cap
+                    ]
+                for gen in gens:
+                    value = objective_value((sets, opts, gen), table, cl, one_step_off)
+                    if value < best:
+                        best, best_gen = value, gen is not None
+    return best, best_gen
 
 
 SMALL_MODELS = ["tiny-llama", "tiny-llama-m", "smollm2-135m", "qwen2.5-0.5b"]
 
 
-@pytest.mark.parametrize("seed", range(6))
+def truncated(table: CostTable, keep: int = 3) -> CostTable:
+    """At most `keep` options per role and count, one of them generating apart if any does."""
+    options = {}
+    for key, opts in table.options.items():
+        apart = [o for o in opts if o.gen_apart][:1]
+        options[key] = [o for o in opts if not o.gen_apart][: keep - len(apart)] + apart
+    return dataclasses.replace(table, options=options)
+
+
+@pytest.mark.parametrize("seed", range(8))
 def test_cpsat_optimum_equals_brute_force(h100, seed):
     rng = random.Random(seed)
     nodes, per_node = rng.choice([(1, 4), (1, 8), (2, 4), (2, 8)])
@@ -154,19 +194,21 @@ def test_cpsat_optimum_equals_brute_force(h100, seed):
     wl = workload(
         models, algorithm, prompts=rng.choice([16, 64]), response_len=rng.choice([64, 512])
     )
-    full = build_cost_table(wl, cl, h100)
-    # The same (truncated) space for both: at most 3 options per role and count.
-    table = CostTable(options={k: v[:3] for k, v in full.options.items()}, shortfall=full.shortfall)
+    wl = dataclasses.replace(wl, async_one_step_off=rng.random() < 0.4)
+    # The same (truncated) space for both, generator options included.
+    table = truncated(with_generators(build_cost_table(wl, cl, h100), wl, cl, h100))
     placements = enumerate_placements(wl.roles)
-    expected = brute_force(placements, table, cl)
+    expected, _ = brute_force(placements, table, cl, wl.async_one_step_off)
+    kwargs = {"tokens_per_step": 1.0, "one_step_off": wl.async_one_step_off}
     if math.isinf(expected):
         with pytest.raises(Infeasible):
-            solve(placements, table, cl, Objective.THROUGHPUT, tokens_per_step=1.0)
+            solve(placements, table, cl, Objective.THROUGHPUT, **kwargs)
         return
-    sol = solve(placements, table, cl, Objective.THROUGHPUT, tokens_per_step=1.0)
+    sol = solve(placements, table, cl, Objective.THROUGHPUT, **kwargs)
     assert sol.status is Status.OPTIMAL
     sets = [(s.roles, s.num_gpus) for s in sol.sets]
-    assert objective_value((sets, sol.options), table, cl) == expected
+    choice = (sets, sol.options, sol.generator)
+    assert objective_value(choice, table, cl, wl.async_one_step_off) == expected
     plan = solution_to_plan(sol, wl, cl)
     assert validate_plan(plan, h100) == []
 

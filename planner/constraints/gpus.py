@@ -1,10 +1,12 @@
 """GPU budget: the sets of the chosen placement fit in each pool.
 
-    (4)  Σ_{P,j,n} n · y[P,j,q,n] <= G_q                  for every pool q
+    (4)  Σ_{P,j,n} n · y[P,j,q,n] + Σ_{u : q'_u = q} m_u · g[u] <= G_q     for every pool q
+
+(the second sum: the actor's generator set, planner.constraints.generator).
 
 Sets take whole nodes or power-of-two divisors of a node (planner.space), so
-any selection within G_q packs into the pool's nodes; `solution.assign_devices`
-does the packing and the validator re-checks it.
+any selection within G_q (generator set included) packs into the pool's
+nodes; `solution.assign_devices` does the packing and the validator re-checks it.
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ from __future__ import annotations
 from ortools.sat.python import cp_model
 
 from placeflow.cluster import ClusterSpec
+from placeflow.planner.costtable import CostTable
 from placeflow.planner.variables import Variables
 
 
-def gpus_used(v: Variables, pool: str) -> cp_model.LinearExpr:
+def gpus_used(v: Variables, table: CostTable, pool: str) -> cp_model.LinearExpr:
     keys = [(n, var) for (_, _, q, n), var in v.y.items() if q == pool]
+    keys += [(u.num_gpus, var) for u, var in v.generator_terms(table) if u.pool == pool]
     return cp_model.LinearExpr.weighted_sum([var for _, var in keys], [n for n, _ in keys])
 
 
-def add_gpu_budget(model: cp_model.CpModel, v: Variables, cluster: ClusterSpec) -> None:
+def add_gpu_budget(
+    model: cp_model.CpModel, v: Variables, table: CostTable, cluster: ClusterSpec
+) -> None:
     for pool in cluster.pools:
-        model.add(gpus_used(v, pool.name) <= pool.num_gpus)  # (4)
+        model.add(gpus_used(v, table, pool.name) <= pool.num_gpus)  # (4)
