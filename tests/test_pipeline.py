@@ -54,6 +54,7 @@ class Case:
     tied: bool = False
     zero: int = 0
     tg: int | None = None  # actor only: a colocated rollout at this tg, resharded after the update
+    resume: bool = False  # checkpoint this rank, update twice more, resume, update: same weights
 
     @property
     def arch(self) -> Arch:
@@ -76,17 +77,17 @@ P2 = TrainLayout(p=2)
 P2T2, P2D2, P4 = TrainLayout(p=2, t=2), TrainLayout(p=2, d=2), TrainLayout(p=4)
 CASES = (
     Case(name="actor p2", train=P2, role=Role.ACTOR, tg=1),
-    Case(name="actor p2 tied", train=P2, role=Role.ACTOR, tied=True, tg=1),
+    Case(name="actor p2 tied", train=P2, role=Role.ACTOR, tied=True, tg=1, resume=True),
     Case(name="critic p2", train=P2, role=Role.CRITIC),
     Case(name="ref p2", train=P2, role=Role.REF),
     Case(name="reward p2", train=P2, role=Role.REWARD),
     Case(name="actor p2 t2 to tg1", train=P2T2, role=Role.ACTOR, tg=1),
     Case(name="actor p2 t2 tied to tg2", train=P2T2, role=Role.ACTOR, tied=True, tg=2),
     Case(name="critic p2 t2", train=P2T2, role=Role.CRITIC),
-    Case(name="actor p2 d2 zero3", train=P2D2, role=Role.ACTOR, zero=3, tg=1),
+    Case(name="actor p2 d2 zero3", train=P2D2, role=Role.ACTOR, zero=3, tg=1, resume=True),
     Case(name="critic p2 d2 zero3", train=P2D2, role=Role.CRITIC, zero=3),
     Case(name="actor p2 d2 zero1 tied", train=P2D2, role=Role.ACTOR, zero=1, tied=True),
-    Case(name="critic p2 d2 zero1", train=P2D2, role=Role.CRITIC, zero=1),
+    Case(name="critic p2 d2 zero1", train=P2D2, role=Role.CRITIC, zero=1, resume=True),
     Case(name="actor p4", train=P4, role=Role.ACTOR, tied=True),
     Case(name="reward p4", train=P4, role=Role.REWARD),
 )
@@ -132,7 +133,7 @@ def _run(engine: Any, case: Case, batch: Batch) -> dict[str, Any]:
     else:
         out["forward"] = engine.values(batch).tensors["values"]
     out["metrics"] = engine.update(batch, CFG)
-    out["weights"] = engine.trainer.tp_shards()
+    out["weights"] = {k: v.clone() for k, v in engine.trainer.tp_shards().items()}
     if case.tg is not None:
         engine.sync_rollout()
         out["rollout"] = dict(engine.rollout.model.named_parameters())
@@ -152,6 +153,7 @@ def _numpy(out: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Job:
     port: int
+    tmp: str
     world: int
     cases: tuple[Case, ...]
 
@@ -171,12 +173,44 @@ def pipeline_rank(rank: int, job: Job, results: Any) -> None:
             gen = None if case.tg is None else GenLayout(train=case.train, tg=case.tg)
             info = worker.setup_role(case.role, RoleLayout(train=case.train, gen=gen))
             worker.build_engine(case.role, case.setup)
-            out = _run(worker.engines[case.role], case, _shard(_batch(), case.train, info.dp))
+            batch = _shard(_batch(), case.train, info.dp)
+            out = _run(worker.engines[case.role], case, batch)
+            if case.resume:
+                out["resumed"] = _resumed(worker, case.role, batch, f"{job.tmp}/{rank}.pt")
             results.put(("result", case.name, rank, _numpy(out)))
         if job.world == 4:
             results.put(("order", rank, _schedule_order(worker)))
+        else:
+            results.put(("pg", rank, _pg2_refusal(spec)))
 
     report_rank(rank, results, body)
+
+
+def _pg2_refusal(spec: Any) -> str:
+    """The message Worker.build_engine gives a generation layout with pg = 2."""
+    from placeflow.errors import SpecError
+    from placeflow.executor.groups import RoleLayout
+    from placeflow.executor.worker import Worker
+
+    worker = Worker(spec)
+    worker.setup_role(Role.ACTOR, RoleLayout(train=P2, gen=GenLayout(train=P2, pg=2)))
+    try:
+        worker.build_engine(Role.ACTOR, CASES[0].setup)
+    except SpecError as e:
+        return str(e)
+    return "built"
+
+
+def _resumed(worker: Any, role: Role, batch: Batch, path: str) -> bool:
+    """Save this rank's stage-local state, update, reload, update again: bit-identical?"""
+    engine = worker.engines[role]
+    worker.save_state(role, path)
+    worker.update(role, batch, CFG)
+    once = {k: v.clone() for k, v in engine.trainer.tp_shards().items()}
+    worker.load_state(role, path)
+    worker.update(role, batch, CFG)
+    again = engine.trainer.tp_shards()
+    return once.keys() == again.keys() and all(torch.equal(once[k], again[k]) for k in once)
 
 
 def _schedule_order(worker: Any) -> list[str]:
@@ -203,12 +237,13 @@ def _schedule_order(worker: Any) -> list[str]:
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
 def world(request: pytest.FixtureRequest) -> tuple[Job, dict[Any, Any]]:
     cases = tuple(c for c in CASES if c.train.world_size == request.param)
-    job = Job(port=free_port(), world=request.param, cases=cases)
+    tmp = request.getfixturevalue("tmp_path_factory").mktemp("ckpt")
+    job = Job(port=free_port(), tmp=str(tmp), world=request.param, cases=cases)
     got: dict[Any, Any] = {}
 
     def on_message(msg: tuple[Any, ...]) -> None:
-        if msg[0] == "order":
-            got["order", msg[1]] = msg[2]
+        if msg[0] in ("order", "pg"):
+            got[msg[0], msg[1]] = msg[2]
         else:
             got[msg[1], msg[2]] = msg[3]
 
@@ -307,6 +342,12 @@ def test_stage_holds_its_layers_only(world: tuple[Job, dict[Any, Any]]) -> None:
             assert names == held, (case.name, rank)
 
 
+def test_resume_from_stage_local_checkpoints(world: tuple[Job, dict[Any, Any]]) -> None:
+    job, got = world
+    resumed = [(c, r) for c in job.cases if c.resume for r in range(c.train.world_size)]
+    assert resumed and all(got[c.name, r]["resumed"] for c, r in resumed)
+
+
 def test_reshard_from_stages_is_bit_exact(world: tuple[Job, dict[Any, Any]]) -> None:
     """Rollout weights after an update == the trained stage shards, gathered and re-split."""
     job, got = world
@@ -323,6 +364,17 @@ def test_reshard_from_stages_is_bit_exact(world: tuple[Job, dict[Any, Any]]) -> 
             for name, w in rollout.items():
                 expected = _slice(full[name], name, case.tg, gtp)
                 assert torch.equal(torch.from_numpy(w), expected), (case.name, rank, name)
+
+
+def test_generation_pipeline_is_refused(world: tuple[Job, dict[Any, Any]]) -> None:
+    job, got = world
+    if job.world != 2:
+        pytest.skip("checked in the 2-rank world")
+    for rank in range(2):
+        assert (
+            "generation pipeline pg > 1 is not executed: the planner emits pg = 1"
+            in got["pg", rank]
+        )
 
 
 def test_1f1b_order_with_more_micro_batches_than_stages(world: tuple[Job, dict[Any, Any]]) -> None:
