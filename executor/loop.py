@@ -83,10 +83,11 @@ def check_executable(plan: Plan) -> None:
     n = w.batch.num_samples
     for role in w.roles:
         par = plan.parallelism[role]
-        if par.train.p > 1 or par.pg > 1:
+        if par.pg > 1:
             raise SpecError(
-                f"{role}: the executor runs pipeline parallelism p=1 only; the plan has "
-                f"p={par.train.p}, pg={par.pg} (such plans can be simulated)"
+                f"{role}: generation pipeline pg > 1 is not executed: the planner emits pg = 1 "
+                f"(one decode pass over all layers per generation replica); the plan has "
+                f"pg={par.pg}. Use pg = 1 (such plans can be simulated)"
             )
         d = par.train.d
         if role in (Role.ACTOR, Role.CRITIC) and n % (d * w.batch.mini_batches):

@@ -37,6 +37,7 @@ from placeflow.executor.balance import WorkModel
 from placeflow.executor.batch import Batch
 from placeflow.executor.dispatch import DispatchLayout
 from placeflow.executor.engines.generator import GeneratorEngine
+from placeflow.executor.engines.pipeline import PPGroup
 from placeflow.executor.engines.roles import (
     ActorEngine,
     CriticEngine,
@@ -268,7 +269,8 @@ class Worker:
 
     # --- engines: the RL loop's calls ---------------------------------------------
     def build_engine(self, role: Role, setup: EngineSetup) -> None:
-        """Build `role`'s engine on this rank (collective: FSDP/DDP set-up over its DP group)."""
+        """Build `role`'s engine on this rank: its pipeline stage of its TP shard (collective:
+        FSDP set-up over its DP group, a first collective over its PP group)."""
         rr = self.roles[role]
         train, gen = rr.layout.train, rr.layout.gen
         if self.spec.generator:
@@ -281,10 +283,10 @@ class Worker:
             )
             self.engines[role] = GeneratorEngine(setup, tp, self.device)
             return
-        if train.p > 1 or (gen is not None and gen.pg > 1):
+        if gen is not None and gen.pg > 1:
             raise SpecError(
-                f"{role}: the executor runs pipeline parallelism p=1 only (plan has p={train.p}); "
-                "plans with p>1 can be simulated but not executed yet"
+                f"{role}: generation pipeline pg > 1 is not executed: the planner emits pg = 1 "
+                "(one decode pass over all layers per generation replica)"
             )
         info = rr.info
 
@@ -294,6 +296,9 @@ class Worker:
 
         groups = RoleGroups(
             tp=tp_group(Axis.TP, train.t, info.tp),
+            pp=PPGroup(
+                group=rr.groups[Axis.PP] if train.p > 1 else None, size=train.p, rank=info.pp
+            ),
             dp_group=rr.groups[Axis.DP],
             dp_size=train.d,
             gen_tp=tp_group(Axis.GEN_TP, gen.tg, info.gen_tp or 0) if gen is not None else None,

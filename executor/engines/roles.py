@@ -14,6 +14,13 @@ token, and the trainer's logprobs match the rollout's.
 Calls that run the trainer's forward (FSDP all-gathers inside) must be made by
 every DP rank with the same number of micro-batches: the controller gives every
 DP replica the same number of samples (`RLLoop` checks the plan for it).
+
+Pipeline parallelism: every stage of a DP replica receives the same Batch, runs
+its layers in the schedules of `pipeline.py` (1F1B for updates, one forward
+pass for logprobs, values and scores), and only the last stage, where outputs
+appear, computes losses and returns results; the other stages return an empty
+Batch (the controller reads the last stage's, `dispatch.DispatchLayout`) and
+update metrics holding the grad norm only.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ import torch.distributed as dist
 from placeflow.errors import SpecError
 from placeflow.executor import rl
 from placeflow.executor.batch import Batch
+from placeflow.executor.engines import pipeline
 from placeflow.executor.engines.hf import load_checkpoint
+from placeflow.executor.engines.pipeline import SINGLE_STAGE, PPGroup, StageIO
 from placeflow.executor.engines.sampler import (
     Completion,
     Sampler,
@@ -38,7 +47,7 @@ from placeflow.executor.engines.sampler import (
 )
 from placeflow.executor.engines.tp import TPGroup, TPImpl
 from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
-from placeflow.executor.engines.transformer import Arch, Transformer, random_full, shard_full
+from placeflow.executor.engines.transformer import Arch, Transformer, random_full
 from placeflow.executor.reshard import MemoryMeter, reshard_colocated
 from placeflow.layout import GenLayout
 from placeflow.reshard_plan import ReshardPlan
@@ -94,6 +103,7 @@ class RoleGroups:
     """The process groups an engine uses (None where the axis has one rank)."""
 
     tp: TPGroup
+    pp: PPGroup = SINGLE_STAGE
     dp_group: Any = None
     dp_size: int = 1
     gen_tp: TPGroup | None = None
@@ -108,15 +118,19 @@ def sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
     return ids, mask, t[PROMPT].shape[1]
 
 
-def response_outputs(call: Callable[..., torch.Tensor], batch: Batch) -> torch.Tensor:
+def response_outputs(
+    call: Callable[..., torch.Tensor], batch: Batch, *, hidden: torch.Tensor | None = None
+) -> torch.Tensor:
     """The model's outputs where each response token is predicted: (B, R, ...).
 
     The head runs on those positions only (from the last prompt token on), not
     on the prompt: with a large vocabulary that is most of the head's cost.
+    `hidden`: the previous pipeline stage's output, when this is a later stage.
     """
     ids, mask, width = sequence(batch)
     r = batch.tensors[RESPONSE].shape[1]
-    return call(ids, mask, head_from=width - 1)[:, :r]
+    kwargs = {} if hidden is None else {"hidden": hidden}
+    return call(ids, mask, head_from=width - 1, **kwargs)[:, :r]
 
 
 def response_logp(
@@ -159,11 +173,47 @@ def _micro_batches(batch: Batch, size: int) -> list[Batch]:
     return batch.chunk(max(1, -(-len(batch) // size)))
 
 
-def _build(setup: EngineSetup, tp: TPGroup, device: torch.device) -> Transformer:
-    model = Transformer(setup.arch, tp=tp, value_head=setup.critic).to(device)
-    full = setup.weights.full(setup.arch, critic=setup.critic)
-    model.load_shards({k: v.to(device) for k, v in shard_full(full, setup.arch, tp).items()})
+def _build(setup: EngineSetup, groups: RoleGroups, device: torch.device) -> Transformer:
+    model = Transformer(setup.arch, tp=groups.tp, pp=groups.pp, value_head=setup.critic)
+    model.to(device).load_full(setup.weights.full(setup.arch, critic=setup.critic))
+    pipeline.connect(groups.pp, device)
     return model
+
+
+def _stage_io(model: Transformer, micros: list[Batch], device: torch.device) -> StageIO:
+    """Hidden states between stages: (samples, prompt + response width, hidden)."""
+
+    def shape(i: int) -> tuple[int, ...]:
+        t = micros[i].tensors
+        width = t[PROMPT].shape[1] + t[RESPONSE].shape[1]
+        return (len(micros[i]), width, model.arch.weights.hidden)
+
+    return StageIO(shape=shape, dtype=model.dtype, device=device)
+
+
+def stage_outputs(
+    call: Callable[..., torch.Tensor], batch: Batch, hidden: torch.Tensor | None, last: bool
+) -> torch.Tensor:
+    """`response_outputs` on the last stage; a stage's hidden states (all positions) before it."""
+    if last:
+        return response_outputs(call, batch, hidden=hidden)
+    ids, mask, _ = sequence(batch)
+    return call(ids, mask, hidden=hidden)
+
+
+def _forward_stages(
+    model: Transformer,
+    call: Callable[..., torch.Tensor],
+    batch: Batch,
+    micro_batch: int,
+    fn: Callable[[Batch, torch.Tensor | None], torch.Tensor],
+) -> torch.Tensor:
+    """`fn(micro-batch, stage input)` on every micro-batch through the stages; the last
+    stage's outputs concatenated, an empty tensor on the other stages."""
+    micros = _micro_batches(batch, micro_batch)
+    io = _stage_io(model, micros, next(model.parameters()).device)
+    outs = pipeline.forward_only(model.pp, len(micros), lambda i, x: fn(micros[i], x), io)
+    return torch.cat(outs) if model.pp.is_last else torch.empty(0)
 
 
 class ScoringEngine:
@@ -171,29 +221,44 @@ class ScoringEngine:
 
     def __init__(self, setup: EngineSetup, groups: RoleGroups, device: torch.device) -> None:
         self.setup = setup
-        self.model = _build(setup, groups.tp, device).eval()
+        self.model = _build(setup, groups, device).eval()
         self.model.requires_grad_(False)
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, temperature: float) -> Batch:
-        out = []
-        for mb in _micro_batches(batch, self.setup.micro_batch):
-            out.append(response_logp(response_outputs(self.model, mb), mb, temperature)[0])
-        return Batch(tensors={"logprobs": torch.cat(out)})
+        last = self.model.pp.is_last
+
+        def fn(mb: Batch, x: torch.Tensor | None) -> torch.Tensor:
+            out = stage_outputs(self.model, mb, x, last)
+            return response_logp(out, mb, temperature)[0] if last else out
+
+        lp = _forward_stages(self.model, self.model, batch, self.setup.micro_batch, fn)
+        return Batch(tensors={"logprobs": lp})
 
     @torch.no_grad()
     def scores(self, batch: Batch) -> Batch:
         """The value head at each response's last token."""
-        out = []
-        for mb in _micro_batches(batch, self.setup.micro_batch):
+        last = self.model.pp.is_last
+
+        def fn(mb: Batch, x: torch.Tensor | None) -> torch.Tensor:
             ids, mask, width = sequence(mb)
-            values = self.model(ids, mask)
-            last = width + mb.tensors[RESPONSE_MASK].long().sum(1).clamp(min=1) - 1
-            out.append(values[torch.arange(len(mb)), last])
-        return Batch(tensors={"scores": torch.cat(out)})
+            values = self.model(ids, mask, hidden=x)
+            if not last:
+                return values  # this stage's hidden states
+            end = width + mb.tensors[RESPONSE_MASK].long().sum(1).clamp(min=1) - 1
+            return values[torch.arange(len(mb)), end]
+
+        scores = _forward_stages(self.model, self.model, batch, self.setup.micro_batch, fn)
+        return Batch(tensors={"scores": scores})
 
 
 LossFn = Callable[[Batch, torch.Tensor, int], tuple[torch.Tensor, dict[str, float]]]
+
+
+def _add_metrics(sums: dict[str, float], metrics: dict[str, float]) -> None:
+    for k, v in metrics.items():
+        # "_max" metrics are maxima over micro-batches, the rest means.
+        sums[k] = max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v
 
 
 class _Trainable:
@@ -203,7 +268,7 @@ class _Trainable:
         if setup.optim is None:
             raise SpecError("a trained role needs optimizer settings")
         self.setup, self.groups, self.device = setup, groups, device
-        self.model = _build(setup, groups.tp, device)
+        self.model = _build(setup, groups, device)
         self.trainer = TrainEngine(
             self.model,
             optim=setup.optim,
@@ -224,32 +289,48 @@ class _Trainable:
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             for mini in batch.chunk(cfg.mini_batches):
-                num_tokens = self._global_tokens(mini.tensors[RESPONSE_MASK])
-                micros = _micro_batches(mini, self.setup.micro_batch)
-                for i, mb in enumerate(micros):
-                    with self.trainer.accumulate(sync=i == len(micros) - 1):
-                        out = response_outputs(self.trainer, mb)
-                        loss, metrics = loss_fn(mb, out, num_tokens)
-                        loss.backward()
-                    for k, v in metrics.items():
-                        # "_max" metrics are maxima over micro-batches, the rest means.
-                        sums[k] = (
-                            max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v
-                        )
-                    count += 1
+                num_micro = self._train_mini_batch(mini, loss_fn, sums)
+                count += num_micro
                 norm = self.trainer.step()
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm * len(micros)
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm * num_micro
         return {k: v if k.endswith("_max") else v / max(count, 1) for k, v in sums.items()}
+
+    def _train_mini_batch(self, mini: Batch, loss_fn: LossFn, sums: dict[str, float]) -> int:
+        """Forwards and backwards of one mini-batch (1F1B over the stages); its micro-batches."""
+        num_tokens = self._global_tokens(mini.tensors[RESPONSE_MASK])
+        micros = _micro_batches(mini, self.setup.micro_batch)
+        last = self.model.pp.is_last
+
+        def forward(i: int, x: torch.Tensor | None) -> torch.Tensor:
+            out = stage_outputs(self.trainer, micros[i], x, last)
+            if not last:
+                return out
+            loss, metrics = loss_fn(micros[i], out, num_tokens)
+            _add_metrics(sums, metrics)
+            return loss
+
+        pipeline.train_1f1b(
+            self.model.pp,
+            len(micros),
+            forward,
+            _stage_io(self.model, micros, self.device),
+            set_gradient_sync=self.trainer.set_gradient_sync,
+        )
+        return len(micros)
 
     @torch.no_grad()
     def _forward_all(
         self, batch: Batch, fn: Callable[[Batch, torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
+        """`fn(micro-batch, outputs)` on the last stage (other stages: an empty tensor)."""
         self.model.eval()
-        out = []
-        for mb in _micro_batches(batch, self.setup.micro_batch):
-            out.append(fn(mb, response_outputs(self.trainer, mb)))
-        return torch.cat(out)
+        last = self.model.pp.is_last
+
+        def stage(mb: Batch, x: torch.Tensor | None) -> torch.Tensor:
+            out = stage_outputs(self.trainer, mb, x, last)
+            return fn(mb, out) if last else out
+
+        return _forward_stages(self.model, self.trainer, batch, self.setup.micro_batch, stage)
 
     def state(self) -> dict[str, Any]:
         return self.trainer.state()

@@ -97,7 +97,7 @@ class Sampler:
             return []
         if any(len(p) == 0 for p in prompts):
             raise SpecError("every prompt needs at least one token")
-        device = self.model.embed.device
+        device = next(self.model.parameters()).device
         ids, mask = left_pad(prompts, self.pad_id)
         ids, mask = ids.to(device), mask.to(device)
         batch, width = ids.shape

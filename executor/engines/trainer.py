@@ -15,10 +15,14 @@ produced them on the first iteration of each process, which changes the order
 in which a ring all-reduce sums each element, so a resumed process would drift
 from an uninterrupted one in the last bits.
 
-TP is inside the model (`tp.py`). Gradient accumulation over micro-batches
-syncs once per optimizer step. Clipping uses the global gradient norm: squares
+TP is inside the model (`tp.py`); the model is one pipeline stage
+(`pipeline.py` runs the schedule), and the optimizer steps this stage's
+weights. Gradient accumulation over micro-batches syncs once per optimizer
+step (`set_gradient_sync`). Clipping uses the global gradient norm: squares
 summed over the TP shards of split weights, once for TP-replicated weights,
-and over DP shards under FSDP.
+over DP shards under FSDP, and over the pipeline stages (the last stage's copy
+of a tied embedding not counted: its gradient is the first stage's, added to it
+across the PP group as Megatron's embedding group does).
 
 Checkpoints are per rank (its local shards and its optimizer state in
 parameter order), which is what makes `--resume` bit-identical: nothing is
@@ -27,9 +31,7 @@ re-gathered or re-split on the way.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
+from placeflow.executor.engines.pipeline import exchange_add
 from placeflow.executor.engines.transformer import Transformer
 from placeflow.reshard_plan import Sharding
 
@@ -70,10 +73,11 @@ class TrainEngine:
         self._tp_split = {
             p.name for p in model.arch.weights.params() if p.sharding is not Sharding.REPLICATED
         }
+        self.device = next(model.parameters()).device
         self.fsdp = dp_size > 1 and zero == 3
         if self.fsdp:
-            mesh = DeviceMesh.from_group(dp_group, model.embed.device.type)
-            for layer in model.layers:
+            mesh = DeviceMesh.from_group(dp_group, self.device.type)
+            for layer in model.layers.values():
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
         params = list(model.parameters())
@@ -93,13 +97,24 @@ class TrainEngine:
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return self.model(ids, mask, **kwargs)
 
-    @contextlib.contextmanager
-    def accumulate(self, *, sync: bool) -> Iterator[None]:
-        """Backward passes inside reduce gradients across DP only when `sync`."""
+    def set_gradient_sync(self, sync: bool) -> None:
+        """Whether the following backward passes reduce gradients across DP (FSDP only;
+        the replicated path reduces once in `step`)."""
         if self.fsdp:
             assert isinstance(self.model, FSDPModule)
             self.model.set_requires_gradient_sync(sync)
-        yield
+
+    def _add_tied_embedding_gradients(self) -> None:
+        """First and last stage each add the other's gradient of the tied embedding."""
+        pp = self.model.pp
+        if not (self.model.arch.weights.tied_embeddings and (pp.is_first or pp.is_last)):
+            return
+        if self.model.is_critic or pp.size == 1:
+            return
+        embed = self.model.embed
+        assert embed is not None and embed.grad is not None
+        grad = embed.grad.to_local() if isinstance(embed.grad, DTensor) else embed.grad
+        exchange_add(pp, grad, peer=pp.size - 1 if pp.is_first else 0)
 
     def _average_gradients(self) -> None:
         """Mean of the replicas' gradients: one all-reduce of a flat buffer in parameter order."""
@@ -116,6 +131,7 @@ class TrainEngine:
         """Clip to the global norm, take an optimizer step, zero gradients; the norm."""
         if self.dp_size > 1 and not self.fsdp:
             self._average_gradients()
+        self._add_tied_embedding_gradients()
         norm = self.grad_norm()
         clip = self.optim_config.grad_clip
         if clip > 0 and math.isfinite(norm) and norm > clip:
@@ -127,11 +143,10 @@ class TrainEngine:
         return norm
 
     def grad_norm(self) -> float:
-        device = self.model.embed.device
-        split = torch.zeros((), dtype=torch.float64, device=device)
-        whole = torch.zeros((), dtype=torch.float64, device=device)
+        split = torch.zeros((), dtype=torch.float64, device=self.device)
+        whole = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.model.named_parameters():
-            if p.grad is None:
+            if p.grad is None or (name == "embed" and self.model.tied_copy):
                 continue
             g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             sq = g.double().pow(2).sum()
@@ -143,10 +158,13 @@ class TrainEngine:
             both = torch.stack([split, whole])
             dist.all_reduce(both, group=self.dp_group)
             split, whole = both[0], both[1]
-        tp = self.model.tp
+        tp, pp = self.model.tp, self.model.pp
         if tp.size > 1:
             dist.all_reduce(split, group=tp.group)
-        return float((split + whole).sqrt())
+        total = split + whole
+        if pp.size > 1:  # each stage holds different weights
+            dist.all_reduce(total, group=pp.group)
+        return float(total.sqrt())
 
     # --- weights for the rollout and for checkpoints -------------------------
     @torch.no_grad()

@@ -1,4 +1,4 @@
-"""The Llama / Qwen2 decoder the engines run: tensor-parallel, with an optional KV cache.
+"""The Llama / Qwen2 decoder the engines run: tensor- and pipeline-parallel, with a KV cache.
 
 Parameters are named and shaped exactly as `placeflow.reshard_plan` describes
 them (`embed`, `layers.i.qkv`, `layers.i.gate_up`, ... ), holding this TP
@@ -11,6 +11,17 @@ are mapped in `placeflow.executor.engines.hf`.
 The math is Hugging Face's Llama (RMSNorm, rotate-half RoPE, SiLU-gated MLP,
 grouped-query attention); Qwen2 adds the q/k/v bias. A critic or reward model
 is the same trunk with `value_head` (one output per token) instead of lm_head.
+
+Pipeline stages: a `Transformer` built with a `PPGroup` holds one stage, the
+weights `ParamSpec.stage` places there (contiguous layers; the embedding on the
+first stage, the final norm and the head on the last), under their full-model
+names (`layers.6.qkv` stays `layers.6.qkv` on stage 1). A stage after the
+first takes the previous stage's hidden states instead of token ids' embedding;
+a stage before the last returns its hidden states. Tied embeddings (no
+lm_head) put the vocabulary matrix on both ends: as in Megatron, the last stage
+keeps a copy named `embed` whose gradient the trainer adds to the first
+stage's (`TrainEngine`), so both copies take the same steps; the stage rule,
+resharding and the gradient norm count only the first stage's.
 
 Sequences are left-padded prompts followed by responses: `mask` marks real
 tokens, positions count real tokens only, and a query attends to earlier real
@@ -28,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from placeflow.errors import SpecError
+from placeflow.executor.engines.pipeline import SINGLE_STAGE, PPGroup
 from placeflow.executor.engines.tp import (
     SINGLE,
     TPGroup,
@@ -69,10 +81,10 @@ class KVCache:
     @classmethod
     def empty(cls, model: Transformer, batch: int, capacity: int, device: torch.device) -> KVCache:
         shape = (batch, model.local_kv_heads, capacity, model.head_dim)
-        dtype = model.embed.dtype
+        dtype, n = model.dtype, len(model.layers)
         return cls(
-            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in model.layers],
-            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in model.layers],
+            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)],
+            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)],
             mask=torch.zeros((batch, capacity), dtype=torch.bool, device=device),
         )
 
@@ -182,13 +194,14 @@ class Layer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """One TP rank's shard of a decoder; `value_head` makes it a critic / reward model."""
+    """One TP rank's shard of one pipeline stage of a decoder; `value_head` makes it a critic."""
 
     def __init__(
         self,
         arch: Arch,
         *,
         tp: TPGroup = SINGLE,
+        pp: PPGroup = SINGLE_STAGE,
         value_head: bool = False,
         dtype: torch.dtype = torch.float32,
     ) -> None:
@@ -199,22 +212,37 @@ class Transformer(nn.Module):
                 f"TP size {tp.size} must divide num_kv_heads {w.num_kv_heads}, "
                 f"ffn {w.ffn} and vocab {w.vocab} (each rank holds whole heads and rows)"
             )
-        self.arch, self.tp, self.is_critic = arch, tp, value_head
-        self.embed = nn.Parameter(torch.empty(w.vocab // tp.size, w.hidden, dtype=dtype))
-        self.layers = nn.ModuleList(Layer(arch, tp, dtype) for _ in range(w.num_layers))
-        self.norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype))
+        if w.num_layers % pp.size:
+            raise SpecError(f"num_layers {w.num_layers} must be a multiple of p={pp.size}")
+        self.arch, self.tp, self.pp, self.is_critic = arch, tp, pp, value_head
+        held = stage_weights(w, pp)
+        vocab_rows = w.vocab // tp.size
+        # The last stage of a tied LM needs the vocabulary matrix for its head: a copy.
+        self.tied_copy = w.tied_embeddings and not value_head and pp.is_last and not pp.is_first
+        self.embed = (
+            nn.Parameter(torch.empty(vocab_rows, w.hidden, dtype=dtype))
+            if "embed" in held or self.tied_copy
+            else None
+        )
+        layers = sorted(
+            {p.layer for p in w.params() if p.name in held and p.layer in range(w.num_layers)}
+        )
+        self.layers = nn.ModuleDict({str(i): Layer(arch, tp, dtype) for i in layers})
+        last = "norm" in held
+        self.norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype)) if last else None
         # A critic's head is replicated (one output); an LM head is vocab-parallel.
         self.value_head = (
-            nn.Parameter(torch.zeros(1, w.hidden, dtype=dtype)) if value_head else None
+            nn.Parameter(torch.zeros(1, w.hidden, dtype=dtype)) if value_head and last else None
         )
         self.lm_head = (
-            nn.Parameter(torch.empty(w.vocab // tp.size, w.hidden, dtype=dtype))
-            if not value_head and not w.tied_embeddings
+            nn.Parameter(torch.empty(vocab_rows, w.hidden, dtype=dtype))
+            if not value_head and "lm_head" in held
             else None
         )
         self.head_dim = w.hidden // w.num_heads
         self.local_kv_heads = w.num_kv_heads // tp.size
-        if tp.megatron and not value_head:
+        self.dtype = dtype
+        if tp.megatron and not value_head and last:
             self.head_linear = column_linear(tp, w.hidden, w.vocab, gather=False)
 
     # --- weights ------------------------------------------------------------
@@ -241,9 +269,15 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
-        """Seeded init of the *full* model, then this rank's slice: the same model at any TP."""
-        shards = shard_full(random_full(self.arch, seed, critic=self.is_critic), self.arch, self.tp)
-        self.load_shards({k: v for k, v in shards.items() if k in dict(self.named_parameters())})
+        """Seeded init of the *full* model, then this rank's slice: the same model at any TP, PP."""
+        self.load_full(random_full(self.arch, seed, critic=self.is_critic))
+
+    def load_full(self, full: dict[str, torch.Tensor]) -> None:
+        """This rank's TP slice of the full weights this stage holds (every one must be there)."""
+        names = set(self.shard_names())
+        device = next(self.parameters()).device
+        shards = shard_full({k: v for k, v in full.items() if k in names}, self.arch, self.tp)
+        self.load_shards({k: v.to(device) for k, v in shards.items()})
 
     # --- forward ------------------------------------------------------------
     def forward(
@@ -253,12 +287,15 @@ class Transformer(nn.Module):
         *,
         cache: KVCache | None = None,
         head_from: int = 0,
+        hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (batch, seq, vocab) or values (batch, seq) for `ids` (batch, seq).
 
         With `cache`, `ids` continue the cached sequence: `mask` covers the new
         tokens only and the cache grows by seq. `head_from` skips the head on the
-        first positions (outputs start there).
+        first positions (outputs start there). A pipeline stage after the first
+        takes the previous stage's `hidden` (batch, seq, hidden); a stage before
+        the last returns its own hidden states (all positions).
         """
         s = ids.shape[1]
         if cache is None:
@@ -276,22 +313,31 @@ class Transformer(nn.Module):
         causal = k_idx <= q_idx
         attn_mask = (causal[None] & key_mask[:, None, :]) | (k_idx == q_idx)[None]
         attn_mask = attn_mask[:, None]  # (b, 1, s, start+s)
-        cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.embed.dtype)
+        cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.dtype)
 
-        x = self._embed(ids)
-        for i, layer in enumerate(self.layers):
+        if self.pp.is_first:
+            x = self._embed(ids)
+        else:
+            assert hidden is not None, "a pipeline stage after the first needs hidden states"
+            x = hidden
+        for i, layer in enumerate(self.layers.values()):
             x = layer(x, cos, sin, attn_mask, cache, i, start)
         if cache is not None:
             cache.length = start + s
+        if not self.pp.is_last:
+            return x
+        assert self.norm is not None
         x = rms_norm(x[:, head_from:], self.norm, self.arch.norm_eps)
         if self.value_head is not None:
             return (x @ self.value_head.t()).squeeze(-1)
         head = self.lm_head if self.lm_head is not None else self.embed
+        assert head is not None
         if self.tp.megatron:
             return gather_from_tp(self.head_linear(x, weight=head)[0], self.tp)
         return gather_from_tp(copy_to_tp(x, self.tp) @ head.t(), self.tp)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        assert self.embed is not None
         if self.tp.size == 1:
             return F.embedding(ids, self.embed)
         rows = self.embed.shape[0]
@@ -299,6 +345,12 @@ class Transformer(nn.Module):
         inside = (ids >= lo) & (ids < lo + rows)
         local = F.embedding((ids - lo).clamp(0, rows - 1), self.embed) * inside[..., None]
         return reduce_from_tp(local, self.tp)
+
+
+def stage_weights(weights: TinyLlama, pp: PPGroup) -> set[str]:
+    """Names of the plan's weights on stage `pp.rank` of `pp.size` (ParamSpec.stage's rule)."""
+    n = weights.num_layers
+    return {p.name for p in weights.params() if p.stage(n, pp.size) == pp.rank}
 
 
 # --- full weights and their shards ----------------------------------------------
