@@ -157,7 +157,9 @@ def _recv_input(pp: PPGroup, io: StageIO, i: int) -> torch.Tensor | None:
     return x.requires_grad_()
 
 
-def _backward(x: torch.Tensor | None, y: torch.Tensor, grad: torch.Tensor | None) -> Any:
+def _backward(
+    x: torch.Tensor | None, y: torch.Tensor, grad: torch.Tensor | None
+) -> torch.Tensor | None:
     """Backward through this stage; the gradient of its input (None on the first stage)."""
     if grad is None:
         y.backward()  # the last stage: y is the micro-batch's loss
@@ -184,7 +186,7 @@ def train_1f1b(
     set_gradient_sync(False)
     done = 0
 
-    def backward_oldest(grad: torch.Tensor | None) -> Any:
+    def backward_oldest(grad: torch.Tensor | None) -> torch.Tensor | None:
         nonlocal done
         if done == num_micro - 1:
             set_gradient_sync(True)

@@ -203,7 +203,6 @@ def stage_outputs(
 
 def _forward_stages(
     model: Transformer,
-    call: Callable[..., torch.Tensor],
     batch: Batch,
     micro_batch: int,
     fn: Callable[[Batch, torch.Tensor | None], torch.Tensor],
@@ -232,7 +231,7 @@ class ScoringEngine:
             out = stage_outputs(self.model, mb, x, last)
             return response_logp(out, mb, temperature)[0] if last else out
 
-        lp = _forward_stages(self.model, self.model, batch, self.setup.micro_batch, fn)
+        lp = _forward_stages(self.model, batch, self.setup.micro_batch, fn)
         return Batch(tensors={"logprobs": lp})
 
     @torch.no_grad()
@@ -248,7 +247,7 @@ class ScoringEngine:
             end = width + mb.tensors[RESPONSE_MASK].long().sum(1).clamp(min=1) - 1
             return values[torch.arange(len(mb)), end]
 
-        scores = _forward_stages(self.model, self.model, batch, self.setup.micro_batch, fn)
+        scores = _forward_stages(self.model, batch, self.setup.micro_batch, fn)
         return Batch(tensors={"scores": scores})
 
 
@@ -330,7 +329,7 @@ class _Trainable:
             out = stage_outputs(self.trainer, mb, x, last)
             return fn(mb, out) if last else out
 
-        return _forward_stages(self.model, self.trainer, batch, self.setup.micro_batch, stage)
+        return _forward_stages(self.model, batch, self.setup.micro_batch, stage)
 
     def state(self) -> dict[str, Any]:
         return self.trainer.state()
