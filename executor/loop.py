@@ -62,6 +62,9 @@ from placeflow.plan import Plan
 from placeflow.workload import Algorithm, Role
 
 CONTROLLER_STATE = "controller.json"  # in each checkpoint directory
+# Value-head init of a random-init reward or cost model: N(0, 0.02) like its other weights,
+# so that its scores vary (about 0.02 * sqrt(hidden) after the final norm).
+SCORER_HEAD_STD = 0.02
 
 
 def derived_seed(*parts: int | str) -> int:
@@ -73,11 +76,6 @@ def derived_seed(*parts: int | str) -> int:
 def check_executable(plan: Plan) -> None:
     """Raise SpecError for plans the executor cannot run (before any worker starts)."""
     w = plan.workload
-    if w.algorithm not in (Algorithm.GRPO, Algorithm.PPO, Algorithm.REMAX):
-        raise SpecError(
-            f"the executor runs GRPO, ReMax and PPO; workload {w.name!r} is {w.algorithm} "
-            "(it can be planned and simulated)"
-        )
     if w.reward_function is None and Role.REWARD not in w.models:
         raise SpecError("the workload needs a reward_function or a reward model")
     n = w.batch.num_samples
@@ -172,6 +170,7 @@ class RLLoop:
         spec = self.w.models[role]
         rl_cfg, par = self.w.rl, self.plan.parallelism[role]
         critic = role in (Role.CRITIC, Role.REWARD, Role.COST)
+        safe = self.w.algorithm is Algorithm.SAFE_RLHF
         optim = None
         if role in (Role.ACTOR, Role.CRITIC):
             optim = OptimConfig(
@@ -179,12 +178,19 @@ class RLLoop:
                 weight_decay=rl_cfg.weight_decay,
                 grad_clip=rl_cfg.grad_clip,
             )
-        # The reference and the critic start from the policy; a reward model from its own seed.
-        seed = derived_seed(self.seed, "reward") if role is Role.REWARD else self.seed
+        # The reference and the critic start from the policy; a reward or cost model from
+        # its own seed, with a random value head so that its scores vary.
+        scorer = role in (Role.REWARD, Role.COST)
+        seed = derived_seed(self.seed, str(role)) if scorer else self.seed
         return EngineSetup(
             arch=Arch.of(spec),
-            weights=WeightSource(seed=seed, checkpoint=_checkpoint(spec.name)),
+            weights=WeightSource(
+                seed=seed,
+                checkpoint=_checkpoint(spec.name),
+                value_head_std=SCORER_HEAD_STD if scorer else 0.0,
+            ),
             critic=critic,
+            num_values=2 if role is Role.CRITIC and safe else 1,
             optim=optim,
             zero=par.zero,
             micro_batch=par.micro_batch,

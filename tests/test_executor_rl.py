@@ -68,6 +68,19 @@ def test_remax_raises_reward(ray_cluster: None, tmp_path: Path) -> None:
         assert math.isfinite(rec.metrics["baseline_reward_mean"])
 
 
+def test_safe_rlhf_raises_reward_and_logs_the_multiplier(ray_cluster: None, tmp_path: Path) -> None:
+    plan = _plan("safe-rlhf-tiny-cpu4-split")
+    result = run_plan(plan, tmp_path / "run", RunConfig(steps=16, progress=False))
+    rewards = [r.metrics["reward_mean"] for r in result.records]
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.05, rewards
+    multipliers = [r.metrics["lagrange_multiplier"] for r in result.records]
+    assert len(set(multipliers)) > 1 and min(multipliers) >= 0.0  # a dual step per step
+    for rec in result.records:
+        assert {"cost", "values", "cost_values", "critic_update"} <= set(rec.phases)
+        for key in ("cost_mean", "value_loss", "cost_value_loss", "pg_loss"):
+            assert math.isfinite(rec.metrics[key]), key
+
+
 @pytest.mark.parametrize("plan_name", ["ppo-tiny-cpu4-colocate", "ppo-tiny-cpu4-split"])
 def test_ppo_runs_with_finite_losses(ray_cluster: None, tmp_path: Path, plan_name: str) -> None:
     result = run_plan(_plan(plan_name), tmp_path / "run", RunConfig(steps=3, progress=False))
@@ -78,7 +91,9 @@ def test_ppo_runs_with_finite_losses(ray_cluster: None, tmp_path: Path, plan_nam
         assert rec.metrics["logprob_diff_max"] < 1e-3
 
 
-@pytest.mark.parametrize("plan_name", ["grpo-tiny-cpu4-split", "ppo-tiny-cpu4-colocate"])
+@pytest.mark.parametrize(
+    "plan_name", ["grpo-tiny-cpu4-split", "ppo-tiny-cpu4-colocate", "safe-rlhf-tiny-cpu4-split"]
+)
 def test_resume_is_identical(ray_cluster: None, tmp_path: Path, plan_name: str) -> None:
     plan = _plan(plan_name)
     whole = tmp_path / "whole"

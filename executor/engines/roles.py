@@ -62,14 +62,17 @@ class WeightSource:
 
     seed: int = 0
     checkpoint: str | None = None
+    value_head_std: float = 0.0  # > 0: a random value head (a random-init reward/cost model)
 
-    def full(self, arch: Arch, *, critic: bool) -> dict[str, torch.Tensor]:
+    def full(self, arch: Arch, *, critic: bool, num_values: int = 1) -> dict[str, torch.Tensor]:
         if self.checkpoint is None:
-            return random_full(arch, self.seed, critic=critic)
+            return random_full(
+                arch, self.seed, critic=critic, num_values=num_values, head_std=self.value_head_std
+            )
         _, weights = load_checkpoint(self.checkpoint)
         if critic:  # a critic starts from the policy's trunk with a zero head
             weights.pop("lm_head", None)
-            weights["value_head"] = torch.zeros(1, arch.weights.hidden)
+            weights["value_head"] = torch.zeros(num_values, arch.weights.hidden)
         return weights
 
 
@@ -78,6 +81,7 @@ class EngineSetup:
     arch: Arch
     weights: WeightSource
     critic: bool = False  # value head instead of lm_head (critic, reward model)
+    num_values: int = 1  # outputs of the value head: 2 for Safe-RLHF's critic (value, cost)
     optim: OptimConfig | None = None  # None: frozen (reference, reward model)
     zero: int = 0
     micro_batch: int = 8
@@ -174,8 +178,15 @@ def _micro_batches(batch: Batch, size: int) -> list[Batch]:
 
 
 def _build(setup: EngineSetup, groups: RoleGroups, device: torch.device) -> Transformer:
-    model = Transformer(setup.arch, tp=groups.tp, pp=groups.pp, value_head=setup.critic)
-    model.to(device).load_full(setup.weights.full(setup.arch, critic=setup.critic))
+    model = Transformer(
+        setup.arch,
+        tp=groups.tp,
+        pp=groups.pp,
+        value_head=setup.critic,
+        num_values=setup.num_values,
+    )
+    full = setup.weights.full(setup.arch, critic=setup.critic, num_values=setup.num_values)
+    model.to(device).load_full(full)
     pipeline.connect(groups.pp, device)
     return model
 
@@ -449,19 +460,27 @@ class CriticEngine(_Trainable):
     def update(self, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
         dp = self.groups.dp_size
 
+        # One head per (metric, old values, returns); Safe-RLHF's critic has a cost head too.
+        heads = [("value_loss", "values", "returns")]
+        if self.setup.num_values == 2:
+            heads.append(("cost_value_loss", "cost_values", "cost_returns"))
+
         def loss_fn(
             mb: Batch, out: torch.Tensor, num_tokens: int
         ) -> tuple[torch.Tensor, dict[str, float]]:
             t = mb.tensors
-            loss, mean = rl.value_loss(
-                out,
-                t["values"],
-                t["returns"],
-                t[RESPONSE_MASK],
-                clip=cfg.value_clip,
-                num_tokens=num_tokens,
-                dp_size=dp,
-            )
-            return loss, {"value_loss": mean}
+            total, metrics = out.new_zeros(()), {}
+            for i, (metric, old, returns) in enumerate(heads):
+                loss, mean = rl.value_loss(
+                    out if len(heads) == 1 else out[..., i],
+                    t[old],
+                    t[returns],
+                    t[RESPONSE_MASK],
+                    clip=cfg.value_clip,
+                    num_tokens=num_tokens,
+                    dp_size=dp,
+                )
+                total, metrics[metric] = total + loss, mean
+            return total, metrics
 
         return self._train(batch, cfg, loss_fn)

@@ -203,6 +203,7 @@ class Transformer(nn.Module):
         tp: TPGroup = SINGLE,
         pp: PPGroup = SINGLE_STAGE,
         value_head: bool = False,
+        num_values: int = 1,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
@@ -215,6 +216,7 @@ class Transformer(nn.Module):
         if w.num_layers % pp.size:
             raise SpecError(f"num_layers {w.num_layers} must be a multiple of p={pp.size}")
         self.arch, self.tp, self.pp, self.is_critic = arch, tp, pp, value_head
+        self.num_values = num_values
         held = stage_weights(w, pp)
         vocab_rows = w.vocab // tp.size
         # The last stage of a tied LM needs the vocabulary matrix for its head: a copy.
@@ -232,7 +234,9 @@ class Transformer(nn.Module):
         self.norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype)) if last else None
         # A critic's head is replicated (one output); an LM head is vocab-parallel.
         self.value_head = (
-            nn.Parameter(torch.zeros(1, w.hidden, dtype=dtype)) if value_head and last else None
+            nn.Parameter(torch.zeros(num_values, w.hidden, dtype=dtype))
+            if value_head and last
+            else None
         )
         self.lm_head = (
             nn.Parameter(torch.empty(vocab_rows, w.hidden, dtype=dtype))
@@ -270,7 +274,9 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
         """Seeded init of the *full* model, then this rank's slice: the same model at any TP, PP."""
-        self.load_full(random_full(self.arch, seed, critic=self.is_critic))
+        self.load_full(
+            random_full(self.arch, seed, critic=self.is_critic, num_values=self.num_values)
+        )
 
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
         """This rank's TP slice of the full weights this stage holds (every one must be there)."""
@@ -329,7 +335,8 @@ class Transformer(nn.Module):
         assert self.norm is not None
         x = rms_norm(x[:, head_from:], self.norm, self.arch.norm_eps)
         if self.value_head is not None:
-            return (x @ self.value_head.t()).squeeze(-1)
+            out = x @ self.value_head.t()  # (..., num_values): one value per head
+            return out.squeeze(-1) if self.num_values == 1 else out
         head = self.lm_head if self.lm_head is not None else self.embed
         assert head is not None
         if self.tp.megatron:
@@ -356,10 +363,19 @@ def stage_weights(weights: TinyLlama, pp: PPGroup) -> set[str]:
 # --- full weights and their shards ----------------------------------------------
 
 
-def random_full(arch: Arch, seed: int, *, critic: bool = False) -> dict[str, torch.Tensor]:
+def random_full(
+    arch: Arch,
+    seed: int,
+    *,
+    critic: bool = False,
+    num_values: int = 1,
+    head_std: float = 0.0,
+) -> dict[str, torch.Tensor]:
     """A seeded random model in canonical names: N(0, 0.02) weights, unit norms, zero biases.
 
-    A critic gets a zero `value_head` in place of lm_head, so its first values are 0.
+    A critic gets a `value_head` of `num_values` rows in place of lm_head: zero, so its
+    first values are 0, or N(0, head_std) for a random-init reward or cost model whose
+    scores should vary (drawn after every other weight, which stay the same).
     """
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
@@ -373,7 +389,9 @@ def random_full(arch: Arch, seed: int, *, critic: bool = False) -> dict[str, tor
         else:
             out[p.name] = torch.randn(p.shape, generator=gen) * 0.02
     if critic:
-        out["value_head"] = torch.zeros(1, arch.weights.hidden)
+        shape = (num_values, arch.weights.hidden)
+        head = torch.randn(shape, generator=gen) * head_std if head_std else torch.zeros(shape)
+        out["value_head"] = head
     return out
 
 
