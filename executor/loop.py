@@ -18,8 +18,10 @@ One step:
   actor_update  ppo_epochs x mini_batches optimizer steps
   critic_update PPO only
 Samples of the training phases are split over DP replicas by the token-aware
-balancer with equal counts (FSDP's collectives need the same number of
-micro-batches on every rank).
+balancer with counts that differ by at most one (samples need not divide
+evenly); the engines give every DP rank the same number of micro-batches, the
+last ones padding where a rank has fewer samples (FSDP's collectives need it),
+and scale losses by the global token count.
 """
 
 from __future__ import annotations
@@ -88,11 +90,12 @@ def check_executable(plan: Plan) -> None:
                 f"pg={par.pg}. Use pg = 1 (such plans can be simulated)"
             )
         d = par.train.d
-        if role in (Role.ACTOR, Role.CRITIC) and n % (d * w.batch.mini_batches):
+        if role in (Role.ACTOR, Role.CRITIC) and n < d * w.batch.mini_batches:
             raise SpecError(
-                f"{role}: {n} samples per step must split evenly into d={d} replicas x "
-                f"{w.batch.mini_batches} mini-batches (every DP rank takes the same number of "
-                "optimizer steps); change prompts_per_step, samples_per_prompt or mini_batches"
+                f"{role}: {n} samples per step are fewer than d={d} replicas x "
+                f"{w.batch.mini_batches} mini-batches (every DP rank needs a sample in every "
+                "mini-batch); raise prompts_per_step or samples_per_prompt, or lower "
+                "mini_batches"
             )
 
 

@@ -22,6 +22,7 @@ from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokenizer_for
 from placeflow.executor.run import RunConfig, RunError, read_metrics, run_plan
 from placeflow.plan import Plan, load_plan
+from placeflow.workload import Role
 
 PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"
 TIMING = ("step_time_s", "tokens_per_s")
@@ -154,21 +155,42 @@ def test_generator_set_run_matches_colocated_run(
     assert all(m["weight_sync_bytes_max"] > 0 for m in lines)
 
 
-def test_unexecutable_plans_are_refused_before_start() -> None:
-    bad_batch = dataclasses.replace(
-        _plan("grpo-tiny-cpu4-split"),
-        workload=dataclasses.replace(
-            _plan("grpo-tiny-cpu4-split").workload,
-            batch=dataclasses.replace(
-                _plan("grpo-tiny-cpu4-split").workload.batch,
-                prompts_per_step=3,
-                samples_per_prompt=3,
-                mini_batches=1,
-            ),
-        ),
+def _with_batch(plan: Plan, **batch: int) -> Plan:
+    b = dataclasses.replace(plan.workload.batch, **batch)
+    return dataclasses.replace(plan, workload=dataclasses.replace(plan.workload, batch=b))
+
+
+def _with_micro_batch(plan: Plan, role: Role, micro_batch: int) -> Plan:
+    par = dict(plan.parallelism)
+    par[role] = dataclasses.replace(par[role], micro_batch=micro_batch)
+    return dataclasses.replace(plan, parallelism=par)
+
+
+def test_uneven_batches_train_as_one_batch(ray_cluster: None, tmp_path: Path) -> None:
+    # 9 samples over the FSDP2 actor's 2 DP ranks: 5 and 4. With micro-batches of 4 the
+    # first rank runs 2 micro-batches and the second 1 real one plus a padding one (FSDP's
+    # collectives need the same count); with micro-batches of 8 both run one. The loss is
+    # scaled by the global token count, so both take the same optimizer step.
+    plan = _with_batch(_plan("ppo-tiny-cpu4-colocate"), prompts_per_step=9, mini_batches=1)
+    check_executable(plan)
+    small = run_plan(
+        _with_micro_batch(plan, Role.ACTOR, 4), tmp_path / "a", RunConfig(steps=2, progress=False)
     )
-    with pytest.raises(SpecError, match="split evenly"):
-        check_executable(bad_batch)
+    large = run_plan(
+        _with_micro_batch(plan, Role.ACTOR, 8), tmp_path / "b", RunConfig(steps=2, progress=False)
+    )
+    for a, b in zip(small.records, large.records, strict=True):
+        assert a.metrics["reward_mean"] == b.metrics["reward_mean"]
+        assert a.metrics["grad_norm"] == pytest.approx(b.metrics["grad_norm"], rel=1e-4)
+        assert math.isfinite(a.metrics["pg_loss"]) and math.isfinite(a.metrics["value_loss"])
+
+
+def test_unexecutable_plans_are_refused_before_start() -> None:
+    too_few = _with_batch(
+        _plan("grpo-tiny-cpu4-split"), prompts_per_step=1, samples_per_prompt=2, mini_batches=2
+    )
+    with pytest.raises(SpecError, match="fewer than d=2 replicas x 2 mini-batches"):
+        check_executable(too_few)
     with pytest.raises(SpecError, match="vocabulary of 32000"):
         tokenizer_for(_plan("ppo-7b-colocate-h100x16"))
 

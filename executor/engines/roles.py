@@ -173,8 +173,24 @@ def completions_batch(
     )
 
 
-def _micro_batches(batch: Batch, size: int) -> list[Batch]:
-    return batch.chunk(max(1, -(-len(batch) // size)))
+def _micro_batches(batch: Batch, size: int, count: int | None = None) -> list[Batch]:
+    """`count` micro-batches (default: enough for `size` samples each) of `batch`.
+
+    With more micro-batches than samples (a DP rank with fewer samples than its
+    peers, whose FSDP collectives need the same number of forwards and backwards
+    everywhere), the last ones are padding: one sample with no response token,
+    which adds nothing to a loss or to the gradients. Real ones come first.
+    """
+    count = count or max(1, -(-len(batch) // size))
+    real = batch.chunk(min(count, len(batch)))
+    if count <= len(batch):
+        return real
+    first = batch.select([0])
+    pad = Batch(
+        tensors={**first.tensors, RESPONSE_MASK: torch.zeros_like(first.tensors[RESPONSE_MASK])},
+        meta=first.meta,
+    )
+    return real + [pad] * (count - len(batch))
 
 
 def _build(setup: EngineSetup, groups: RoleGroups, device: torch.device) -> Transformer:
@@ -217,13 +233,15 @@ def _forward_stages(
     batch: Batch,
     micro_batch: int,
     fn: Callable[[Batch, torch.Tensor | None], torch.Tensor],
+    count: int | None = None,
 ) -> torch.Tensor:
     """`fn(micro-batch, stage input)` on every micro-batch through the stages; the last
-    stage's outputs concatenated, an empty tensor on the other stages."""
-    micros = _micro_batches(batch, micro_batch)
+    stage's outputs concatenated (padding micro-batches dropped), an empty tensor on the
+    other stages."""
+    micros = _micro_batches(batch, micro_batch, count)
     io = _stage_io(model, micros, next(model.parameters()).device)
     outs = pipeline.forward_only(model.pp, len(micros), lambda i, x: fn(micros[i], x), io)
-    return torch.cat(outs) if model.pp.is_last else torch.empty(0)
+    return torch.cat(outs[: len(batch)]) if model.pp.is_last else torch.empty(0)
 
 
 class ScoringEngine:
@@ -305,10 +323,20 @@ class _Trainable:
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm * num_micro
         return {k: v if k.endswith("_max") else v / max(count, 1) for k, v in sums.items()}
 
+    def _micro_count(self, num_samples: int) -> int:
+        """Micro-batches every DP rank runs for its `num_samples`: the most any rank needs
+        (uneven shards differ by a sample; FSDP needs the same count on every rank)."""
+        count = torch.tensor([max(1, -(-num_samples // self.setup.micro_batch))])
+        if self.groups.dp_size > 1:
+            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.groups.dp_group)
+        return int(count.item())
+
     def _train_mini_batch(self, mini: Batch, loss_fn: LossFn, sums: dict[str, float]) -> int:
-        """Forwards and backwards of one mini-batch (1F1B over the stages); its micro-batches."""
+        """Forwards and backwards of one mini-batch (1F1B over the stages); its real
+        micro-batches (padding ones, see `_micro_batches`, add no metrics)."""
         num_tokens = self._global_tokens(mini.tensors[RESPONSE_MASK])
-        micros = _micro_batches(mini, self.setup.micro_batch)
+        micros = _micro_batches(mini, self.setup.micro_batch, self._micro_count(len(mini)))
+        real = min(len(micros), len(mini))
         last = self.model.pp.is_last
 
         def forward(i: int, x: torch.Tensor | None) -> torch.Tensor:
@@ -316,7 +344,8 @@ class _Trainable:
             if not last:
                 return out
             loss, metrics = loss_fn(micros[i], out, num_tokens)
-            _add_metrics(sums, metrics)
+            if i < real:
+                _add_metrics(sums, metrics)
             return loss
 
         pipeline.train_1f1b(
@@ -326,7 +355,7 @@ class _Trainable:
             _stage_io(self.model, micros, self.device),
             set_gradient_sync=self.trainer.set_gradient_sync,
         )
-        return len(micros)
+        return real
 
     @torch.no_grad()
     def _forward_all(
@@ -340,7 +369,8 @@ class _Trainable:
             out = stage_outputs(self.trainer, mb, x, last)
             return fn(mb, out) if last else out
 
-        return _forward_stages(self.model, batch, self.setup.micro_batch, stage)
+        count = self._micro_count(len(batch))
+        return _forward_stages(self.model, batch, self.setup.micro_batch, stage, count)
 
     def state(self) -> dict[str, Any]:
         return self.trainer.state()
