@@ -17,6 +17,7 @@ import pytest
 from placeflow.cli import main
 from placeflow.cluster import load_cluster
 from placeflow.errors import SpecError
+from placeflow.executor.loop import check_executable, tokenizer_for
 from placeflow.executor.rehearsal import check_host_memory, rehearsal_plan
 from placeflow.executor.run import RunConfig, read_metrics, run_plan
 from placeflow.hardware import DeviceKind
@@ -118,3 +119,29 @@ def test_quickstart_best_plan_rehearses_end_to_end(ray_session: None, tmp_path: 
     assert all(math.isfinite(m["pg_loss"]) and math.isfinite(m["value_loss"]) for m in lines)
     manifest = (run_dir / "manifest.json").read_text()
     assert load_plan(plan_path).content_hash() in manifest and "rehearsal_of" in manifest
+
+
+GPU_WORKLOADS = ("ppo-llama2-7b", "ppo-llama2-7b-async", "grpo-qwen2.5-7b", "safe-rlhf-llama2-7b")
+CPU_WORKLOADS = ("grpo-tiny-cpu", "remax-tiny-cpu", "ppo-tiny-rm-cpu", "safe-rlhf-tiny-cpu")
+PAIRS = [(c, w) for c in ("h100x16", "hetero") for w in GPU_WORKLOADS] + [
+    ("cpu8", w) for w in CPU_WORKLOADS
+]
+
+
+@pytest.mark.parametrize(("cluster_name", "workload_name"), PAIRS)
+def test_executor_accepts_every_plan_the_planner_emits(
+    cluster_name: str, workload_name: str
+) -> None:
+    # No refusal left that the planner can trigger: every placement's best plan of every
+    # example pair is one the executor takes (GPU plans here as rehearsals of their layout).
+    cluster = load_cluster(EXAMPLES / "clusters" / f"{cluster_name}.toml")
+    workload = load_workload(EXAMPLES / "workloads" / f"{workload_name}.toml")
+    costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
+    result = plan_search(cluster, workload, costs, time_limit_s=30.0)
+    plans = [pr.best.plan for pr in result.per_placement if pr.best is not None]
+    assert plans
+    for plan in plans:
+        check_executable(plan)
+        on_cpu = plan if plan.pool_of(0).gpu.kind is DeviceKind.CPU else rehearsal_plan(plan)
+        check_executable(on_cpu)
+        tokenizer_for(on_cpu)
