@@ -338,8 +338,8 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.out:
         out_path = write_or_fallback(lambda p: save_plan(result.best.plan, p), Path(args.out))
     if args.out_dir:
-        written = _write_per_placement(result.per_placement, Path(args.out_dir))
-        print(f"wrote {written} plans (best of each placement) to {args.out_dir}", file=sys.stderr)
+        count = _write_per_placement(result.per_placement, Path(args.out_dir))
+        print(f"wrote {count} plans (best of each placement) to {args.out_dir}", file=sys.stderr)
     if args.report:
         from placeflow.reports import plan_report
 
