@@ -621,6 +621,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"placeflow: error: {where}{one_line(message)} (see {hint})\n")
 
 
+def _add_ray_args(p: argparse.ArgumentParser) -> None:
+    """Where `run` and `validate` run: workers' threads, a local Ray's size, or a cluster."""
+    p.add_argument("--threads", type=THREADS, default=1, help="torch threads per worker")
+    p.add_argument("--num-cpus", type=CPUS, help="CPU slots for the local Ray instance")
+    p.add_argument(
+        "--address",
+        type=nonempty,
+        help="attach to an existing Ray cluster (auto, or its HOST:PORT) instead of a local Ray",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="placeflow",
@@ -690,13 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the plan's layout on logical CPU workers with tiny models (a GPU plan here)",
     )
-    p.add_argument("--threads", type=THREADS, default=1, help="torch threads per worker")
-    p.add_argument("--num-cpus", type=CPUS, help="CPU slots for the local Ray instance")
-    p.add_argument(
-        "--address",
-        type=nonempty,
-        help="attach to an existing Ray cluster (auto, or its HOST:PORT) instead of a local Ray",
-    )
+    _add_ray_args(p)
     p.add_argument("--timeout", type=seconds, default=300.0, help="seconds per remote call")
     p.add_argument(
         "--tp-backend",
@@ -723,13 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--report", type=nonempty, help="HTML path (default: RUN_DIR/report.html)")
     p.add_argument("--seed", type=seed, default=0)
-    p.add_argument("--threads", type=THREADS, default=1, help="torch threads per worker")
-    p.add_argument("--num-cpus", type=CPUS, help="CPU slots for the local Ray instance")
-    p.add_argument(
-        "--address",
-        type=nonempty,
-        help="attach to an existing Ray cluster (auto, or its HOST:PORT) instead of a local Ray",
-    )
+    _add_ray_args(p)
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_cmd_validate)

@@ -101,6 +101,28 @@ def _kv_seqs(plan: Plan, resident: list[float]) -> tuple[int, int, str | None]:
     )
 
 
+def _role_costs_on(
+    plan: Plan,
+    cms: CostModels,
+    role: Role,
+    set_index: int,
+    gen: GenLayout | None,
+    kv_seqs: int,
+) -> dict[Phase, tuple[int, calls.CallCost]]:
+    """`role`'s call costs on set `set_index`'s devices, priced with its pool's profile."""
+    found = role_call_costs(
+        plan.workload,
+        role,
+        plan.parallelism[role],
+        _cm(plan, cms, set_index),
+        first_device=plan.sets[set_index].first_device,
+        gpus_per_node=plan.pool_of(set_index).gpus_per_node,
+        gen=gen,
+        kv_seqs=kv_seqs,
+    )
+    return {phase: (set_index, _contended(plan, set_index, c)) for phase, c in found.items()}
+
+
 def _cost_calls(
     plan: Plan, cms: CostModels, resident: list[float]
 ) -> tuple[list[_Call], list[str]]:
@@ -109,36 +131,14 @@ def _cost_calls(
     costs: dict[Phase, tuple[int, calls.CallCost]] = {}
     for role in wl.roles:
         set_index = plan.set_of(role)
-        s = plan.sets[set_index]
         gen = _gen_layout(plan) if role is Role.ACTOR and kv_seqs else None
-        role_costs = role_call_costs(
-            wl,
-            role,
-            plan.parallelism[role],
-            _cm(plan, cms, set_index),
-            first_device=s.first_device,
-            gpus_per_node=plan.pool_of(set_index).gpus_per_node,
-            gen=gen,
-            kv_seqs=kv_seqs,
-        )
-        for phase, cost in role_costs.items():
-            costs[phase] = (set_index, _contended(plan, set_index, cost))
+        costs.update(_role_costs_on(plan, cms, role, set_index, gen, kv_seqs))
         if role is Role.ACTOR and kv_seqs and gen_set_index != set_index:
             # A generator set apart generates on its own pool's devices: its profile.
-            g = plan.sets[gen_set_index]
-            on_gen = role_call_costs(
-                wl,
-                role,
-                plan.parallelism[role],
-                _cm(plan, cms, gen_set_index),
-                first_device=g.first_device,
-                gpus_per_node=plan.pool_of(gen_set_index).gpus_per_node,
-                gen=gen,
-                kv_seqs=kv_seqs,
-            )
+            on_gen = _role_costs_on(plan, cms, role, gen_set_index, gen, kv_seqs)
             for phase in (Phase.GENERATE, Phase.GENERATE_BASELINE):
                 if phase in on_gen:
-                    costs[phase] = (gen_set_index, _contended(plan, gen_set_index, on_gen[phase]))
+                    costs[phase] = on_gen[phase]
     if problem:
         infinite = calls.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
         costs[Phase.GENERATE] = (gen_set_index, infinite)
