@@ -555,7 +555,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     from placeflow.plan import load_plan
     from placeflow.reports.run import run_report
     from placeflow.simulator import simulate
-    from placeflow.simulator.fidelity import compare
+    from placeflow.simulator.fidelity import compare, overlap_text
     from placeflow.simulator.simulate import cost_models_for
 
     plan = load_plan(args.plan)
@@ -595,6 +595,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         f"median |error| {table.median_abs_error:.1%}, worst "
         + (f"{worst.phase} {abs(worst.rel_error):.1%}" if worst else "-")
     )
+    console.print(overlap_text(table.measured_overlap, table.simulated_overlap))
     console.print(f"wrote {run_dir}/fidelity.json, fidelity.md and {report}")
     return 0
 

@@ -1,13 +1,24 @@
-"""The report of a run directory: training curves, measured phase times, and fidelity.
+"""The report of a run directory: training curves, measured phase times, a measured step's
+timeline, and fidelity.
 
 Reads what the executor and `placeflow validate` wrote (manifest.json,
-metrics.jsonl, and fidelity.json when present); computes nothing beyond
-selecting and drawing. `placeflow report RUN_DIR` calls `run_report`.
+metrics.jsonl, plan.toml, and fidelity.json and estimate.json when present);
+computes nothing beyond selecting and drawing. `placeflow report RUN_DIR` calls
+`run_report`.
+
+The measured timeline is one representative step: of the steps after the
+first (which pays one-time costs), the one of median wall time. After
+`placeflow validate` the simulated step is drawn under it, on the same rows
+(the plan's set labels) and in the same phase colours. Runs whose metrics
+lines have no `timeline` (before the executor recorded one) get no timeline
+figure, and the header says so.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +26,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from placeflow.errors import SpecError
+from placeflow.plan import load_plan
 from placeflow.reports.colours import phase_colour
 from placeflow.reports.html import Page, Table, write_page
+from placeflow.reports.timeline import CONTROLLER_ROW, Bar, ColourBy, gantt_figure
+from placeflow.simulator.fidelity import call_overlap, overlap_text, timeline_wall_s
 
 _CURVES = (
     ("reward_mean", "mean reward"),
@@ -28,8 +42,23 @@ _CURVES = (
 )
 
 
-def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], dict | None]:
-    """(manifest, metrics lines, fidelity or None) of a run directory."""
+@dataclass(frozen=True, kw_only=True)
+class RunFiles:
+    """What a run directory holds, as read from its files."""
+
+    manifest: dict[str, Any]
+    lines: list[dict[str, Any]]  # metrics.jsonl, one per step
+    set_labels: tuple[str, ...]  # plan.toml's device sets, in plan order (`DeviceSet.label`)
+    fidelity: dict[str, Any] | None  # fidelity.json, written by `placeflow validate`
+    estimate: dict[str, Any] | None  # estimate.json (`StepEstimate.to_json`), likewise
+
+
+def _json_or_none(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def load_run(run_dir: str | Path) -> RunFiles:
+    """The files of a run directory; SpecError if it is not one."""
     d = Path(run_dir)
     manifest_path, metrics_path = d / "manifest.json", d / "metrics.jsonl"
     if not manifest_path.is_file() or not metrics_path.is_file():
@@ -40,13 +69,17 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]],
     try:
         manifest = json.loads(manifest_path.read_text())
         lines = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
-        fidelity_path = d / "fidelity.json"
-        fidelity = json.loads(fidelity_path.read_text()) if fidelity_path.is_file() else None
+        fidelity = _json_or_none(d / "fidelity.json")
+        estimate = _json_or_none(d / "estimate.json")
     except json.JSONDecodeError as exc:
         raise SpecError(f"{d}: malformed run file: {exc}") from None
     if not lines:
         raise SpecError(f"{d}: metrics.jsonl has no steps yet")
-    return manifest, lines, fidelity
+    plan_path = d / "plan.toml"
+    labels = tuple(s.label() for s in load_plan(plan_path).sets) if plan_path.is_file() else ()
+    return RunFiles(
+        manifest=manifest, lines=lines, set_labels=labels, fidelity=fidelity, estimate=estimate
+    )
 
 
 def curves_figure(lines: list[dict[str, Any]]) -> go.Figure:
@@ -134,15 +167,79 @@ def fidelity_table(fidelity: dict[str, Any]) -> Table:
     )
 
 
-def run_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
-    """Write the run's report (default RUN_DIR/report.html) and return its path."""
-    manifest, lines, fidelity = load_run(run_dir)
-    last = lines[-1]
+def representative_step(lines: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The metrics line whose timeline is drawn; None if no line has a timeline.
+
+    Of the steps after the first that have a timeline, the one of median wall
+    time (the lower median, so a step that ran); the first step if only it has one.
+    """
+    timed = [m for m in lines[1:] if m.get("timeline")]
+    timed = timed or [m for m in lines[:1] if m.get("timeline")]
+    if not timed:
+        return None
+    ranked = sorted(timed, key=lambda m: (timeline_wall_s(m["timeline"]), m["step"]))
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def _row(device_set: int | None, labels: Sequence[str]) -> str:
+    """Row of a call: its set's label; controller work has set None (measured) or -1 (simulated)."""
+    if device_set is None or device_set < 0:
+        return CONTROLLER_ROW
+    return labels[device_set] if device_set < len(labels) else f"set {device_set}"
+
+
+def measured_bars(line: dict[str, Any], labels: Sequence[str]) -> list[Bar]:
+    """The calls of one metrics line's `timeline`, as Gantt bars."""
+    return [
+        Bar(
+            row=_row(c["device_set"], labels),
+            phase=c["name"],
+            roles=(c["role"],) if c["role"] else (),
+            start_s=float(c["start_s"]),
+            end_s=float(c["end_s"]),
+            step=int(line["step"]),
+        )
+        for c in line["timeline"]
+    ]
+
+
+def simulated_bars(estimate: dict[str, Any], labels: Sequence[str]) -> list[Bar]:
+    """The phases of estimate.json (`StepEstimate.to_json`), as Gantt bars."""
+    return [
+        Bar(
+            row=_row(p["device_set"], labels),
+            phase=p["name"],
+            roles=tuple(p["roles"]),
+            start_s=p["start_s"],
+            end_s=p["end_s"],
+            step=p["step"],
+        )
+        for p in estimate["phases"]
+    ]
+
+
+def step_timeline_figure(files: RunFiles, line: dict[str, Any]) -> go.Figure:
+    """Gantt of a measured step coloured by phase, above the simulated step when there is one."""
+    wall_s, overlap = timeline_wall_s(line["timeline"]), call_overlap(line["timeline"])
+    title = f"Measured timeline of step {line['step']} ({wall_s:.3g} s, overlap {overlap:.2f})"
+    panels = {"measured": measured_bars(line, files.set_labels)}
+    if files.estimate is not None:
+        simulated = f"simulated ({files.estimate['iteration_s']:.3g} s"
+        if files.fidelity is not None and "simulated_overlap" in files.fidelity:
+            simulated += f", overlap {files.fidelity['simulated_overlap']:.2f}"
+        panels[simulated + ")"] = simulated_bars(files.estimate, files.set_labels)
+        title += " and the simulated step"
+    rows = [*files.set_labels, CONTROLLER_ROW]
+    return gantt_figure(panels, rows, colour_by=ColourBy.PHASE, title=title)
+
+
+def _header(files: RunFiles) -> dict[str, str]:
+    manifest, last = files.manifest, files.lines[-1]
     header = {
         "plan": f"{manifest['plan']['name']} ({manifest['plan']['content_hash']})",
         "profile": str(manifest["profile"]["name"]),
         "seed": str(manifest["seed"]),
-        "steps": f"{len(lines)} (last {last['step']})",
+        "steps": f"{len(files.lines)} (last {last['step']})",
         "last reward": f"{last['reward_mean']:.3f}",
         "tokens/s (last step)": f"{last['tokens_per_s']:,.0f}",
         "versions": ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()),
@@ -152,16 +249,38 @@ def run_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
             f"of {manifest['rehearsal_of']} on CPU workers with tiny models: checks the "
             "layout's wiring; its times are not the GPU run's"
         )
-    figures = [curves_figure(lines), phases_figure(lines)]
-    tables = []
+    fidelity = files.fidelity
     if fidelity is not None:
         header["fidelity"] = (
             f"median |error| {fidelity['median_abs_error']:.0%}, worst "
             f"{fidelity['worst_phase']} {fidelity['worst_abs_error']:.0%}"
         )
-        figures.append(fidelity_figure(fidelity))
-        tables.append(fidelity_table(fidelity))
-    samples = [s for m in lines[-1:] for s in m.get("samples", [])]
+        if "simulated_overlap" in fidelity:  # fidelity.json of older runs has none
+            header["fidelity"] += "; " + overlap_text(
+                fidelity["measured_overlap"], fidelity["simulated_overlap"]
+            )
+    return header
+
+
+def run_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
+    """Write the run's report (default RUN_DIR/report.html) and return its path."""
+    files = load_run(run_dir)
+    header = _header(files)
+    figures = [curves_figure(files.lines), phases_figure(files.lines)]
+    step = representative_step(files.lines)
+    if step is None:
+        header["timeline"] = (
+            "none: the metrics lines have no `timeline` (recorded by executors since the "
+            "concurrent controller)"
+        )
+    else:
+        figures.append(step_timeline_figure(files, step))
+    tables = []
+    if files.fidelity is not None:
+        figures.append(fidelity_figure(files.fidelity))
+        tables.append(fidelity_table(files.fidelity))
+    last = files.lines[-1]
+    samples = last.get("samples", [])
     if samples:
         tables.append(
             Table(

@@ -10,6 +10,11 @@ median and the worst absolute error over the phases both sides have.
 
 Phases only one side has are listed, not scored: the controller's rule-based
 reward and advantage are measured but have no device cost in the simulator.
+
+Overlap says how much of a step ran concurrently: the calls' durations summed,
+over the step's wall time (see `call_overlap` and `simulated_overlap`). 1 means
+the calls ran one after another without gaps; above 1, calls on disjoint
+device sets overlapped; below 1, the step had idle gaps between calls.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class FidelityTable:
     phases: tuple[PhaseError, ...]
     step: PhaseError  # the whole step: iteration time against measured step time
     unscored: tuple[str, ...]  # phases on one side only
+    measured_overlap: float | None  # median over the steps used; None: no step has a timeline
+    simulated_overlap: float
 
     @property
     def median_abs_error(self) -> float:
@@ -77,6 +84,8 @@ class FidelityTable:
             "worst_phase": worst.phase if worst else None,
             "worst_abs_error": abs(worst.rel_error) if worst else 0.0,
             "unscored": list(self.unscored),
+            "measured_overlap": self.measured_overlap,
+            "simulated_overlap": self.simulated_overlap,
         }
 
     def to_markdown(self) -> str:
@@ -95,6 +104,8 @@ class FidelityTable:
             "",
             f"median |error| over phases {self.median_abs_error:.0%}; worst "
             + (f"{worst.phase} {abs(worst.rel_error):.0%}" if worst else "-"),
+            "",
+            overlap_text(self.measured_overlap, self.simulated_overlap),
         ]
         return "\n".join(lines) + "\n"
 
@@ -127,4 +138,53 @@ def compare(
         phases=tuple(rows),
         step=step,
         unscored=unscored,
+        measured_overlap=measured_overlap(used),
+        simulated_overlap=simulated_overlap(estimate),
     )
+
+
+def timeline_wall_s(timeline: Sequence[Mapping[str, Any]]) -> float:
+    """Wall time of a measured step: max_i end_i − min_i start_i over its calls (seconds)."""
+    if not timeline:
+        raise ValueError("a timeline with no calls has no wall time")
+    return max(float(c["end_s"]) for c in timeline) - min(float(c["start_s"]) for c in timeline)
+
+
+def call_overlap(timeline: Sequence[Mapping[str, Any]]) -> float:
+    """Measured overlap of one step, from its metrics line's `timeline` records.
+
+        overlap = Σ_i (end_i − start_i) / (max_i end_i − min_i start_i)
+
+    over the step's calls i, controller-side ones included. The wall time is
+    the span of the calls, as the simulator's iteration time is the span of
+    its step, so that the two ratios compare.
+    """
+    wall_s = timeline_wall_s(timeline)
+    if wall_s <= 0:
+        raise ValueError(f"a step whose calls span {wall_s} s has no overlap ratio")
+    return sum(float(c["end_s"]) - float(c["start_s"]) for c in timeline) / wall_s
+
+
+def measured_overlap(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """Median of `call_overlap` over the records that have a timeline; None if none has."""
+    ratios = [call_overlap(r["timeline"]) for r in records if r.get("timeline")]
+    return statistics.median(ratios) if ratios else None
+
+
+def simulated_overlap(estimate: StepEstimate) -> float:
+    """The same ratio for a simulated step: Σ_p (end_p − start_p) / iteration_s.
+
+    The sum runs over the phases p of the last step shown: one step when
+    synchronous (iteration_s is then the span of its calls, as measured), the
+    steady-state step of an unrolled one-step-off schedule (whose steps have
+    the same calls, and iteration_s is the distance between step ends).
+    """
+    last = max(p.step for p in estimate.phases)
+    busy_s = sum(p.duration_s for p in estimate.phases if p.step == last)
+    return busy_s / estimate.iteration_s
+
+
+def overlap_text(measured: float | None, simulated: float) -> str:
+    """`overlap: measured 1.42, simulated 1.55` (measured "-" when no step has a timeline)."""
+    shown = "-" if measured is None else f"{measured:.2f}"
+    return f"overlap: measured {shown}, simulated {simulated:.2f}"

@@ -13,10 +13,12 @@ import pytest
 
 from placeflow.cli import main
 from placeflow.errors import SpecError
+from placeflow.phases import Phase
 from placeflow.plan import load_plan
 from placeflow.reports.run import run_report
-from placeflow.simulator import simulate
-from placeflow.simulator.fidelity import compare
+from placeflow.simulator import StepEstimate, simulate
+from placeflow.simulator.estimate import PhaseInterval
+from placeflow.simulator.fidelity import call_overlap, compare, simulated_overlap
 from placeflow.simulator.simulate import cost_models_for
 
 PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"
@@ -52,6 +54,99 @@ def test_compare_by_hand() -> None:
     text = table.to_markdown()
     assert "| step |" in text and "-50%" in text
     assert json.loads(json.dumps(table.to_json()))["worst_abs_error"] == pytest.approx(0.5)
+    # No record has a timeline: the measured overlap is unknown, not 0 or 1.
+    assert table.measured_overlap is None and table.to_json()["measured_overlap"] is None
+    assert f"overlap: measured -, simulated {table.simulated_overlap:.2f}" in text
+
+
+def _call(name: str, device_set: int | None, start_s: float, end_s: float) -> dict:
+    return {
+        "name": name,
+        "device_set": device_set,
+        "role": None,
+        "start_s": start_s,
+        "end_s": end_s,
+    }
+
+
+def test_measured_overlap_by_hand() -> None:
+    plan = load_plan(SPLIT)
+    est = simulate(plan, cost_models_for(plan, "cpu"))
+    records = _records(1.0, est.phase_totals_s(), est.iteration_s)
+    timelines = [
+        [_call("generate", 0, 0.0, 1.0), _call("ref_logprob", 1, 0.0, 1.0)],  # warm-up: 2.0
+        # 0.4 + 0.3 + 0.5 call seconds over a 0.9 s span (from 0.1 to 1.0)
+        [
+            _call("generate", 0, 0.1, 0.5),
+            _call("ref_logprob", 1, 0.5, 0.8),
+            _call("actor_update", 0, 0.5, 1.0),
+        ],
+        [_call("generate", 0, 0.0, 0.5), _call("actor_update", 0, 0.5, 1.0)],  # serial: 1.0
+        [_call("generate", 0, 0.0, 1.0), _call("advantage", None, 0.5, 1.0)],  # 1.5
+    ]
+    for r, timeline in zip(records, timelines, strict=True):
+        r["timeline"] = timeline
+    assert call_overlap(timelines[1]) == pytest.approx(1.2 / 0.9)
+    table = compare(est, records)
+    assert table.measured_overlap == pytest.approx(1.2 / 0.9)  # median of 4/3, 1.0 and 1.5
+    # A step without a timeline (an older executor's line) is left out of the median.
+    del records[3]["timeline"]
+    assert compare(est, records).measured_overlap == pytest.approx((1.2 / 0.9 + 1.0) / 2)
+    assert "overlap: measured 1.17," in compare(est, records).to_markdown()
+
+
+def _interval(name: Phase, device_set: int, start_s: float, end_s: float, step: int = 0):
+    return PhaseInterval(
+        name=name,
+        roles=(),
+        device_set=device_set,
+        set_label="",
+        start_s=start_s,
+        end_s=end_s,
+        step=step,
+    )
+
+
+def _estimate(phases: tuple[PhaseInterval, ...], iteration_s: float) -> StepEstimate:
+    return StepEstimate(
+        plan_name="hand",
+        plan_hash="0",
+        profile_name="cpu",
+        feasible=True,
+        infeasible_reason=None,
+        iteration_s=iteration_s,
+        tokens_per_s=1.0,
+        samples_per_s=1.0,
+        phases=phases,
+        sets=(),
+    )
+
+
+def test_simulated_overlap_by_hand() -> None:
+    # generate 2 s on set 0; then ref_logprob (1 s, set 1) beside actor_update (2 s, set 0);
+    # the controller's advantage takes no time. (2 + 1 + 2 + 0) / 4 s.
+    synchronous = _estimate(
+        (
+            _interval(Phase.GENERATE, 0, 0.0, 2.0),
+            _interval(Phase.REF_LOGPROB, 1, 2.0, 3.0),
+            _interval(Phase.ACTOR_UPDATE, 0, 2.0, 4.0),
+            _interval(Phase.ADVANTAGE, -1, 3.0, 3.0),
+        ),
+        iteration_s=4.0,
+    )
+    assert simulated_overlap(synchronous) == pytest.approx(1.25)
+    # One step off: step 1's generation (set 1) runs beside step 0's update (set 0), a step
+    # every 2 s in steady state; the last step's calls (2 + 2 s) over it.
+    one_step_off = _estimate(
+        (
+            _interval(Phase.GENERATE, 1, 0.0, 2.0, step=0),
+            _interval(Phase.ACTOR_UPDATE, 0, 2.0, 4.0, step=0),
+            _interval(Phase.GENERATE, 1, 2.0, 4.0, step=1),
+            _interval(Phase.ACTOR_UPDATE, 0, 4.0, 6.0, step=1),
+        ),
+        iteration_s=2.0,
+    )
+    assert simulated_overlap(one_step_off) == pytest.approx(2.0)
 
 
 def test_report_needs_a_run_dir(tmp_path: Path) -> None:
@@ -80,7 +175,9 @@ def test_validate_and_report_commands(
     assert code == 0
     out = capsys.readouterr().out
     assert "measured vs simulated" in out and "actor_update" in out
+    assert "overlap: measured " in out
     fidelity = json.loads((run_dir / "fidelity.json").read_text())
+    assert fidelity["simulated_overlap"] > 0
     assert fidelity["steps"] == 2 and fidelity["profile"] == "cpu"
     assert {p["phase"] for p in fidelity["phases"]} >= {"generate", "actor_update"}
     html = (run_dir / "report.html").read_text()

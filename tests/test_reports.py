@@ -15,17 +15,19 @@ import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
+import plotly.graph_objects as go
 import pytest
 from plotly.offline import get_plotlyjs
 
 from placeflow.cluster import load_cluster
-from placeflow.plan import load_plan
+from placeflow.plan import load_plan, save_plan
 from placeflow.planner import plan_search
 from placeflow.planner.search import PlannerResult
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.reports import ScalingPoint, plan_report, scaling_report, simulate_report
-from placeflow.reports.colours import CONTROLLER_COLOUR, GIB, ROLE_COLOURS
+from placeflow.reports.colours import CONTROLLER_COLOUR, GIB, ROLE_COLOURS, phase_colour
 from placeflow.reports.memory import memory_figure
+from placeflow.reports.run import load_run, representative_step, run_report, step_timeline_figure
 from placeflow.reports.timeline import timeline_figure
 from placeflow.simulator import StepEstimate, simulate
 from placeflow.simulator.simulate import cost_models_for
@@ -39,6 +41,12 @@ VOID = {"meta", "br", "hr", "img", "input", "link", "area", "base", "col", "sour
 @pytest.fixture(scope="module")
 def estimate() -> StepEstimate:
     plan = load_plan(EXAMPLES / "plans" / "grpo-tiny-cpu4-colocate.toml")
+    return simulate(plan, cost_models_for(plan))
+
+
+@pytest.fixture(scope="module")
+def estimate_split() -> StepEstimate:
+    plan = load_plan(EXAMPLES / "plans" / "grpo-tiny-cpu4-split.toml")
     return simulate(plan, cost_models_for(plan))
 
 
@@ -216,8 +224,6 @@ def _fake_run_dir(path: Path) -> Path:
 
 
 def test_run_report_renders_in_headless_chromium(tmp_path: Path) -> None:
-    from placeflow.reports.run import run_report
-
     page = run_report(_fake_run_dir(tmp_path / "run"))
     text = page.read_text()
     assert "Measured vs simulated" in text and "Fidelity: measured vs simulated" in text
@@ -226,3 +232,98 @@ def test_run_report_renders_in_headless_chromium(tmp_path: Path) -> None:
         pytest.skip("Chromium is not installed")
     figures = _rendered_figures(browser, page, tmp_path)
     assert len(figures) == 3 and all('class="main-svg"' in f for f in figures)
+
+
+# One GRPO step on the split plan (set 0: actor, set 1: ref), by hand: the reference's
+# forward and the controller's advantage overlap the actor's update.
+#   (phase, device set, role, start s, end s)
+HAND_TIMELINE = (
+    ("generate", 0, "actor", 0.0, 0.4),
+    ("reward", None, None, 0.4, 0.5),
+    ("ref_logprob", 1, "ref", 0.5, 0.8),
+    ("advantage", None, None, 0.5, 0.55),
+    ("actor_update", 0, "actor", 0.55, 1.0),
+)
+HAND_OVERLAP = (0.4 + 0.1 + 0.3 + 0.05 + 0.45) / 1.0  # call seconds over the 1.0 s span
+HAND_ROWS = {0: "actor", 1: "ref", None: "controller"}  # the split plan's set labels
+
+
+def _timeline(scale: float) -> list[dict]:
+    return [
+        {"name": n, "device_set": s, "role": r, "start_s": a * scale, "end_s": b * scale}
+        for n, s, r, a, b in HAND_TIMELINE
+    ]
+
+
+def _timed_run_dir(path: Path, scales: tuple[float, ...]) -> Path:
+    """`_fake_run_dir` with the split plan's plan.toml, as the executor saves it, and
+    a hand timeline per step scaled by `scales[step]`."""
+    run_dir = _fake_run_dir(path)
+    save_plan(load_plan(EXAMPLES / "plans" / "grpo-tiny-cpu4-split.toml"), run_dir / "plan.toml")
+    line = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    lines = [{**line, "step": i, "timeline": _timeline(s)} for i, s in enumerate(scales)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return run_dir
+
+
+def _panel(fig: go.Figure, yaxis: str) -> list[tuple[str, str, float, float]]:
+    """(phase, row, start s, duration s) of every bar drawn against `yaxis` ("y": panel 1)."""
+    return sorted(
+        (n, y, b, x)
+        for t in fig.data
+        if t.type == "bar" and t.yaxis == yaxis
+        for n, y, b, x in zip(t.text, t.y, t.base, t.x, strict=True)
+    )
+
+
+def test_measured_timeline_of_the_median_step(tmp_path: Path) -> None:
+    # Steps 1-3 span 1.0, 2.0 and 1.5 s: the median after the warm-up step is step 3.
+    run_dir = _timed_run_dir(tmp_path / "run", scales=(3.0, 1.0, 2.0, 1.5))
+    files = load_run(run_dir)
+    assert files.set_labels == ("actor", "ref")
+    step = representative_step(files.lines)
+    assert step is not None and step["step"] == 3
+    fig = step_timeline_figure(files, step)
+    expected = sorted(
+        (n, HAND_ROWS[s], a * 1.5, b * 1.5 - a * 1.5) for n, s, _, a, b in HAND_TIMELINE
+    )
+    assert _panel(fig, "y") == expected
+    assert list(fig.layout.yaxis.categoryarray) == ["actor", "ref", "controller"]
+    for t in fig.data:
+        assert t.marker.color == phase_colour(t.name)  # coloured by phase
+    assert f"overlap {HAND_OVERLAP:.2f}" in fig.layout.title.text
+    text = run_report(run_dir).read_text()
+    assert "Measured timeline of step 3" in text and text.count('id="figure-') == 4
+
+
+def test_simulated_timeline_beside_the_measured(
+    estimate_split: StepEstimate, tmp_path: Path
+) -> None:
+    run_dir = _timed_run_dir(tmp_path / "run", scales=(1.0, 1.0))
+    (run_dir / "estimate.json").write_text(json.dumps(estimate_split.to_json()))
+    files = load_run(run_dir)
+    fig = step_timeline_figure(files, files.lines[-1])
+    rows = {i: label for i, label in enumerate(files.set_labels)} | {-1: "controller"}
+    expected = sorted(
+        (p.name.value, rows[p.device_set], p.start_s, p.duration_s)
+        for p in estimate_split.phases
+        if p.duration_s > 0
+    )
+    assert _panel(fig, "y2") == expected
+    assert list(fig.layout.yaxis2.categoryarray) == list(fig.layout.yaxis.categoryarray)
+    # One colour per phase on both panels, and one legend entry for it.
+    colours: dict[str, set[str]] = {}
+    for t in fig.data:
+        colours.setdefault(t.name, set()).add(t.marker.color)
+    assert all(len(c) == 1 for c in colours.values())
+    in_legend = [t.name for t in fig.data if t.showlegend is not False]
+    assert sorted(in_legend) == sorted(set(in_legend))
+    assert len([t for t in fig.data if t.yaxis == "y2"]) > 0
+
+
+def test_run_without_timeline_says_so(tmp_path: Path) -> None:
+    run_dir = _fake_run_dir(tmp_path / "run")
+    assert representative_step(load_run(run_dir).lines) is None
+    text = run_report(run_dir).read_text()
+    assert "the metrics lines have no `timeline`" in text
+    assert text.count('id="figure-') == 3  # curves, phases, fidelity: no Gantt
