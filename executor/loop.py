@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 
 import torch
 
+from placeflow.dataflow import CallKind, dataflow_calls
 from placeflow.errors import SpecError
 from placeflow.executor import rl
 from placeflow.executor.balance import Partition, WorkModel, balanced_partition
@@ -59,6 +59,7 @@ from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch
 from placeflow.executor.groups import WorkerGroup
 from placeflow.executor.tasks import Problem, Task, get_task
+from placeflow.executor.timeline import Launched, StepClock
 from placeflow.phases import Phase
 from placeflow.plan import Plan
 from placeflow.workload import Algorithm, Role
@@ -123,6 +124,7 @@ class StepRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)  # Phase value -> seconds
     samples: list[dict[str, Any]] = field(default_factory=list)  # a few decoded examples
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # executor/timeline.py
 
 
 class RLLoop:
@@ -135,8 +137,12 @@ class RLLoop:
         seed: int,
         tokenizer: Tokenizer,
         tp_impl: TPImpl = TPImpl.NATIVE,
+        overlap: bool = True,
     ) -> None:
         self.c = controller
+        # False: every call completes before the next is launched (no overlap between sets;
+        # the same results, for comparison and debugging).
+        self.overlap = overlap
         self.plan = controller.plan
         self.w = self.plan.workload
         check_executable(self.plan)
@@ -214,35 +220,30 @@ class RLLoop:
         )
 
     def step(self, step: int) -> StepRecord:
-        rec = StepRecord(step=step)
-        t_step = time.perf_counter()
+        rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
         b = self.w.batch
-
-        rollout = self._sync_rollout(rec)
+        rollout = self._sync_rollout(rec, clock)
         problems = self.problems(step)
         prompts = [self.tok.encode(p.prompt)[-b.prompt_len :] for p in problems]
         prompts = [p for p in prompts for _ in range(b.samples_per_prompt)]
-        with _timed(rec, Phase.GENERATE):
-            batch = self._generate(rollout, prompts, step, self.sampling)
-        baseline = None
-        if self.w.algorithm is Algorithm.REMAX:
-            greedy = dataclasses.replace(self.sampling, temperature=0.0)
-            with _timed(rec, Phase.GENERATE_BASELINE):
-                baseline = self._generate(rollout, prompts[:: b.samples_per_prompt], step, greedy)
-
-        batch = self._score(batch, baseline, problems, rec)
+        batch, baseline = self._generate(rollout, prompts, step, clock)
         partitions: dict[int, Partition] = {}
-        batch = self._forwards(batch, partitions, rec)
-        with _timed(rec, Phase.ADVANTAGE):
+        batch = self._forwards(batch, baseline, problems, partitions, rec, clock)
+        with clock.span(Phase.ADVANTAGE):
             batch = self._advantages(batch, rec)
+        updates = [
+            self._launch(role, phase, batch, partitions, clock)
+            for role, phase in (
+                (Role.ACTOR, Phase.ACTOR_UPDATE),
+                (Role.CRITIC, Phase.CRITIC_UPDATE),
+            )
+            if role in self.w.models
+        ]
+        for metrics in self._collect(updates, clock):
+            rec.metrics |= _mean_over_holders(metrics)
 
-        with _timed(rec, Phase.ACTOR_UPDATE):
-            rec.metrics |= self._update(Role.ACTOR, batch, partitions)
-        if Role.CRITIC in self.w.models:
-            with _timed(rec, Phase.CRITIC_UPDATE):
-                rec.metrics |= self._update(Role.CRITIC, batch, partitions)
-
-        wall = time.perf_counter() - t_step
+        wall = clock.now()
+        rec.phases, rec.timeline = clock.phase_seconds(), [r.as_json() for r in clock.records]
         mask = batch.tensors[RESPONSE_MASK]
         tokens = int(batch.tensors[PROMPT_MASK].sum() + mask.sum())
         rec.metrics |= {
@@ -255,50 +256,100 @@ class RLLoop:
             rec.metrics["logprob_diff_max"] = float((diff * mask).max())
         return rec
 
+    # --- launching and collecting calls ---------------------------------------
+    def _launch(
+        self,
+        role: Role,
+        phase: Phase,
+        batch: Batch,
+        partitions: dict[int, Partition],
+        clock: StepClock,
+    ) -> _Pending:
+        """Send `phase`'s call of `role` to its group, one DP shard per replica."""
+        group = self.c.group(role)
+        part = self._partition(role, batch, partitions)
+        shards = split_by_dp(batch, group.dispatch, part)
+        pairs = list(zip(group.workers, shards, strict=True))
+        if phase in (Phase.REF_LOGPROB, Phase.OLD_LOGPROB):
+            t = self.sampling.temperature
+            refs, method = [w.logprobs.remote(role, s, t) for w, s in pairs], "logprobs"
+        elif phase in (Phase.VALUES, Phase.COST_VALUES):
+            refs, method = [w.values.remote(role, s) for w, s in pairs], "values"
+        elif phase in (Phase.REWARD, Phase.COST):
+            refs, method = [w.scores.remote(role, s) for w, s in pairs], "scores"
+        else:
+            refs = [w.update.remote(role, s, self.update_cfg) for w, s in pairs]
+            method = "update"
+        return _Pending(call=clock.launch(phase, group, refs, method), part=part)
+
+    def _collect(self, pending: Sequence[_Pending], clock: StepClock) -> list[Any]:
+        """Results of launched calls, waited for together (or one by one without overlap):
+        a Batch per forward call, the result holders' metrics per update."""
+        results = clock.collect(self.c, [p.call for p in pending])
+        out: list[Any] = []
+        for p, res in zip(pending, results, strict=True):
+            d = p.call.group.dispatch
+            out.append([res[r] for r in d.result_ranks] if p.call.method == "update" else None)
+            if out[-1] is None:
+                out[-1] = collect(d, res, p.part)
+        return out
+
     # --- phases --------------------------------------------------------------
-    def _score(
-        self, batch: Batch, baseline: Batch | None, problems: list[Problem], rec: StepRecord
+    def _forwards(
+        self,
+        batch: Batch,
+        baseline: Batch | None,
+        problems: list[Problem],
+        partitions: dict[int, Partition],
+        rec: StepRecord,
+        clock: StepClock,
     ) -> Batch:
-        """Rewards (and ReMax's greedy baseline's), then Safe-RLHF's costs."""
+        """Every forward call of the dataflow, launched at once (calls on disjoint sets run
+        in parallel, calls on one set in dataflow order); rule-based rewards are computed
+        here meanwhile. Their outputs join the batch."""
         spp = self.w.batch.samples_per_prompt
-        with _timed(rec, Phase.REWARD):
-            scores = self._rewards(batch, problems, spp, rec)
-            if baseline is not None:
-                base = self._rewards(baseline, problems, 1, None)
-                batch = _with(batch, baseline_scores=base.repeat_interleave(spp))
-                rec.metrics["baseline_reward_mean"] = float(base.mean())
-        batch = _with(batch, scores=scores)
-        if Role.COST in self.w.models:
-            with _timed(rec, Phase.COST):
-                costs = self._call(Role.COST, "scores", batch, {}).tensors["scores"].float()
-            batch = _with(batch, costs=costs)
-            rec.metrics["cost_mean"] = float(costs.mean())
+        launched: list[tuple[Phase, _Pending]] = []
+        for call, _ in dataflow_calls(self.w):
+            if call.kind != CallKind.FORWARD or call.role is None:
+                continue
+            # A reward or cost model splits by its own work model; the rest share one split.
+            cache = {} if call.role in (Role.REWARD, Role.COST) else partitions
+            launched.append((call.phase, self._launch(call.role, call.phase, batch, cache, clock)))
+            if call.phase is Phase.REWARD and baseline is not None:
+                # ReMax: the reward model also scores the greedy baseline (its own split).
+                baseline_call = self._launch(Role.REWARD, Phase.REWARD, baseline, {}, clock)
+                launched.append((Phase.REWARD, baseline_call))
+        if self.task is not None:  # a rule-based reward: on the controller, while they run
+            with clock.span(Phase.REWARD):
+                batch = _with(batch, scores=self._rule_rewards(batch, problems, spp, rec))
+                if baseline is not None:
+                    base = self._rule_rewards(baseline, problems, 1, None)
+                    batch = _with(batch, baseline_scores=base.repeat_interleave(spp))
+        outputs = self._collect([p for _, p in launched], clock)
+        seen_reward = False
+        for (phase, _), out in zip(launched, outputs, strict=True):
+            key, value = _FORWARD_OUTPUTS[phase]
+            tensor = out.tensors[value]
+            if phase is Phase.REWARD and seen_reward:  # ReMax's greedy baseline, per prompt
+                batch = _with(batch, baseline_scores=tensor.float().repeat_interleave(spp))
+                continue
+            seen_reward |= phase is Phase.REWARD
+            if self.w.algorithm is Algorithm.SAFE_RLHF and value == "values":
+                tensor = tensor[..., 0 if phase is Phase.VALUES else 1]  # the call's own head
+            batch = _with(batch, **{key: tensor.float() if value == "scores" else tensor})
+        return self._score_metrics(batch, rec)
+
+    def _score_metrics(self, batch: Batch, rec: StepRecord) -> Batch:
+        t = batch.tensors
+        rec.metrics["reward_mean"] = float(t["scores"].mean())
+        rec.metrics["reward_std"] = float(t["scores"].std()) if len(batch) > 1 else 0.0
+        if "baseline_scores" in t:
+            rec.metrics["baseline_reward_mean"] = float(t["baseline_scores"].mean())
+        if "costs" in t:
+            rec.metrics["cost_mean"] = float(t["costs"].mean())
         return batch
 
-    def _forwards(self, batch: Batch, partitions: dict[int, Partition], rec: StepRecord) -> Batch:
-        """The forward-only calls: reference and old logprobs, the critic's value heads."""
-        if Role.REF in self.w.models:
-            with _timed(rec, Phase.REF_LOGPROB):
-                ref = self._call(Role.REF, "logprobs", batch, partitions)
-            batch = _with(batch, ref_logprobs=ref.tensors["logprobs"])
-        if self.w.recomputes_old_logprobs:
-            with _timed(rec, Phase.OLD_LOGPROB):
-                old = self._call(Role.ACTOR, "logprobs", batch, partitions)
-            batch = _with(batch, old_logprobs=old.tensors["logprobs"])
-        if Role.CRITIC not in self.w.models:
-            return batch
-        with _timed(rec, Phase.VALUES):
-            values = self._call(Role.CRITIC, "values", batch, partitions).tensors["values"]
-        if self.w.algorithm is not Algorithm.SAFE_RLHF:
-            return _with(batch, values=values)
-        # The critic has two heads, value and cost value; each call reads its own, as the
-        # simulator's dataflow has them (two forward calls of the critic).
-        batch = _with(batch, values=values[..., 0])
-        with _timed(rec, Phase.COST_VALUES):
-            both = self._call(Role.CRITIC, "values", batch, partitions).tensors["values"]
-        return _with(batch, cost_values=both[..., 1])
-
-    def _sync_rollout(self, rec: StepRecord) -> WorkerGroup:
+    def _sync_rollout(self, rec: StepRecord, clock: StepClock) -> WorkerGroup:
         """The actor's current weights into its rollout engine; the group that generates.
 
         Colocated: HybridFlow's reshard on the actor's own workers. With a generator
@@ -306,27 +357,56 @@ class RLLoop:
         """
         actor = self.c.group(Role.ACTOR)
         if self.plan.generator_set() is None:
-            with _timed(rec, Phase.RESHARD):
-                refs = [w.sync_rollout.remote() for w in actor.workers]
-                moved = self.c.gather(actor, refs, "sync_rollout")
+            refs = [w.sync_rollout.remote() for w in actor.workers]
+            reshard = clock.launch(Phase.RESHARD, actor, refs, "sync_rollout")
+            [moved] = clock.collect(self.c, [reshard])
             rec.metrics["reshard_bytes_max"] = float(max(m[0] for m in moved))
             rec.metrics["reshard_peak_bytes_max"] = float(max(m[1] for m in moved))
             return actor
         generator = self.c.group(Role.ACTOR, generator=True)
-        with _timed(rec, Phase.WEIGHT_SYNC):
-            sends = [w.send_weights.remote() for w in actor.workers]
-            receives = [w.receive_weights.remote() for w in generator.workers]
-            sent = self.c.gather(actor, sends, "send_weights")
-            received = self.c.gather(generator, receives, "receive_weights")
+        sends = [w.send_weights.remote() for w in actor.workers]
+        receives = [w.receive_weights.remote() for w in generator.workers]
+        sent, received = clock.collect(
+            self.c,
+            [
+                clock.launch(Phase.WEIGHT_SYNC, actor, sends, "send_weights"),
+                clock.launch(Phase.WEIGHT_SYNC, generator, receives, "receive_weights"),
+            ],
+        )
         rec.metrics["weight_sync_bytes_sent_max"] = float(max(m[0] for m in sent))
         rec.metrics["weight_sync_bytes_max"] = float(max(m[0] for m in received))
         rec.metrics["weight_sync_peak_bytes_max"] = float(max(m[1] for m in received))
         return generator
 
     def _generate(
-        self, actor: WorkerGroup, prompts: list[list[int]], step: int, params: SamplingParams
-    ) -> Batch:
-        layout = actor.gen_dispatch
+        self, rollout: WorkerGroup, prompts: list[list[int]], step: int, clock: StepClock
+    ) -> tuple[Batch, Batch | None]:
+        """The rollout, and ReMax's greedy baseline (one per prompt) queued behind it."""
+        calls = [
+            self._launch_generate(rollout, prompts, step, self.sampling, Phase.GENERATE, clock)
+        ]
+        if self.w.algorithm is Algorithm.REMAX:
+            greedy = dataclasses.replace(self.sampling, temperature=0.0)
+            firsts = prompts[:: self.w.batch.samples_per_prompt]
+            phase = Phase.GENERATE_BASELINE
+            calls.append(self._launch_generate(rollout, firsts, step, greedy, phase, clock))
+        results = clock.collect(self.c, [call for call, _ in calls])
+        batches = [
+            collect(rollout.gen_dispatch, align(res, self.tok.pad_id), part)
+            for (_, part), res in zip(calls, results, strict=True)
+        ]
+        return batches[0], batches[1] if len(batches) > 1 else None
+
+    def _launch_generate(
+        self,
+        rollout: WorkerGroup,
+        prompts: list[list[int]],
+        step: int,
+        params: SamplingParams,
+        phase: Phase,
+        clock: StepClock,
+    ) -> tuple[Launched, Partition]:
+        layout = rollout.gen_dispatch
         part = balanced_partition(
             [float(len(p)) for p in prompts], layout.num_dp, equal_counts=True
         )
@@ -337,43 +417,35 @@ class RLLoop:
                 params,
                 derived_seed(self.seed, step, "replica", layout.dp_rank[r]),
             )
-            for r, w in enumerate(actor.workers)
+            for r, w in enumerate(rollout.workers)
         ]
-        results = self.c.gather(actor, refs, "generate")
-        return collect(layout, align(results, self.tok.pad_id), part)
+        return clock.launch(phase, rollout, refs, "generate"), part
 
-    def _rewards(
+    def _rule_rewards(
         self, batch: Batch, problems: list[Problem], spp: int, rec: StepRecord | None
     ) -> torch.Tensor:
-        """Scores of `batch` (`spp` responses per problem, in order); with `rec`, the
-        reward metrics and a few decoded samples go into it."""
-        if self.task is None:
-            out = self._call(Role.REWARD, "scores", batch, {})
-            scores = out.tensors["scores"].float()
-        else:
-            values, exact = [], 0
-            for i in range(len(batch)):
-                n = int(batch.tensors[RESPONSE_MASK][i].sum())
-                text = self.tok.decode(batch.tensors[RESPONSE][i, :n].tolist())
-                if n and int(batch.tensors[RESPONSE][i, n - 1]) == self.tok.eos_id:
-                    text += self.task.stop  # decode drops special tokens; the checker wants it
-                score = self.task.score(problems[i // spp], text)
-                values.append(score)
-                exact += score == 1.0
-                if rec is not None and i % spp == 0 and len(rec.samples) < 4:
-                    rec.samples.append(
-                        {"prompt": problems[i // spp].prompt, "response": text, "reward": score}
-                    )
-            scores = torch.tensor(values)
-            if rec is not None:
-                rec.metrics["exact_match"] = exact / len(batch)
+        """The task's checker on `batch` (`spp` responses per problem, in order); with
+        `rec`, the exact-answer rate and a few decoded samples go into it."""
+        assert self.task is not None
+        values, exact = [], 0
+        for i in range(len(batch)):
+            n = int(batch.tensors[RESPONSE_MASK][i].sum())
+            text = self.tok.decode(batch.tensors[RESPONSE][i, :n].tolist())
+            if n and int(batch.tensors[RESPONSE][i, n - 1]) == self.tok.eos_id:
+                text += self.task.stop  # decode drops special tokens; the checker wants it
+            score = self.task.score(problems[i // spp], text)
+            values.append(score)
+            exact += score == 1.0
+            if rec is not None and i % spp == 0 and len(rec.samples) < 4:
+                rec.samples.append(
+                    {"prompt": problems[i // spp].prompt, "response": text, "reward": score}
+                )
         if rec is not None:
-            rec.metrics["reward_mean"] = float(scores.mean())
-            rec.metrics["reward_std"] = float(scores.std()) if len(scores) > 1 else 0.0
-        return scores
+            rec.metrics["exact_match"] = exact / len(batch)
+        return torch.tensor(values)
 
     def _partition(self, role: Role, batch: Batch, cache: dict[int, Partition]) -> Partition:
-        """The token-aware equal-count split over `role`'s DP replicas (one per DP size)."""
+        """The token-aware split over `role`'s DP replicas (one per DP size)."""
         d = self.plan.parallelism[role].train.d
         if d not in cache:
             lens = (
@@ -382,21 +454,6 @@ class RLLoop:
             works = WorkModel.for_model(self.w.models[role]).works([int(x) for x in lens])
             cache[d] = balanced_partition(works, d, equal_counts=True)
         return cache[d]
-
-    def _call(self, role: Role, method: str, batch: Batch, cache: dict[int, Partition]) -> Batch:
-        group = self.c.group(role)
-        part = self._partition(role, batch, cache)
-        shards = split_by_dp(batch, group.dispatch, part)
-        if method == "logprobs":
-            t = self.sampling.temperature
-            refs = [
-                w.logprobs.remote(role, s, t) for w, s in zip(group.workers, shards, strict=True)
-            ]
-        elif method == "values":
-            refs = [w.values.remote(role, s) for w, s in zip(group.workers, shards, strict=True)]
-        else:
-            refs = [w.scores.remote(role, s) for w, s in zip(group.workers, shards, strict=True)]
-        return collect(group.dispatch, self.c.gather(group, refs, method), part)
 
     def _advantages(self, batch: Batch, rec: StepRecord) -> Batch:
         t, rl_cfg = batch.tensors, self.w.rl
@@ -439,23 +496,6 @@ class RLLoop:
             cost_returns=cost_returns,
         )
 
-    def _update(self, role: Role, batch: Batch, cache: dict[int, Partition]) -> dict[str, float]:
-        group = self.c.group(role)
-        part = self._partition(role, batch, cache)
-        shards = split_by_dp(batch, group.dispatch, part)
-        refs = [
-            w.update.remote(role, s, self.update_cfg)
-            for w, s in zip(group.workers, shards, strict=True)
-        ]
-        results = self.c.gather(group, refs, "update")
-        holders = [results[r] for r in group.dispatch.result_ranks]
-        return {
-            k: max(h[k] for h in holders)
-            if k.endswith("_max")
-            else sum(h[k] for h in holders) / len(holders)
-            for k in holders[0]
-        }
-
     # --- checkpoints -----------------------------------------------------------
     def save(self, directory: str) -> None:
         # The controller's own state (Safe-RLHF's multiplier) beside the workers' files.
@@ -484,18 +524,35 @@ class RLLoop:
         ]
 
 
-class _timed:
-    """Adds the block's wall time to `rec.phases[phase]`."""
+@dataclass(frozen=True, kw_only=True)
+class _Pending:
+    """A launched call and the DP partition its shards came from (to collect in order)."""
 
-    def __init__(self, rec: StepRecord, phase: Phase) -> None:
-        self.rec, self.phase = rec, phase
+    call: Launched
+    part: Partition
 
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
 
-    def __exit__(self, *exc: object) -> None:
-        dt = time.perf_counter() - self.t0
-        self.rec.phases[self.phase.value] = self.rec.phases.get(self.phase.value, 0.0) + dt
+_UPDATES = ((Role.ACTOR, Phase.ACTOR_UPDATE), (Role.CRITIC, Phase.CRITIC_UPDATE))
+
+# Where a forward call's output goes: (key in the step's Batch, key in the call's result).
+_FORWARD_OUTPUTS: dict[Phase, tuple[str, str]] = {
+    Phase.REF_LOGPROB: ("ref_logprobs", "logprobs"),
+    Phase.OLD_LOGPROB: ("old_logprobs", "logprobs"),
+    Phase.VALUES: ("values", "values"),
+    Phase.COST_VALUES: ("cost_values", "values"),
+    Phase.REWARD: ("scores", "scores"),
+    Phase.COST: ("costs", "scores"),
+}
+
+
+def _mean_over_holders(holders: list[dict[str, float]]) -> dict[str, float]:
+    """An update's metrics over the ranks that hold results: maxima for `_max`, else means."""
+    return {
+        k: max(h[k] for h in holders)
+        if k.endswith("_max")
+        else sum(h[k] for h in holders) / len(holders)
+        for k in holders[0]
+    }
 
 
 def _with(batch: Batch, **tensors: torch.Tensor) -> Batch:

@@ -5,7 +5,8 @@ Run directory:
                        seed, steps, package versions, start time, the command line
   plan.toml            the plan as run (loadable by `placeflow simulate`)
   workers.json         where each device of each set ran: Ray node id and IP, pid, device
-  metrics.jsonl        one line per step: metrics, measured phase seconds, a few samples
+  metrics.jsonl        one line per step: metrics, measured phase seconds, the step's
+                       timeline (executor/timeline.py), a few samples
   checkpoints/step-N/  one file per trained role and rank, then state.json (written last:
                        a directory without it is incomplete and ignored)
   error.txt            what stopped a failed run, and which checkpoint is kept
@@ -67,6 +68,7 @@ class RunConfig:
     profile: str | None = None  # for the manifest; default: the plan's device profile
     tp_impl: TPImpl = TPImpl.NATIVE  # tensor parallelism: placeflow's or megatron-core's layers
     rehearsal_of: str | None = None  # "name (hash)" of the plan this run rehearses on CPU
+    overlap: bool = True  # calls on disjoint device sets run at once (False: one at a time)
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,13 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def _record_json(rec: StepRecord) -> dict[str, Any]:
-    return {"step": rec.step, **rec.metrics, "phases": rec.phases, "samples": rec.samples}
+    return {
+        "step": rec.step,
+        **rec.metrics,
+        "phases": rec.phases,
+        "timeline": rec.timeline,
+        "samples": rec.samples,
+    }
 
 
 AfterStep = Callable[[RLLoop, StepRecord], None]
@@ -288,7 +296,13 @@ def _train(
     start = resume_from[0] + 1 if resume_from is not None else 0
     with Controller(plan, timeout_s=cfg.timeout_s, num_threads=cfg.num_threads) as controller:
         write_workers(run_dir, controller)
-        loop = RLLoop(controller, seed=cfg.seed, tokenizer=tokenizer, tp_impl=cfg.tp_impl)
+        loop = RLLoop(
+            controller,
+            seed=cfg.seed,
+            tokenizer=tokenizer,
+            tp_impl=cfg.tp_impl,
+            overlap=cfg.overlap,
+        )
         loop.build()
         if resume_from is not None:
             loop.load(str(resume_from[1]))

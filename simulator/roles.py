@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable
 from functools import cache
 
+from placeflow.dataflow import CallKind, dataflow_calls
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.models import ModelSpec
 from placeflow.phases import Phase
@@ -18,7 +19,6 @@ from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import calls, memory
-from placeflow.simulator.dataflow import CallKind, dataflow_calls
 from placeflow.simulator.lengths import LengthModel
 from placeflow.workload import Role, Workload
 

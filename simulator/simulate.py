@@ -20,13 +20,13 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
+from placeflow.dataflow import CallKind, dataflow_calls
 from placeflow.layout import GenLayout
 from placeflow.phases import Phase
 from placeflow.plan import Plan
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import calls
-from placeflow.simulator.dataflow import CallKind, dataflow_calls
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
 from placeflow.simulator.lengths import LengthModel
 from placeflow.simulator.roles import (

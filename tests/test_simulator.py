@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from placeflow.catalogue import CATALOGUE
 from placeflow.cluster import ClusterSpec, PoolSpec
+from placeflow.dataflow import build_dataflow
 from placeflow.hardware import HARDWARE
 from placeflow.layout import TrainLayout
 from placeflow.phases import Phase
@@ -17,7 +18,6 @@ from placeflow.plan import DeviceSet, Plan, RoleParallelism, load_plan
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.simulator import memory, simulate
-from placeflow.simulator.dataflow import build_dataflow
 from placeflow.workload import Algorithm, BatchSpec, Role, Workload
 
 PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"

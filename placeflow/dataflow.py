@@ -13,6 +13,13 @@ number of samples it processes; an edge is a data dependency. The graphs:
   (`cost_values`); five models: actor, critic, ref, reward, cost.
 
 `ref_logprob` exists only when the workload has a reference model (KL term).
+
+One definition below both users: the simulator costs these calls and schedules
+them (calls on one device set serialise, disjoint sets overlap), and the
+executor's controller runs the same calls in the same order, launching every
+forward call of a step at once so that calls on disjoint sets overlap there too.
+The transitions between layouts (reshard, weight sync) are not nodes: both add
+them before generation from the plan's sets.
 """
 
 from __future__ import annotations

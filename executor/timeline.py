@@ -1,0 +1,168 @@
+"""A step's measured timeline, and collecting several launched calls at once.
+
+The controller launches calls on several worker groups before it waits for
+any (`Launched`), then `StepClock.collect` waits for all of them together and
+stamps each call's end when its last result arrives, so calls on disjoint
+device sets overlap and are measured as they ran. Results come back through
+`Controller.gather` (failures named by role, rank and call, with its deadline).
+
+Times are taken on the driver, in seconds from the step's start. A call's
+start is its launch, or the end of the previous call on the same device set if
+that is later: a set's worker runs its calls one after another in launch order
+(one Ray actor per device), so a call queued behind another starts when that
+one ends. Controller-side work (rule-based rewards, advantages) is timed with
+`span` on device set None.
+
+A record per call goes to the step's line in metrics.jsonl as `timeline`:
+{name, device_set, role, start_s, end_s}; `phases` sums the records per name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import RayError
+
+from placeflow.executor.controller import Controller
+from placeflow.executor.groups import WorkerGroup
+from placeflow.phases import Phase
+from placeflow.workload import Role
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineRecord:
+    name: str  # the phase (the simulator's vocabulary)
+    device_set: int | None  # index into plan.sets; None: the controller
+    role: str | None
+    start_s: float  # from the step's start
+    end_s: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "device_set": self.device_set,
+            "role": self.role,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+        }
+
+
+@dataclass(kw_only=True)
+class Launched:
+    """A call sent to the ranks of one group and not collected yet."""
+
+    phase: Phase
+    group: WorkerGroup
+    refs: Sequence[Any]
+    method: str  # the worker method, for error messages
+    launched_s: float
+    done_s: float | None = None  # set at launch in serial mode: when every rank finished
+
+
+@dataclass
+class StepClock:
+    """The timeline of one step, measured on the driver."""
+
+    serial: bool = False  # wait for each call at its launch: no two calls overlap
+    origin: float = field(default_factory=time.perf_counter)
+    records: list[TimelineRecord] = field(default_factory=list)
+    set_free_s: dict[int, float] = field(default_factory=dict)  # when each set's last call ended
+
+    def now(self) -> float:
+        return time.perf_counter() - self.origin
+
+    def launch(
+        self, phase: Phase, group: WorkerGroup, refs: Sequence[Any], method: str
+    ) -> Launched:
+        call = Launched(phase=phase, group=group, refs=refs, method=method, launched_s=self.now())
+        if self.serial:
+            ray.wait(list(refs), num_returns=len(refs))  # failures count as done: gather names them
+            call.done_s = self.now()
+        return call
+
+    def collect(self, c: Controller, calls: Sequence[Launched]) -> list[list[Any]]:
+        """Every call's results (in call order), each call's end stamped as it completes.
+
+        Fails fast as `gather` does: the first failed rank stops the wait and its call's
+        `gather` raises the WorkerError that names it; past the controller's deadline the
+        first unfinished call's `gather` raises the timeout.
+        """
+        ends = {i: call.done_s for i, call in enumerate(calls) if call.done_s is not None}
+        values: dict[Any, Any] = {}
+        deadline = time.monotonic() + c.timeout_s
+        waiting = [r for call in calls for r in call.refs]
+        failed: int | None = None
+        while waiting and failed is None and time.monotonic() < deadline:
+            ready, waiting = ray.wait(
+                waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+            )
+            for ref in ready:
+                try:
+                    values[ref] = ray.get(ref, timeout=0)
+                except RayError:
+                    failed = next(i for i, call in enumerate(calls) if ref in call.refs)
+            now = self.now()
+            for i, call in enumerate(calls):
+                if i not in ends and all(r in values for r in call.refs):
+                    ends[i] = now
+        if failed is not None or waiting:
+            culprit = calls[
+                failed if failed is not None else min(set(range(len(calls))) - set(ends))
+            ]
+            c.gather(culprit.group, culprit.refs, culprit.method, timeout_s=0.01)
+            raise AssertionError("gather raises for a failed or unfinished call")
+        for i, call in sorted(enumerate(calls), key=lambda ic: ends[ic[0]]):
+            self._record(call, ends[i])
+        return [[values[r] for r in call.refs] for call in calls]
+
+    def _record(self, call: Launched, end_s: float) -> None:
+        s = call.group.spec.set_index
+        start = max(call.launched_s, self.set_free_s.get(s, 0.0))
+        self.set_free_s[s] = end_s
+        self.records.append(
+            TimelineRecord(
+                name=call.phase.value,
+                device_set=s,
+                role=call.group.role.value,
+                start_s=start,
+                end_s=max(start, end_s),
+            )
+        )
+
+    @contextmanager
+    def span(self, phase: Phase, role: Role | None = None) -> Iterator[None]:
+        """Controller-side work of the step."""
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.records.append(
+                TimelineRecord(
+                    name=phase.value,
+                    device_set=None,
+                    role=role.value if role else None,
+                    start_s=start,
+                    end_s=self.now(),
+                )
+            )
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Seconds per phase name (the `phases` of metrics.jsonl): the length of the union
+        of its calls' intervals, so that one phase on two sets at once (a weight sync's
+        send and receive) counts once, and calls one after another add up."""
+        out: dict[str, float] = {}
+        for name in dict.fromkeys(r.name for r in self.records):
+            spans = sorted((r.start_s, r.end_s) for r in self.records if r.name == name)
+            total, (lo, hi) = 0.0, spans[0]
+            for start, end in spans[1:]:
+                if start > hi:
+                    total, lo, hi = total + hi - lo, start, end
+                else:
+                    hi = max(hi, end)
+            out[name] = total + hi - lo
+        return out
