@@ -146,6 +146,10 @@ class RLLoop:
         self.plan = controller.plan
         self.w = self.plan.workload
         check_executable(self.plan)
+        # One-step-off asynchrony needs a generator set apart (on shared devices the two
+        # phases could not overlap): step k+1's rollout runs while step k trains.
+        self.one_step_off = self.w.async_one_step_off and self.plan.generator_set() is not None
+        self.prefetched: tuple[int, Batch, Batch | None] | None = None
         self.seed = seed
         self.tok = tokenizer
         self.tp_impl = tp_impl
@@ -221,14 +225,23 @@ class RLLoop:
 
     def step(self, step: int) -> StepRecord:
         rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
-        b = self.w.batch
-        rollout = self._sync_rollout(rec, clock)
+        if self.one_step_off and self.prefetched is not None and self.prefetched[0] == step:
+            _, batch, baseline = self.prefetched  # generated during the last step
+            rec.metrics["staleness"] = 1.0  # by the policy before the last update
+        else:  # synchronous, or the first step of a one-step-off run
+            rollout = self._sync_rollout(rec, clock)
+            batch, baseline = self._collect_rollout(
+                rollout, self._launch_rollout(rollout, step, clock), clock
+            )
+            rec.metrics["staleness"] = 0.0
         problems = self.problems(step)
-        prompts = [self.tok.encode(p.prompt)[-b.prompt_len :] for p in problems]
-        prompts = [p for p in prompts for _ in range(b.samples_per_prompt)]
-        batch, baseline = self._generate(rollout, prompts, step, clock)
+        if self.one_step_off:  # the next step's rollout, while this one trains
+            generator = self.c.group(Role.ACTOR, generator=True)
+            next_rollout = self._launch_rollout(generator, step + 1, clock)
         partitions: dict[int, Partition] = {}
         batch = self._forwards(batch, baseline, problems, partitions, rec, clock)
+        if self.one_step_off:
+            batch = self._behaviour_policy(batch, rec)
         with clock.span(Phase.ADVANTAGE):
             batch = self._advantages(batch, rec)
         updates = [
@@ -241,6 +254,10 @@ class RLLoop:
         ]
         for metrics in self._collect(updates, clock):
             rec.metrics |= _mean_over_holders(metrics)
+        if self.one_step_off:
+            # The update's weights to the generator: its receive queues behind the next
+            # rollout, which is collected here, ready for the next step.
+            self.prefetched = (step + 1, *self._sync_and_collect(next_rollout, rec, clock))
 
         wall = clock.now()
         rec.phases, rec.timeline = clock.phase_seconds(), [r.as_json() for r in clock.records]
@@ -251,7 +268,8 @@ class RLLoop:
             "tokens_per_s": tokens / wall,
             "response_len_mean": float(mask.sum(1).float().mean()),
         }
-        if "old_logprobs" in batch.tensors:  # else the update measured it on its own forward
+        if "old_logprobs" in batch.tensors and not self.one_step_off:
+            # (else the update measured it on its own forward, or the policy lag did)
             diff = (batch.tensors["rollout_logprobs"] - batch.tensors["old_logprobs"]).abs()
             rec.metrics["logprob_diff_max"] = float((diff * mask).max())
         return rec
@@ -339,6 +357,16 @@ class RLLoop:
             batch = _with(batch, **{key: tensor.float() if value == "scores" else tensor})
         return self._score_metrics(batch, rec)
 
+    def _behaviour_policy(self, batch: Batch, rec: StepRecord) -> Batch:
+        """One-step-off: the importance ratio of the update is taken against the policy
+        that generated the batch (its rollout logprobs), one update behind the trainer.
+        A recomputed old-policy logprob (PPO) is kept as a measure of that lag."""
+        t = batch.tensors
+        if "old_logprobs" in t:
+            lag = (t["old_logprobs"] - t["rollout_logprobs"]).abs() * t[RESPONSE_MASK]
+            rec.metrics["policy_lag_logprob_diff_max"] = float(lag.max())
+        return _with(batch, old_logprobs=t["rollout_logprobs"])
+
     def _score_metrics(self, batch: Batch, rec: StepRecord) -> Batch:
         t = batch.tensors
         rec.metrics["reward_mean"] = float(t["scores"].mean())
@@ -378,24 +406,54 @@ class RLLoop:
         rec.metrics["weight_sync_peak_bytes_max"] = float(max(m[1] for m in received))
         return generator
 
-    def _generate(
-        self, rollout: WorkerGroup, prompts: list[list[int]], step: int, clock: StepClock
-    ) -> tuple[Batch, Batch | None]:
-        """The rollout, and ReMax's greedy baseline (one per prompt) queued behind it."""
+    def _launch_rollout(
+        self, rollout: WorkerGroup, step: int, clock: StepClock
+    ) -> list[tuple[Launched, Partition]]:
+        """Step `step`'s rollout on `rollout`, and ReMax's greedy baseline (one per prompt)
+        queued behind it."""
+        b = self.w.batch
+        prompts = [self.tok.encode(p.prompt)[-b.prompt_len :] for p in self.problems(step)]
+        prompts = [p for p in prompts for _ in range(b.samples_per_prompt)]
         calls = [
             self._launch_generate(rollout, prompts, step, self.sampling, Phase.GENERATE, clock)
         ]
         if self.w.algorithm is Algorithm.REMAX:
             greedy = dataclasses.replace(self.sampling, temperature=0.0)
-            firsts = prompts[:: self.w.batch.samples_per_prompt]
+            firsts = prompts[:: b.samples_per_prompt]
             phase = Phase.GENERATE_BASELINE
             calls.append(self._launch_generate(rollout, firsts, step, greedy, phase, clock))
-        results = clock.collect(self.c, [call for call, _ in calls])
+        return calls
+
+    def _collect_rollout(
+        self,
+        rollout: WorkerGroup,
+        calls: list[tuple[Launched, Partition]],
+        clock: StepClock,
+        also: Sequence[Launched] = (),
+    ) -> tuple[Batch, Batch | None]:
+        """The sampled batch and the baseline batch (ReMax) of launched rollout calls;
+        `also` are collected with them (their results are checked, not returned)."""
+        results = clock.collect(self.c, [call for call, _ in calls] + list(also))
         batches = [
             collect(rollout.gen_dispatch, align(res, self.tok.pad_id), part)
-            for (_, part), res in zip(calls, results, strict=True)
+            for (_, part), res in zip(calls, results, strict=False)
         ]
         return batches[0], batches[1] if len(batches) > 1 else None
+
+    def _sync_and_collect(
+        self, rollout: list[tuple[Launched, Partition]], rec: StepRecord, clock: StepClock
+    ) -> tuple[Batch, Batch | None]:
+        """One-step-off: this step's weights to the generator, launched behind the next
+        step's rollout on it, and that rollout's batches."""
+        actor = self.c.group(Role.ACTOR)
+        generator = self.c.group(Role.ACTOR, generator=True)
+        sends = [w.send_weights.remote() for w in actor.workers]
+        receives = [w.receive_weights.remote() for w in generator.workers]
+        sync = [
+            clock.launch(Phase.WEIGHT_SYNC, actor, sends, "send_weights"),
+            clock.launch(Phase.WEIGHT_SYNC, generator, receives, "receive_weights"),
+        ]
+        return self._collect_rollout(generator, rollout, clock, also=sync)
 
     def _launch_generate(
         self,

@@ -10,8 +10,8 @@ Nodes. The plan's node k of a pool (devices k*gpus_per_node ...) is pinned to
 one Ray node with a bundle label selector on `ray.io/node-id`, so that the
 TP-in-node rule and the plan's split across nodes hold on a real cluster
 (`assign_nodes`): the plan nodes its sets use, in pool and index order, take
-whole-node slots of the Ray nodes in the order Ray lists them, as many per
-Ray node as its free resources hold. On one machine (a local Ray with enough
+room for the devices they use on the Ray nodes in the order Ray lists them, as
+many per Ray node as its free resources hold. On one machine (a local Ray with enough
 CPU slots) every logical node of a CPU pool lands on that machine.
 
 Before anything is created the plan's needs are checked against what Ray
@@ -62,15 +62,16 @@ def required_resources(plan: Plan, *, cpus_per_gpu: int = 1) -> dict[str, float]
 NodeKey = tuple[str, int]  # (pool name, node index in the pool)
 
 
-def used_nodes(plan: Plan) -> list[NodeKey]:
-    """The plan nodes its device sets occupy, in pool order then node index."""
-    keys = {
-        (s.pool, d // plan.pool_of(i).gpus_per_node)
-        for i, s in enumerate(plan.sets)
-        for d in s.devices()
-    }
+def used_nodes(plan: Plan) -> dict[NodeKey, int]:
+    """The plan nodes its device sets occupy, in pool order then node index, each with
+    the number of its devices the sets use."""
+    used: dict[NodeKey, int] = {}
+    for i, s in enumerate(plan.sets):
+        for d in s.devices():
+            key = (s.pool, d // plan.pool_of(i).gpus_per_node)
+            used[key] = used.get(key, 0) + 1
     order = [p.name for p in plan.cluster.pools]
-    return sorted(keys, key=lambda k: (order.index(k[0]), k[1]))
+    return dict(sorted(used.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])))
 
 
 def assign_nodes(
@@ -82,11 +83,10 @@ def assign_nodes(
     """
     free = [(str(n["NodeID"]), dict(n.get("Resources", {}))) for n in nodes if n.get("Alive", True)]
     out: dict[NodeKey, str] = {}
-    for key in used_nodes(plan):
+    for key, num_devices in used_nodes(plan).items():
         pool = plan.cluster.pool(key[0])
         need = {
-            k: v * pool.gpus_per_node
-            for k, v in bundle(pool.gpu.kind, cpus_per_gpu=cpus_per_gpu).items()
+            k: v * num_devices for k, v in bundle(pool.gpu.kind, cpus_per_gpu=cpus_per_gpu).items()
         }
         for node_id, res in free:
             if all(res.get(k, 0.0) >= v for k, v in need.items()):

@@ -524,10 +524,10 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "its figures are not the GPU run's",
             file=sys.stderr,
         )
-    if plan.workload.async_one_step_off:
+    if plan.workload.async_one_step_off and plan.generator_set() is None:
         print(
-            "note: the workload asks for one-step-off asynchrony; the executor runs its steps "
-            "synchronously (the simulator and planner price the overlap)",
+            "note: one-step-off asynchrony needs a generator set apart; this plan generates "
+            "on the actor's own devices, so its steps run synchronously",
             file=sys.stderr,
         )
     run_dir = check_output_dir(args.run_dir or Path("runs") / safe_name(plan.name), "--run-dir")

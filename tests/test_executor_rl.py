@@ -143,6 +143,23 @@ def test_concurrent_controller_matches_serial_order_and_overlaps(
     assert {"name", "device_set", "role", "start_s", "end_s"} <= set(line["timeline"][0])
 
 
+def test_one_step_off_overlaps_generation_with_training(ray_cluster: None, tmp_path: Path) -> None:
+    # Trainer and generator one worker each: step k+1's rollout runs on the generator while
+    # step k trains, then the update's weights follow it there. Every step after the first
+    # trains on a batch one update old, with the ratio against the rollout's policy.
+    plan = _plan("grpo-tiny-cpu2-async")
+    steps = 16
+    result = run_plan(plan, tmp_path / "run", RunConfig(steps=steps, progress=False))
+    assert [r.metrics["staleness"] for r in result.records] == [0.0] + [1.0] * (steps - 1)
+    for rec in result.records[1:]:
+        gen = [r for r in rec.timeline if r["name"] == "generate"]
+        update = [r for r in rec.timeline if r["name"] == "actor_update"]
+        assert [r["device_set"] for r in gen] == [1] and [r["device_set"] for r in update] == [0]
+        assert gen[0]["start_s"] < update[0]["end_s"] and update[0]["start_s"] < gen[0]["end_s"]
+    rewards = [r.metrics["reward_mean"] for r in result.records]
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.02, rewards
+
+
 def test_resume_refuses_another_plan(ray_cluster: None, tmp_path: Path) -> None:
     run_plan(_plan("grpo-tiny-cpu4-split"), tmp_path, RunConfig(steps=1, progress=False))
     with pytest.raises(SpecError, match="this plan differs"):
