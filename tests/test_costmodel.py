@@ -1,5 +1,6 @@
 """CostModel against oracles: synthetic profiles generated from a known roofline."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -137,8 +138,18 @@ def test_missing_coverage_is_a_clear_error():
             Op.ATTN_DECODE,
             {"batch": 1, "kv_len": 8, "num_heads": 4, "num_kv_heads": 4, "head_dim": 32},
         )
+    # A GPU profile without inter-node entries cannot price a collective across nodes.
+    gpu = CostModel.fit(dataclasses.replace(synthetic_profile(), device_kind="cuda"))
     with pytest.raises(ProfileCoverageError, match="inter"):
-        model.collective_s(CollectiveKind.ALL_REDUCE, 1 << 20, 16, Scope.INTER)
+        gpu.collective_s(CollectiveKind.ALL_REDUCE, 1 << 20, 16, Scope.INTER)
+
+
+def test_cpu_nodes_share_the_host_loopback():
+    # A CPU profile's nodes are groups of logical workers on the host it measured:
+    # across them a collective costs what it costs within one.
+    model = CostModel.fit(synthetic_profile())
+    inter = model.collective_s(CollectiveKind.ALL_REDUCE, 1 << 20, 4, Scope.INTER)
+    assert inter == model.collective_s(CollectiveKind.ALL_REDUCE, 1 << 20, 4, Scope.INTRA)
 
 
 def test_leave_one_out_on_a_noiseless_profile_is_small():
