@@ -1,22 +1,28 @@
-"""The RL loop on a running Controller: one GRPO or PPO step, phase by phase.
+"""The RL loop on a running Controller: one GRPO, ReMax, PPO or Safe-RLHF step.
 
 The controller (this process) holds the loop, as in HybridFlow's single
-controller. Each phase dispatches a Batch to one worker group and gathers the
-result; every remote call is written out where it is made. Phases are named
-with `placeflow.phases.Phase`, the simulator's vocabulary, and timed here from
-dispatch to the last result: the measured side of `placeflow validate`.
+controller; every remote call is written out where it is made. The calls are
+those of the algorithm's dataflow (`placeflow.dataflow`, the graph the
+simulator costs), named by `placeflow.phases.Phase`:
 
-One step:
-  reshard       the actor's weights, training layout -> generation layout
-                (weight_sync instead, to a generator set of its own)
-  generate      prompts split over the generation replicas (equal counts)
-  reward        the rule-based checker here, or the reward model's scores
-  ref_logprob   the reference policy (when the workload has one)
-  old_logprob   the actor's trainer re-scores the sampled tokens
-  values        PPO's critic
-  advantage     GRPO group normalisation / PPO's KL-shaped rewards and GAE, here
-  actor_update  ppo_epochs x mini_batches optimizer steps
-  critic_update PPO only
+  reshard / weight_sync  the actor's weights into its rollout engine (colocated
+                         reshard, or the sync to a generator set of its own)
+  generate               prompts split over the generation replicas; ReMax adds
+                         generate_baseline (greedy, one per prompt) behind it
+  forward calls          ref_logprob, old_logprob, values, cost_values, reward,
+                         cost: all launched at once, so that calls on disjoint
+                         device sets run in parallel and calls on one set in
+                         dataflow order; a rule-based reward is computed here
+                         meanwhile
+  advantage              here: group normalisation, ReMax's baseline, GAE, and
+                         Safe-RLHF's cost GAE and Lagrange multiplier
+  actor_update, critic_update  launched together
+
+Each call's interval is measured on the driver (`executor.timeline`) and the
+step's timeline goes to metrics.jsonl. With one-step-off asynchrony and a
+generator set, step k+1's rollout runs on the generator while step k trains,
+and the update's weights follow it there.
+
 Samples of the training phases are split over DP replicas by the token-aware
 balancer with counts that differ by at most one (samples need not divide
 evenly); the engines give every DP rank the same number of micro-batches, the
@@ -128,7 +134,7 @@ class StepRecord:
 
 
 class RLLoop:
-    """GRPO or PPO on `controller`'s workers; `build()` once, then `step(k)` per step."""
+    """GRPO, ReMax, PPO or Safe-RLHF on `controller`'s workers; `build()` once, then `step(k)`."""
 
     def __init__(
         self,
@@ -246,10 +252,7 @@ class RLLoop:
             batch = self._advantages(batch, rec)
         updates = [
             self._launch(role, phase, batch, partitions, clock)
-            for role, phase in (
-                (Role.ACTOR, Phase.ACTOR_UPDATE),
-                (Role.CRITIC, Phase.CRITIC_UPDATE),
-            )
+            for role, phase in _UPDATES
             if role in self.w.models
         ]
         for metrics in self._collect(updates, clock):
@@ -590,6 +593,7 @@ class _Pending:
     part: Partition
 
 
+# The trained roles' update calls, launched together at the end of a step.
 _UPDATES = ((Role.ACTOR, Phase.ACTOR_UPDATE), (Role.CRITIC, Phase.CRITIC_UPDATE))
 
 # Where a forward call's output goes: (key in the step's Batch, key in the call's result).
