@@ -236,7 +236,7 @@ class RLLoop:
             rec.metrics["staleness"] = 1.0  # by the policy before the last update
         else:  # synchronous, or the first step of a one-step-off run
             rollout = self._sync_rollout(rec, clock)
-            batch, baseline = self._collect_rollout(
+            (batch, baseline), _ = self._collect_rollout(
                 rollout, self._launch_rollout(rollout, step, clock), clock
             )
             rec.metrics["staleness"] = 0.0
@@ -307,13 +307,12 @@ class RLLoop:
         """Results of launched calls, waited for together (or one by one without overlap):
         a Batch per forward call, the result holders' metrics per update."""
         results = clock.collect(self.c, [p.call for p in pending])
-        out: list[Any] = []
-        for p, res in zip(pending, results, strict=True):
-            d = p.call.group.dispatch
-            out.append([res[r] for r in d.result_ranks] if p.call.method == "update" else None)
-            if out[-1] is None:
-                out[-1] = collect(d, res, p.part)
-        return out
+        return [
+            [res[r] for r in p.call.group.dispatch.result_ranks]
+            if p.call.method == "update"
+            else collect(p.call.group.dispatch, res, p.part)
+            for p, res in zip(pending, results, strict=True)
+        ]
 
     # --- phases --------------------------------------------------------------
     def _forwards(
@@ -394,20 +393,20 @@ class RLLoop:
             rec.metrics["reshard_bytes_max"] = float(max(m[0] for m in moved))
             rec.metrics["reshard_peak_bytes_max"] = float(max(m[1] for m in moved))
             return actor
+        sent, received = clock.collect(self.c, self._launch_weight_sync(clock))
+        _sync_metrics(rec, sent, received)
+        return self.c.group(Role.ACTOR, generator=True)
+
+    def _launch_weight_sync(self, clock: StepClock) -> list[Launched]:
+        """The trainer ranks send, the generator ranks receive: launched together."""
+        actor = self.c.group(Role.ACTOR)
         generator = self.c.group(Role.ACTOR, generator=True)
         sends = [w.send_weights.remote() for w in actor.workers]
         receives = [w.receive_weights.remote() for w in generator.workers]
-        sent, received = clock.collect(
-            self.c,
-            [
-                clock.launch(Phase.WEIGHT_SYNC, actor, sends, "send_weights"),
-                clock.launch(Phase.WEIGHT_SYNC, generator, receives, "receive_weights"),
-            ],
-        )
-        rec.metrics["weight_sync_bytes_sent_max"] = float(max(m[0] for m in sent))
-        rec.metrics["weight_sync_bytes_max"] = float(max(m[0] for m in received))
-        rec.metrics["weight_sync_peak_bytes_max"] = float(max(m[1] for m in received))
-        return generator
+        return [
+            clock.launch(Phase.WEIGHT_SYNC, actor, sends, "send_weights"),
+            clock.launch(Phase.WEIGHT_SYNC, generator, receives, "receive_weights"),
+        ]
 
     def _launch_rollout(
         self, rollout: WorkerGroup, step: int, clock: StepClock
@@ -433,30 +432,27 @@ class RLLoop:
         calls: list[tuple[Launched, Partition]],
         clock: StepClock,
         also: Sequence[Launched] = (),
-    ) -> tuple[Batch, Batch | None]:
-        """The sampled batch and the baseline batch (ReMax) of launched rollout calls;
-        `also` are collected with them (their results are checked, not returned)."""
+    ) -> tuple[tuple[Batch, Batch | None], list[Any]]:
+        """The sampled batch and the baseline batch (ReMax) of launched rollout calls,
+        and the results of `also`, collected with them."""
         results = clock.collect(self.c, [call for call, _ in calls] + list(also))
         batches = [
             collect(rollout.gen_dispatch, align(res, self.tok.pad_id), part)
             for (_, part), res in zip(calls, results, strict=False)
         ]
-        return batches[0], batches[1] if len(batches) > 1 else None
+        return (batches[0], batches[1] if len(batches) > 1 else None), results[len(calls) :]
 
     def _sync_and_collect(
         self, rollout: list[tuple[Launched, Partition]], rec: StepRecord, clock: StepClock
     ) -> tuple[Batch, Batch | None]:
         """One-step-off: this step's weights to the generator, launched behind the next
         step's rollout on it, and that rollout's batches."""
-        actor = self.c.group(Role.ACTOR)
         generator = self.c.group(Role.ACTOR, generator=True)
-        sends = [w.send_weights.remote() for w in actor.workers]
-        receives = [w.receive_weights.remote() for w in generator.workers]
-        sync = [
-            clock.launch(Phase.WEIGHT_SYNC, actor, sends, "send_weights"),
-            clock.launch(Phase.WEIGHT_SYNC, generator, receives, "receive_weights"),
-        ]
-        return self._collect_rollout(generator, rollout, clock, also=sync)
+        batches, (sent, received) = self._collect_rollout(
+            generator, rollout, clock, also=self._launch_weight_sync(clock)
+        )
+        _sync_metrics(rec, sent, received)
+        return batches
 
     def _launch_generate(
         self,
@@ -605,6 +601,13 @@ _FORWARD_OUTPUTS: dict[Phase, tuple[str, str]] = {
     Phase.REWARD: ("scores", "scores"),
     Phase.COST: ("costs", "scores"),
 }
+
+
+def _sync_metrics(rec: StepRecord, sent: list[Any], received: list[Any]) -> None:
+    """A weight sync's bytes: sent per trainer rank, received and peak per generator rank."""
+    rec.metrics["weight_sync_bytes_sent_max"] = float(max(m[0] for m in sent))
+    rec.metrics["weight_sync_bytes_max"] = float(max(m[0] for m in received))
+    rec.metrics["weight_sync_peak_bytes_max"] = float(max(m[1] for m in received))
 
 
 def _mean_over_holders(holders: list[dict[str, float]]) -> dict[str, float]:
