@@ -35,7 +35,7 @@ from placeflow.errors import SpecError
 from placeflow.executor.engines.tokenizer import ByteTokenizer
 from placeflow.executor.tasks import TASKS
 from placeflow.hardware import DeviceKind, get_hardware
-from placeflow.models import DType, ModelSpec
+from placeflow.models import DType, Feature, ModelSpec
 from placeflow.plan import Plan, RoleParallelism
 from placeflow.workload import BatchSpec, Role, Workload
 
@@ -112,6 +112,11 @@ def _tiny_models(plan: Plan) -> dict[str, ModelSpec]:
 
 
 def _tiny_model(spec: ModelSpec, *, layers: int, tp: int) -> ModelSpec:
+    # A tiny dense stand-in keeps the head and layer rules of Qwen3's wider heads,
+    # not QK-norm; experts and latent attention have layouts it cannot stand in for.
+    spec.require_features(
+        frozenset({Feature.QK_NORM, Feature.HEAD_DIM}), "rehearsal (executor/rehearsal.py)"
+    )
     vocab = ByteTokenizer.vocab_size
     if vocab % tp:
         raise SpecError(

@@ -45,10 +45,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import ClassVar
 
 from placeflow.errors import SpecError
 from placeflow.layout import GenLayout, TrainLayout
-from placeflow.models import ModelSpec
+from placeflow.models import Feature, ModelSpec
 
 
 class Sharding(StrEnum):
@@ -112,10 +113,13 @@ class ParamSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class TinyLlama:
-    """A Llama/Qwen2-shaped model with fused qkv and gate_up; dtype_bytes per element.
+    """A Llama/Qwen2/Qwen3-shaped model with fused qkv and gate_up; dtype_bytes per element.
 
-    `qkv_bias` adds Qwen2's fused q/k/v bias (split like qkv); `tied_embeddings`
-    drops lm_head (the embedding is its only copy, so bytes match ModelSpec).
+    `qkv_bias` adds Qwen2's fused q/k/v bias (split like qkv); `qk_norm` adds
+    Qwen3's per-head query and key RMSNorm weights (replicated: every rank
+    applies the same head_dim weights to its heads); `head_dim` 0 means
+    hidden / num_heads; `tied_embeddings` drops lm_head (the embedding is its
+    only copy, so bytes match ModelSpec).
     """
 
     num_layers: int
@@ -126,33 +130,42 @@ class TinyLlama:
     vocab: int
     dtype_bytes: int = 4
     qkv_bias: bool = False
+    qk_norm: bool = False
+    head_dim: int = 0
     tied_embeddings: bool = False
+
+    # The ModelSpec features whose weights this layout describes.
+    SUPPORTED: ClassVar[frozenset[Feature]] = frozenset({Feature.QK_NORM, Feature.HEAD_DIM})
 
     @classmethod
     def from_model_spec(cls, spec: ModelSpec) -> TinyLlama:
         """The weights of a catalogue (or HF config) model, in the plan's ParamSpec form."""
+        spec.require_features(cls.SUPPORTED, "resharding (placeflow/reshard_plan.py)")
         return cls(
             num_layers=spec.num_layers,
             hidden=spec.hidden_size,
             num_heads=spec.num_heads,
             num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
             ffn=spec.ffn_hidden_size,
             vocab=spec.vocab_size,
             dtype_bytes=spec.dtype.num_bytes,
             qkv_bias=spec.qkv_bias,
+            qk_norm=spec.qk_norm,
             tied_embeddings=spec.tied_embeddings,
         )
 
     def __post_init__(self) -> None:
-        if self.hidden % self.num_heads or self.num_heads % self.num_kv_heads:
+        if self.num_heads % self.num_kv_heads or (
+            not self.head_dim and self.hidden % self.num_heads
+        ):
             raise SpecError(
-                f"hidden {self.hidden} must be a multiple of num_heads {self.num_heads}, "
-                f"itself a multiple of num_kv_heads {self.num_kv_heads}"
+                f"hidden {self.hidden} must be a multiple of num_heads {self.num_heads} (or "
+                f"head_dim given), itself a multiple of num_kv_heads {self.num_kv_heads}"
             )
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.num_heads
+        if not self.head_dim:
+            # Frozen: the derived value is stored once, as ModelSpec does.
+            object.__setattr__(self, "head_dim", self.hidden // self.num_heads)
 
     def params(self) -> list[ParamSpec]:
         """All weights, in the canonical order (the order a seeded generator fills them)."""
@@ -177,6 +190,12 @@ class TinyLlama:
                 bias = ParamSpec(name=pre + "qkv_bias", shape=(q + 2 * kv,),
                                  sharding=Sharding.COLUMN, parts=(q, kv, kv), layer=i)  # fmt: skip
                 out.append(bias)
+            if self.qk_norm:
+                out += [
+                    ParamSpec(name=pre + norm, shape=(hd,), sharding=Sharding.REPLICATED,
+                              parts=(hd,), layer=i)
+                    for norm in ("q_norm", "k_norm")
+                ]  # fmt: skip
             out += [
                 ParamSpec(name=pre + "o_proj", shape=(h, q), sharding=Sharding.ROW,
                           parts=(q,), layer=i),

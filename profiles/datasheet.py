@@ -46,7 +46,7 @@ import numpy as np
 
 from placeflow.catalogue import CATALOGUE
 from placeflow.errors import SpecError
-from placeflow.models import DType, ModelSpec
+from placeflow.models import DType, Feature, ModelSpec
 from placeflow.profiles import ops
 from placeflow.profiles.schema import (
     CollectiveKind,
@@ -310,8 +310,13 @@ class CompletionGrid:
 
 
 def gpu_models() -> tuple[ModelSpec, ...]:
-    """The catalogue models meant for GPUs (the fp32 `tiny-*` models run on CPU)."""
-    return tuple(m for m in CATALOGUE.values() if m.dtype is not DType.FP32)
+    """The catalogue's dense models meant for GPUs (the fp32 `tiny-*` models run on CPU;
+    experts and latent attention have kernels of their own, not completed here)."""
+    return tuple(
+        m
+        for m in CATALOGUE.values()
+        if m.dtype is not DType.FP32 and not m.features & {Feature.MOE, Feature.MLA}
+    )
 
 
 def attention_heads(models: Iterable[ModelSpec], tp_degrees: Iterable[int]) -> set[tuple[int, ...]]:
@@ -322,7 +327,7 @@ def attention_heads(models: Iterable[ModelSpec], tp_degrees: Iterable[int]) -> s
     """
     out: set[tuple[int, ...]] = set()
     for m in models:
-        head_dim = m.hidden_size // m.num_heads
+        head_dim = m.head_dim
         for t in tp_degrees:
             if m.num_heads % t or (m.num_kv_heads >= t and m.num_kv_heads % t):
                 continue

@@ -24,7 +24,7 @@ the planner asks the same questions for thousands of plans.
 
 from __future__ import annotations
 
-from placeflow.models import ModelSpec
+from placeflow.models import Feature, ModelSpec
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, Scope
 
@@ -43,8 +43,14 @@ def op_overhead_s(cm: CostModel) -> float:
     return cm.elementwise_s(ElementwiseKind.ADD, OP_OVERHEAD_BYTES)
 
 
+# Features of ModelSpec whose kernels this module prices; experts and latent
+# attention have other GEMMs, so such a model is refused rather than mispriced.
+PRICED_FEATURES = frozenset({Feature.QK_NORM, Feature.HEAD_DIM})
+
+
 def _gemm_shapes(model: ModelSpec, t: int) -> tuple[tuple[int, int], ...]:
     """(n, k) of the four GEMMs of one layer on one TP rank."""
+    model.require_features(PRICED_FEATURES, "the simulator's cost model")
     h, f = model.hidden_size, model.ffn_hidden_size
     qkv = (model.q_size + 2 * model.kv_heads_per_rank(t) * model.head_dim * t) // t
     return ((qkv, h), (h, model.q_size // t), (2 * f // t, h), (h, f // t))

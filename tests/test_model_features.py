@@ -1,0 +1,51 @@
+"""Models beyond a dense Llama layer (Qwen3's wider heads and QK-norm, experts, latent
+attention): priced where the cost model knows their kernels, refused by name elsewhere."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from placeflow.catalogue import CATALOGUE
+from placeflow.errors import SpecError
+from placeflow.executor.rehearsal import rehearsal_plan
+from placeflow.plan import load_plan
+from placeflow.profiles.registry import fitted_cost_model
+from placeflow.simulator import simulate
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _with_model(name: str):
+    plan = load_plan(EXAMPLES / "plans" / "ppo-7b-colocate-h100x16.toml")
+    model = CATALOGUE[name]
+    workload = dataclasses.replace(
+        plan.workload, models={role: model for role in plan.workload.models}
+    )
+    return dataclasses.replace(plan, workload=workload)
+
+
+def test_qwen3_wider_heads_are_priced_by_their_head_dim():
+    plan = _with_model("qwen3-8b")
+    cm = fitted_cost_model(plan.cluster.pools[0].profile)
+    est = simulate(plan, cm)
+    assert est.iteration_s > 0
+    # The same model with heads as wide as hidden / heads (32 x 128 = 4096 either way
+    # for the 8B) is priced identically; Qwen3-32B's 64 x 128 heads on 5,120 are not.
+    wide = CATALOGUE["qwen3-32b"]
+    narrow = dataclasses.replace(wide, head_dim=80)
+    assert narrow.q_size == 5120 < wide.q_size
+    assert narrow.kv_cache_bytes_per_token < wide.kv_cache_bytes_per_token
+
+
+@pytest.mark.parametrize(
+    ("name", "feature"),
+    [("qwen3-30b-a3b", "mixture of experts"), ("deepseek-v3", "multi-head latent attention")],
+)
+def test_experts_and_latent_attention_are_refused_not_mispriced(name, feature):
+    plan = _with_model(name)
+    cm = fitted_cost_model(plan.cluster.pools[0].profile)
+    with pytest.raises(SpecError, match=f"uses .*{feature}.*the simulator's cost model"):
+        simulate(plan, cm)
+    with pytest.raises(SpecError, match=f"{feature}.*rehearsal"):
+        rehearsal_plan(plan)
