@@ -38,13 +38,23 @@ class GpuSpec:
             )
 
 
-# Nominal capacities from the vendors' datasheets (80 GB parts; the CPU default is
-# a quarter of this 24 GiB development machine, for 4 logical workers).
+def _gpu(name: str, gib: int) -> GpuSpec:
+    return GpuSpec(name=name, kind=DeviceKind.CUDA, memory_bytes=gib * GIB, profile=name)
+
+
+# Nominal capacities from the vendors' datasheets; the CPU default is a quarter of
+# this 24 GiB development machine, for 4 logical workers. The H800, H20, A800,
+# B200 and GB200 profiles are datasheet profiles (`placeflow.profiles.siblings`).
 HARDWARE: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        GpuSpec(name="h100-sxm", kind=DeviceKind.CUDA, memory_bytes=80 * GIB, profile="h100-sxm"),
-        GpuSpec(name="a100-80gb", kind=DeviceKind.CUDA, memory_bytes=80 * GIB, profile="a100-80gb"),
+        _gpu("h100-sxm", 80),
+        _gpu("a100-80gb", 80),
+        _gpu("h800", 80),
+        _gpu("h20", 96),
+        _gpu("a800-80gb", 80),
+        _gpu("b200", 180),
+        _gpu("gb200", 186),
         GpuSpec(name="cpu", kind=DeviceKind.CPU, memory_bytes=5 * GIB, profile="cpu"),
     )
 }
