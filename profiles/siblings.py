@@ -1,42 +1,44 @@
-"""Datasheet profiles for GPUs nobody here measured, from a measured sibling.
+"""Datasheet profiles for GPUs nobody here measured, transferred from a measured sibling.
 
 H800, H20, A800, B200 and GB200 run published RL post-training jobs, but
-placeflow has no kernel measurements of them. Each gets a profile whose every
-entry is a `datasheet` entry (`Source.DATASHEET`): the roofline time of the op
-(`placeflow.profiles.datasheet.datasheet_time_s`) on the GPU's own vendor
-figures, with the achieved fractions (compute and HBM efficiency, fixed
-per-kernel cost, collective floors) that its *sibling's* imported measurements
-show (`derive_efficiencies`). The sibling is the GPU of the same architecture
-(H100 for the Hopper parts, A100 for the A800) or, for Blackwell, the newest
-architecture measured (H100): the fractions carry over, the peaks do not.
+placeflow has no kernel measurements of them. Each gets a profile of
+`datasheet` entries (`Source.DATASHEET`), one per entry of its *sibling*, the
+GPU of the same architecture (H100 for the Hopper parts, A100 for the A800) or,
+for Blackwell, the newest architecture measured (H100). An entry keeps the
+sibling's fixed cost and scales the rest of the sibling's time by how much
+faster the new GPU's bound resource is:
 
-Intra-node collective bandwidths were measured in absolute GB/s on the
-sibling's NVLink; they are scaled by the ratio of the two NVLink figures (the
-H800's and A800's 400 GB/s links halve the H100's and A100's collective
-bandwidth). GB200 NVL72 joins 72 GPUs in one NVLink domain; its all-reduce
-series beyond the sibling's 8 GPUs keep the 8-GPU floor and bus bandwidth (a
-ring's bus bandwidth does not fall with the world size; its floor grows with
-the hops, so a large-world, small-message all-reduce is priced optimistically).
+    t_new = t0 + (t_sib - t0) * R_new / R_sib
 
-Every profile says so in its provenance. Rebuild them with
-`python -m placeflow.profiles.siblings` (writes `profiles/data/<name>.json`).
+R is the roofline time on the vendor figures, max(F / peak, B / HBM) for
+compute ops (GEMMs, attention, elementwise, optimizer), bytes over NVLink or
+over the NIC for collectives within or across nodes, bytes over the host link
+for copies; t0 is the smallest time of the sibling's series (one op at one
+setting of its other parameters: the kernel's fixed cost, which a faster GPU
+does not shrink). So every inefficiency the sibling's measurements show (slow
+attention backward, launch-bound small kernels, collective floors) carries over,
+and only the peaks change. The H800 is an H100 with a 400 GB/s NVLink: its
+compute entries equal the H100's, its intra-node collectives take 2.25x longer.
+
+GB200 NVL72 joins 72 GPUs in one NVLink domain; its intra-node collectives at
+16, 32, 64 and 72 GPUs repeat the sibling's largest (8-GPU) series: a ring's bus
+bandwidth does not fall with the world size, its floor grows with the hops,
+so small messages over many GPUs are priced optimistically.
+
+Every profile says so in its provenance. Rebuild them after the sibling
+changes with `python -m placeflow.profiles.siblings` (writes
+`profiles/data/<name>.json`); a test checks the shipped files against a rebuild.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from placeflow.profiles.datasheet import (
-    A100_80GB_SXM,
-    GB,
-    H100_SXM,
-    DatasheetFigures,
-    Efficiencies,
-    datasheet_time_s,
-    derive_efficiencies,
-)
+from placeflow.profiles import ops
+from placeflow.profiles.datasheet import A100_80GB_SXM, GB, H100_SXM, DatasheetFigures
 from placeflow.profiles.registry import SHIPPED_DIR, load_profile
 from placeflow.profiles.schema import (
     CollectiveKind,
@@ -48,8 +50,6 @@ from placeflow.profiles.schema import (
     Source,
     save_profile,
 )
-
-TB = 1e12
 
 H800_SXM = DatasheetFigures(
     name="H800 SXM5 80GB",
@@ -129,88 +129,88 @@ RECIPES = (
     ),
 )
 
-# World sizes of the NVL72 domain priced beyond the sibling's largest measured world.
+# World sizes of the NVL72 domain priced beyond the sibling's largest intra-node world.
 LARGE_DOMAIN_WORLDS = (16, 32, 64, 72)
+DTYPE_BYTES = 2  # bf16 / fp16 entries; a ratio of two rooflines, so it only picks the bound
 
 
-def transferred_efficiencies(
-    sibling: Profile, sibling_figures: DatasheetFigures, figures: DatasheetFigures
-) -> Efficiencies:
-    """The sibling's achieved fractions, with its intra-node bandwidths scaled to `figures`'
-    NVLink (they were measured in absolute bytes/s)."""
-    eff = derive_efficiencies(sibling, sibling_figures)
-    scale = figures.nvlink_bytes_per_s / sibling_figures.nvlink_bytes_per_s
-    net = eff.network
-    bus = {n: b * scale for n, b in net.allreduce_bus_bytes_per_s.items()}
-    return replace(eff, network=replace(net, allreduce_bus_bytes_per_s=bus))
-
-
-def _large_domain(eff: Efficiencies, domain: int) -> Efficiencies:
-    """All-reduce floors and bandwidths for worlds up to `domain`, from the largest measured."""
-    net = eff.network
-    largest = max(net.allreduce_floor_s)
-    floors, bus = dict(net.allreduce_floor_s), dict(net.allreduce_bus_bytes_per_s)
-    for n in LARGE_DOMAIN_WORLDS:
-        if largest < n <= domain:
-            floors[n], bus[n] = floors[largest], bus[largest]
-    return replace(
-        eff, network=replace(net, allreduce_floor_s=floors, allreduce_bus_bytes_per_s=bus)
+def roofline_s(op: Op, params: Mapping[str, int | str], fig: DatasheetFigures) -> float:
+    """The time of `op` at `params` if it ran at the figures' peak of its bound resource."""
+    if op is Op.COPY:
+        return int(params["num_bytes"]) / fig.host_link_bytes_per_s
+    if op is Op.COLLECTIVE:
+        link = (
+            fig.inter_node_bytes_per_s
+            if params["scope"] == Scope.INTER.value
+            else fig.nvlink_bytes_per_s
+        )
+        return ops.bytes_moved(op, params, DTYPE_BYTES) / link
+    return max(
+        ops.flops(op, params) / fig.peak_bf16_flops_per_s,
+        ops.bytes_moved(op, params, DTYPE_BYTES) / fig.hbm_bytes_per_s,
     )
 
 
-def _domain_entries(sibling: Profile, domain: int) -> list[Entry]:
-    """The sibling's intra-node collective points repeated at the larger world sizes."""
-    largest = max(
-        int(e.params["world_size"])
+def _series_floors(entries: Iterable[Entry]) -> dict[tuple[Op, ops.SeriesKey], float]:
+    floors: dict[tuple[Op, ops.SeriesKey], float] = {}
+    for e in entries:
+        key = (e.op, ops.series_key(e.op, e.params))
+        floors[key] = min(floors.get(key, e.median_s), e.median_s)
+    return floors
+
+
+def transfer_s(
+    entry: Entry, floor_s: float, sibling: DatasheetFigures, figures: DatasheetFigures
+) -> float:
+    """`entry`'s time on `figures`' GPU: its fixed cost plus the rest, scaled (see above)."""
+    ratio = roofline_s(entry.op, entry.params, figures) / roofline_s(
+        entry.op, entry.params, sibling
+    )
+    return floor_s + (entry.median_s - floor_s) * ratio
+
+
+def _large_domain_points(sibling: Profile, domain: int) -> list[Entry]:
+    """The sibling's largest intra-node collective series repeated at the larger worlds."""
+    intra = [
+        e
         for e in sibling.entries_for(Op.COLLECTIVE)
         if e.params["scope"] == Scope.INTRA.value
-    )
-    out = []
-    for e in sibling.entries_for(Op.COLLECTIVE):
-        if e.params["scope"] != Scope.INTRA.value or int(e.params["world_size"]) != largest:
-            continue
-        if e.params["kind"] == CollectiveKind.SEND_RECV.value:
-            continue  # point to point: two ranks whatever the domain
-        for n in LARGE_DOMAIN_WORLDS:
-            if largest < n <= domain:
-                out.append(replace(e, params={**e.params, "world_size": n}))
-    return out
+        and e.params["kind"] != CollectiveKind.SEND_RECV.value  # two ranks in any domain
+    ]
+    largest = max(int(e.params["world_size"]) for e in intra)
+    return [
+        replace(e, params={**e.params, "world_size": n})
+        for e in intra
+        if int(e.params["world_size"]) == largest
+        for n in LARGE_DOMAIN_WORLDS
+        if largest < n <= domain
+    ]
 
 
 def build_sibling_profile(recipe: SiblingRecipe, sibling: Profile, *, date: str) -> Profile:
-    """Every op and size the sibling has, priced on the recipe's GPU (all datasheet entries)."""
-    eff = transferred_efficiencies(sibling, recipe.sibling_figures, recipe.figures)
-    points = list(sibling.entries)
+    """Every op and size the sibling has, transferred to the recipe's GPU (datasheet entries)."""
+    floors = _series_floors(sibling.entries)
+    points = [(e, floors[(e.op, ops.series_key(e.op, e.params))]) for e in sibling.entries]
     if recipe.nvlink_domain > 8:
-        eff = _large_domain(eff, recipe.nvlink_domain)
-        points += _domain_entries(sibling, recipe.nvlink_domain)
+        extra = _large_domain_points(sibling, recipe.nvlink_domain)
+        extra_floors = _series_floors(extra)
+        points += [(e, extra_floors[(e.op, ops.series_key(e.op, e.params))]) for e in extra]
     entries = []
-    for e in points:
-        t = datasheet_time_s(e.op, e.params, recipe.figures, eff)
-        entries.append(
-            Entry(
-                op=e.op,
-                params=e.params,
-                median_s=t,
-                p10_s=t,
-                p90_s=t,
-                repeats=1,
-                source=Source.DATASHEET,
-            )
-        )
+    for e, floor in points:
+        t = transfer_s(e, floor, recipe.sibling_figures, recipe.figures)
+        entries.append(replace(e, median_s=t, p10_s=t, p90_s=t, repeats=1, source=Source.DATASHEET))
+    sources = sorted({e.source.value for e in sibling.entries})
     notes = (
-        f"Datasheet profile: no kernel of this GPU was measured. Every entry is the roofline "
-        f"time on {recipe.figures.describe()}, with the achieved fractions that the "
-        f"{recipe.sibling!r} profile's imported measurements show ({eff.describe()}); intra-node "
-        f"collective bandwidths scaled by the NVLink ratio "
-        f"{recipe.figures.nvlink_bytes_per_s / recipe.sibling_figures.nvlink_bytes_per_s:g}. "
-        f"Same op grid as {recipe.sibling!r}."
+        f"Datasheet profile: no kernel of this GPU was measured. Each entry is the "
+        f"{recipe.sibling!r} profile's entry (sources: {', '.join(sources)}) with its series' "
+        f"fixed cost kept and the rest scaled by the roofline ratio of {recipe.figures.describe()} "
+        f"to {recipe.sibling_figures.describe()} (placeflow.profiles.siblings)."
     )
     if recipe.nvlink_domain > 8:
         notes += (
-            f" One NVLink domain of {recipe.nvlink_domain} GPUs: all-reduce, all-gather and "
-            f"reduce-scatter at {', '.join(map(str, LARGE_DOMAIN_WORLDS))} GPUs keep the 8-GPU "
-            "floor and bus bandwidth (optimistic for small messages)."
+            f" One NVLink domain of {recipe.nvlink_domain} GPUs: intra-node collectives at "
+            f"{', '.join(map(str, LARGE_DOMAIN_WORLDS))} GPUs repeat the sibling's largest "
+            "intra-node series (optimistic for small messages)."
         )
     return Profile(
         name=recipe.name,

@@ -8,16 +8,10 @@ import pytest
 from placeflow.cluster import ClusterSpec, PoolSpec
 from placeflow.hardware import HARDWARE
 from placeflow.plan import load_plan
-from placeflow.profiles.datasheet import H100_SXM, derive_efficiencies
+from placeflow.profiles import ops
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import CollectiveKind, Op, Scope, Source
-from placeflow.profiles.siblings import (
-    H20,
-    H800_SXM,
-    RECIPES,
-    build_sibling_profile,
-    transferred_efficiencies,
-)
+from placeflow.profiles.siblings import RECIPES, build_sibling_profile
 from placeflow.simulator import simulate
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -36,31 +30,39 @@ def test_shipped_profile_is_what_the_recipe_builds(recipe):
     assert "no kernel of this GPU was measured" in shipped.provenance.notes
 
 
-def _entry(profile, op, **params):
-    return next(
-        e for e in profile.entries_for(op) if all(e.params[k] == v for k, v in params.items())
-    )
+def _pairs(name: str, op: Op):
+    """(sibling entry, its series' floor, the new GPU's entry) for every point of `op`."""
+    sibling = load_profile("h100-sxm")
+    new = {e.key(): e for e in load_profile(name).entries_for(op)}
+    floors: dict = {}
+    for e in sibling.entries_for(op):
+        k = ops.series_key(op, e.params)
+        floors[k] = min(floors.get(k, e.median_s), e.median_s)
+    return [
+        (e, floors[ops.series_key(op, e.params)], new[e.key()]) for e in sibling.entries_for(op)
+    ]
 
 
 def test_h20_large_gemm_by_hand():
-    h100 = load_profile("h100-sxm")
-    eff = derive_efficiencies(h100, H100_SXM)
-    h20 = load_profile("h20")
-    big = max(h20.entries_for(Op.GEMM), key=lambda e: e.params["m"] * e.params["n"] * e.params["k"])
-    p = big.params
-    flops = 2 * p["m"] * p["n"] * p["k"]
-    # Compute-bound at 148 TFLOP/s times the H100's achieved fraction, plus its fixed cost.
-    assert big.median_s == pytest.approx(eff.fixed_s + flops / (148e12 * eff.compute_fraction))
+    # The largest GEMM is compute-bound on both: its time beyond the series' fixed cost
+    # grows by the peak ratio 989 / 148 TFLOP/s.
+    sib, floor, h20 = max(_pairs("h20", Op.GEMM), key=lambda t: ops.flops(Op.GEMM, t[0].params))
+    assert h20.median_s == pytest.approx(floor + (sib.median_s - floor) * 989 / 148)
 
 
 def test_h800_is_an_h100_with_slower_nvlink():
-    h100_eff = derive_efficiencies(load_profile("h100-sxm"), H100_SXM)
-    h800_eff = transferred_efficiencies(load_profile("h100-sxm"), H100_SXM, H800_SXM)
-    assert h800_eff.compute_fraction == h100_eff.compute_fraction
-    for n, bus in h100_eff.network.allreduce_bus_bytes_per_s.items():
-        assert h800_eff.network.allreduce_bus_bytes_per_s[n] == pytest.approx(bus * 200 / 450)
-    h20_eff = transferred_efficiencies(load_profile("h100-sxm"), H100_SXM, H20)
-    assert h20_eff.network.allreduce_bus_bytes_per_s == h100_eff.network.allreduce_bus_bytes_per_s
+    for sib, _, h800 in _pairs("h800", Op.GEMM) + _pairs("h800", Op.ATTN_PREFILL_BWD):
+        assert h800.median_s == pytest.approx(sib.median_s)
+    intra = [t for t in _pairs("h800", Op.COLLECTIVE) if t[0].params["scope"] == "intra"]
+    assert intra
+    for sib, floor, h800 in intra:
+        assert h800.median_s == pytest.approx(floor + (sib.median_s - floor) * 450 / 200)
+
+
+def test_b200_keeps_the_fixed_cost_of_small_kernels():
+    # Below the fixed cost nothing shrinks: a faster GPU does not launch faster.
+    for sib, floor, b200 in _pairs("b200", Op.ELEMENTWISE):
+        assert floor <= b200.median_s <= sib.median_s
 
 
 def test_gb200_prices_all_reduce_across_its_nvl72_domain():
