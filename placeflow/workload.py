@@ -3,6 +3,7 @@
 ```toml
 name = "ppo-llama2-7b"
 algorithm = "ppo"                 # ppo | grpo | remax | safe-rlhf
+rollout_engine = "builtin"        # builtin | vllm (optional; how decode is priced)
 [models]                          # role -> catalogue name or HF config path
 actor = "llama-2-7b"
 critic = "llama-2-7b"
@@ -41,6 +42,17 @@ class Algorithm(StrEnum):
     GRPO = "grpo"
     REMAX = "remax"
     SAFE_RLHF = "safe-rlhf"
+
+
+class RolloutEngine(StrEnum):
+    """The engine that generates rollouts (the simulator prices its decode step).
+
+    builtin: placeflow's batched KV-cache sampler, eager decode; vllm: vLLM,
+    which replays CUDA graphs for decode on GPUs.
+    """
+
+    BUILTIN = "builtin"
+    VLLM = "vllm"
 
 
 class Role(StrEnum):
@@ -181,6 +193,7 @@ class Workload:
     batch: BatchSpec
     reward_function: str | None = None
     async_one_step_off: bool = False
+    rollout_engine: RolloutEngine = RolloutEngine.BUILTIN
     rl: RLConfig = field(default_factory=RLConfig)
 
     @property
@@ -246,8 +259,9 @@ _BATCH_KEYS = tuple(f.name for f in dataclasses.fields(BatchSpec))
 def workload_from_dict(data: dict, where: str = "workload") -> Workload:
     t = Table(data, where)
     t.reject_unknown(
-        ("name", "algorithm", "models", "batch", "reward_function", "async_one_step_off", "rl")
-    )
+        ("name", "algorithm", "models", "batch", "reward_function", "async_one_step_off", "rl",
+         "rollout_engine")
+    )  # fmt: skip
     algo_name = t.get_str("algorithm")
     try:
         algorithm = Algorithm(algo_name)
@@ -292,8 +306,19 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         batch=batch,
         reward_function=reward_function,
         async_one_step_off=t.get_bool("async_one_step_off", False),
+        rollout_engine=_rollout_engine(t.get_str("rollout_engine", "builtin"), where),
         rl=rl,
     )
+
+
+def _rollout_engine(name: str, where: str) -> RolloutEngine:
+    try:
+        return RolloutEngine(name)
+    except ValueError:
+        raise SpecError(
+            f"{where}: unknown rollout_engine {name!r}; "
+            f"known: {', '.join(e.value for e in RolloutEngine)}"
+        ) from None
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -324,6 +349,8 @@ def workload_to_dict(w: Workload) -> dict[str, Any]:
     }
     if w.reward_function:
         out["reward_function"] = w.reward_function
+    if w.rollout_engine is not RolloutEngine.BUILTIN:  # the default is left out: same hash
+        out["rollout_engine"] = w.rollout_engine.value
     # Only settings that differ from the defaults, so older plans keep their content hash.
     rl = {k: getattr(w.rl, k) for k in _RL_KEYS if getattr(w.rl, k) != getattr(RLConfig(), k)}
     if rl:

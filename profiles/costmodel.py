@@ -177,6 +177,9 @@ class CostModel:
     # A CPU profile's "nodes" are groups of logical workers on the host it was measured
     # on: a collective between them takes the same loopback as one within a node.
     host_local: bool = False
+    # "cpu" or "cuda": on a GPU the host launches kernels asynchronously, so host
+    # dispatch and device time overlap (see placeflow.simulator.compute).
+    device_kind: str = "cuda"
     series: Mapping[SeriesId, Series] = field(hash=False)
     # Answers already given, by (op, parameter values): the simulator asks the same
     # questions thousands of times while the planner re-scores plans.
@@ -213,6 +216,7 @@ class CostModel:
             profile_name=profile.name,
             dtype_bytes=dtype_bytes,
             host_local=profile.device_kind == "cpu",
+            device_kind=profile.device_kind,
             rooflines=rooflines,
             series=series,
             series_index=_index_series(series),

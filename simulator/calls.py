@@ -55,6 +55,7 @@ from placeflow.reshard_plan import (
 )
 from placeflow.simulator import compute, memory
 from placeflow.simulator.lengths import LengthModel
+from placeflow.workload import RolloutEngine
 
 DECODE_POINTS = 12
 
@@ -78,21 +79,29 @@ class GenerationShape:
     prompt_len: int
     lengths: LengthModel
     kv_capacity_seqs: int
+    engine: RolloutEngine = RolloutEngine.BUILTIN  # how a decode step runs (compute.py)
 
 
 def _decode_sum_s(
-    cm: CostModel, model: ModelSpec, gen: GenLayout, n: int, prompt: int, lengths: LengthModel
+    cm: CostModel, model: ModelSpec, gen: GenLayout, n: int, shape: GenerationShape
 ) -> tuple[float, int]:
     """Seconds to decode one batch of n sequences to completion, and the step count.
 
     Sum over steps 1..S of the step cost, as the trapezoid integral over sampled
     steps plus half of each end value (exact for a constant or linear step cost).
     """
+    prompt, lengths = shape.prompt_len, shape.lengths
     last = lengths.last_step(n)
     points = sorted({round(1 + i * (last - 1) / (DECODE_POINTS - 1)) for i in range(DECODE_POINTS)})
     values = [
         compute.decode_step_s(
-            cm, model, gen.tg, gen.pg, max(1, math.ceil(n * lengths.survival(s))), prompt + s
+            cm,
+            model,
+            gen.tg,
+            gen.pg,
+            max(1, math.ceil(n * lengths.survival(s))),
+            prompt + s,
+            engine=shape.engine,
         )
         for s in points
     ]
@@ -118,8 +127,10 @@ def generation_cost(
     if n > c:
         steady_steps = (n - c) * shape.lengths.mean / c
         mean_kv = prompt + int(shape.lengths.mean / 2)
-        steady_s = steady_steps * compute.decode_step_s(cm, model, gen.tg, gen.pg, c, mean_kv)
-    tail_s, steps = _decode_sum_s(cm, model, gen, batch, prompt, shape.lengths)
+        steady_s = steady_steps * compute.decode_step_s(
+            cm, model, gen.tg, gen.pg, c, mean_kv, engine=shape.engine
+        )
+    tail_s, steps = _decode_sum_s(cm, model, gen, batch, shape)
     kv_bytes = (
         batch
         * (prompt + shape.lengths.max_len)
@@ -137,6 +148,7 @@ def generation_cost(
             "kv_capacity_seqs": c,
             "waves": math.ceil(n / c),
             "last_step": steps,
+            "engine": shape.engine.value,
         },
     )
 

@@ -68,11 +68,26 @@ class StepEstimate:
     def peak_memory_bytes(self) -> float:
         return max(s.peak_memory_bytes for s in self.sets)
 
+    @property
+    def steady_step(self) -> int:
+        """The step whose calls stand for one step: the last one shown.
+
+        A synchronous estimate shows one step (0). A one-step-off estimate
+        unrolls three; the last is the steady state that `iteration_s` measures.
+        """
+        return max((p.step for p in self.phases), default=0)
+
     def phase_totals_s(self) -> dict[str, float]:
-        """Total duration per phase name (summed over sets and steps shown)."""
+        """Duration per phase name over one step (the steady-state step), summed over sets.
+
+        One step's worth, as a run records per step: summing every unrolled
+        step of a one-step-off estimate would count each call three times.
+        """
+        last = self.steady_step
         totals: dict[str, float] = {}
         for p in self.phases:
-            totals[p.name.value] = totals.get(p.name.value, 0.0) + p.duration_s
+            if p.step == last:
+                totals[p.name.value] = totals.get(p.name.value, 0.0) + p.duration_s
         return totals
 
     def to_json(self) -> dict[str, Any]:

@@ -179,8 +179,7 @@ def simulated_overlap(estimate: StepEstimate) -> float:
     steady-state step of an unrolled one-step-off schedule (whose steps have
     the same calls, and iteration_s is the distance between step ends).
     """
-    last = max(p.step for p in estimate.phases)
-    busy_s = sum(p.duration_s for p in estimate.phases if p.step == last)
+    busy_s = sum(p.duration_s for p in estimate.phases if p.step == estimate.steady_step)
     return busy_s / estimate.iteration_s
 
 

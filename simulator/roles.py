@@ -89,6 +89,7 @@ def role_call_costs(
                 prompt_len=workload.batch.prompt_len,
                 lengths=LengthModel.of(workload.batch),  # a greedy baseline: same in expectation
                 kv_capacity_seqs=kv_seqs,
+                engine=workload.rollout_engine,
             )
             out[call.phase] = calls.generation_cost(cm, model, gen, shape)
         elif call.kind == CallKind.FORWARD:

@@ -17,14 +17,34 @@ import pytest
 
 from placeflow.errors import SpecError
 from placeflow.profiles import ops
-from placeflow.profiles.build_gpu_profiles import RECIPES, build_gpu_profiles
+from placeflow.profiles.build_gpu_profiles import (
+    RECIPES,
+    MeasuredSet,
+    build_gpu_profiles,
+    build_profile,
+    measured_from_files,
+    overlay_measured,
+)
 from placeflow.profiles.datasheet import H100_SXM, derive_efficiencies
-from placeflow.profiles.schema import Op, Profile, Scope, Source, load_profile_file
+from placeflow.profiles.schema import (
+    Entry,
+    Op,
+    Profile,
+    Provenance,
+    Scope,
+    Source,
+    load_profile_file,
+    save_profile,
+)
 from placeflow.profiles.vidur import geometric_subset, import_vidur
 
 REPO = Path(__file__).resolve().parents[1]
 VIDUR_DIR = Path(os.environ.get("PLACEFLOW_VIDUR_DIR", REPO.parent / "shared" / "vidur-profiles"))
 SHIPPED = {name: REPO / "profiles" / "data" / f"{name}.json" for name in ("h100-sxm", "a100-80gb")}
+H100_MEASURED_DIR = Path(
+    os.environ.get("PLACEFLOW_H100_MEASURED_DIR", REPO.parent / "shared" / "h100-measured")
+)
+H100_MEASURED = [H100_MEASURED_DIR / f"h100-{p}.json" for p in ("full-a", "full-b", "quick")]
 
 needs_vidur = pytest.mark.skipif(
     not (VIDUR_DIR / "compute").is_dir(), reason=f"Vidur's CSVs not found at {VIDUR_DIR}"
@@ -39,6 +59,12 @@ def h100() -> Profile:
 @pytest.fixture(scope="module")
 def built() -> dict[str, Profile]:
     return build_gpu_profiles(VIDUR_DIR, import_date="2026-01-01")
+
+
+@pytest.fixture(scope="module")
+def h100_imported() -> Profile:
+    """The H100 profile as Vidur and the datasheet give it, before measured entries."""
+    return build_profile(VIDUR_DIR, RECIPES[0], import_date="2026-01-01")
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -125,31 +151,41 @@ def test_h100_efficiencies_match_published_figures(h100: Profile) -> None:
 
 
 @needs_vidur
-def test_completed_profiles_cover_every_op(built: dict[str, Profile]) -> None:
+def test_completed_profiles_cover_every_op(
+    built: dict[str, Profile], h100_imported: Profile
+) -> None:
     assert set(built) == {r.name for r in RECIPES}
+    unmeasured = (Op.ATTN_PREFILL_FWD, Op.ATTN_PREFILL_BWD, Op.ATTN_DECODE, Op.OPTIMIZER, Op.COPY)
+    for profile in (built["a100-80gb"], h100_imported):
+        for op in unmeasured:
+            assert {e.source for e in profile.entries_for(op)} == {Source.DATASHEET}
     for name, profile in built.items():
         assert profile.name == name and profile.provenance.source is Source.MIXED
         assert set(profile.coverage()) == {op.value for op in Op}
-        for op in (Op.ATTN_PREFILL_FWD, Op.ATTN_PREFILL_BWD, Op.ATTN_DECODE, Op.OPTIMIZER, Op.COPY):
-            assert {e.source for e in profile.entries_for(op)} == {Source.DATASHEET}
+    # The H100 was measured on one GPU: every op but the collectives is measured.
+    for op in Op:
+        sources = {e.source for e in built["h100-sxm"].entries_for(op)}
+        assert sources == (
+            {Source.IMPORTED, Source.DATASHEET} if op is Op.COLLECTIVE else {Source.MEASURED}
+        )
 
 
 @needs_vidur
 def test_imported_entries_survive_completion_and_series_never_mix(
-    built: dict[str, Profile], h100: Profile
+    built: dict[str, Profile], h100: Profile, h100_imported: Profile
 ) -> None:
-    completed = built["h100-sxm"]
-    assert set(h100.entries) <= set(completed.entries)
-    sources: dict[tuple, set[Source]] = {}
-    for e in completed.entries:
-        sources.setdefault((e.op, ops.series_key(e.op, e.params)), set()).add(e.source)
-    assert all(len(s) == 1 for s in sources.values())
+    assert set(h100.entries) <= set(h100_imported.entries)
+    for completed in (h100_imported, built["h100-sxm"]):
+        sources: dict[tuple, set[Source]] = {}
+        for e in completed.entries:
+            sources.setdefault((e.op, ops.series_key(e.op, e.params)), set()).add(e.source)
+        assert all(len(s) == 1 for s in sources.values())
 
 
 @needs_vidur
-def test_datasheet_entries_follow_the_roofline(built: dict[str, Profile], h100: Profile) -> None:
+def test_datasheet_entries_follow_the_roofline(h100_imported: Profile, h100: Profile) -> None:
     eff = derive_efficiencies(h100, H100_SXM)
-    profile = built["h100-sxm"]
+    profile = h100_imported
     # Llama-3.1-8B LM head at TP 1, 4096 tokens: compute-bound.
     [lm_head] = _find(profile, Op.GEMM, m=4096, n=128256, k=4096)
     flops = 2 * 4096 * 128256 * 4096
@@ -182,6 +218,68 @@ def test_shipped_gpu_profile_loads_with_provenance(name: str) -> None:
     assert profile.provenance.source is Source.MIXED
     assert "microsoft/vidur" in profile.provenance.notes and "MIT" in profile.provenance.notes
     assert set(profile.coverage()) == {op.value for op in Op}
-    assert set(profile.sources()) == {"imported", "datasheet"}
+    measured = {"measured"} if name == "h100-sxm" else set()
+    assert set(profile.sources()) == {"imported", "datasheet"} | measured
     assert any(e.params.get("scope") == Scope.INTER.value for e in profile.entries)
     assert path.stat().st_size < 2_000_000
+    if measured:
+        # The measurement's own provenance travels with the file.
+        record = profile.grid["measured"]
+        assert record["device_name"] == "NVIDIA H100 80GB HBM3" and record["dtype"] == "bf16"
+        assert profile.provenance.dtype == "bf16"
+
+
+def _entry(op: Op, source: Source, median_s: float, **params: int | str) -> Entry:
+    return Entry(
+        op=op, params=params, median_s=median_s, p10_s=median_s, p90_s=median_s, repeats=1,
+        source=source,
+    )  # fmt: skip
+
+
+def _profile(name: str, *entries: Entry, kind: str = "cuda") -> Profile:
+    prov = Provenance(
+        source=Source.MIXED, device_name="gpu", torch_version="t", dtype="bf16", date="d"
+    )
+    return Profile(name=name, device_kind=kind, provenance=prov, entries=entries)
+
+
+def test_overlay_keeps_other_sources_only_where_nothing_was_measured() -> None:
+    gemm_imported = _entry(Op.GEMM, Source.IMPORTED, 1e-5, m=8, n=64, k=64)
+    add_imported = _entry(Op.ELEMENTWISE, Source.IMPORTED, 2e-6, kind="add", num_bytes=1024)
+    norm_imported = _entry(Op.ELEMENTWISE, Source.IMPORTED, 3e-6, kind="rmsnorm", num_bytes=1024)
+    ar = dict(kind="all_reduce", world_size=8, scope="intra", num_bytes=1 << 20)
+    ar_imported = _entry(Op.COLLECTIVE, Source.IMPORTED, 5e-5, **ar)
+    base = _profile("base", gemm_imported, add_imported, norm_imported, ar_imported)
+    gemm_measured = _entry(Op.GEMM, Source.MEASURED, 2e-5, m=16, n=128, k=64)
+    add_measured = _entry(Op.ELEMENTWISE, Source.MEASURED, 9e-6, kind="add", num_bytes=4096)
+    measured = MeasuredSet(entries=(gemm_measured, add_measured), provenance={"files": ["x"]})
+    out = overlay_measured(base, measured)
+    # GEMMs and the add were measured: their imported entries go, even at other shapes;
+    # the RMSNorm and the all-reduce were not: theirs stay.
+    assert set(out.entries) == {gemm_measured, add_measured, norm_imported, ar_imported}
+    assert out.grid["measured"] == {"files": ["x"]}
+    assert "replace the 2 imported or datasheet entries" in out.provenance.notes
+
+
+def test_measured_files_are_deduplicated_first_file_first(tmp_path: Path) -> None:
+    a = _entry(Op.GEMM, Source.MEASURED, 1e-5, m=8, n=64, k=64)
+    a_again = _entry(Op.GEMM, Source.MEASURED, 7e-5, m=8, n=64, k=64)
+    b = _entry(Op.GEMM, Source.MEASURED, 2e-5, m=16, n=64, k=64)
+    first = save_profile(_profile("one", a), tmp_path / "one.json")
+    second = save_profile(_profile("two", a_again, b), tmp_path / "two.json")
+    got = measured_from_files([first, second])
+    assert got.entries == (a, b)
+    assert got.provenance["files"] == ["one.json", "two.json"]
+    cpu = save_profile(_profile("cpu", a, kind="cpu"), tmp_path / "cpu.json")
+    with pytest.raises(ValueError, match="a cpu profile; GPU profiles need cuda"):
+        measured_from_files([cpu])
+
+
+@pytest.mark.skipif(
+    not all(p.exists() for p in H100_MEASURED), reason=f"no H100 files in {H100_MEASURED_DIR}"
+)
+def test_shipped_h100_measured_entries_are_the_measured_files() -> None:
+    shipped = load_profile_file(SHIPPED["h100-sxm"])
+    expected = measured_from_files(H100_MEASURED)
+    got = {e for e in shipped.entries if e.source is Source.MEASURED}
+    assert got == set(expected.entries)
