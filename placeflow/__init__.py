@@ -5,6 +5,11 @@ clusters and workloads (frozen, validated dataclasses loadable from TOML) and
 the command-line interface. Everything else builds on these specs:
 `placeflow.profiles` (kernel profiler and cost model), `placeflow.simulator`,
 `placeflow.planner`, `placeflow.executor` and `placeflow.reports`.
+
+The library API (`placeflow.api`) is here too: `placeflow.plan(cluster,
+workload)`, `placeflow.simulate(plan)`, `placeflow.run(plan)`,
+`placeflow.validate(plan)`. `placeflow.plan` is also the plan-spec module
+(`from placeflow.plan import Plan`); calling it calls `placeflow.api.plan`.
 """
 
 from pathlib import Path as _Path
@@ -19,3 +24,8 @@ __version__ = "0.1.0"
 _root = _Path(__file__).resolve().parent.parent
 if (_root / "pyproject.toml").is_file() and (_root / "profiles" / "costmodel.py").is_file():
     __path__.append(str(_root))
+
+from placeflow import plan  # noqa: E402  (the spec module, callable as the API's plan)
+from placeflow.api import Validation, rehearse, run, simulate, validate  # noqa: E402
+
+__all__ = ["Validation", "plan", "rehearse", "run", "simulate", "validate"]

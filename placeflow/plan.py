@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -383,3 +385,18 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
     header = f"# placeflow plan {plan.name!r}, content hash {plan.content_hash()}\n"
     p.write_text(header + tomli_w.dumps(plan_to_dict(plan)), encoding="utf-8")
     return p
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as the library API's verb: `placeflow.plan(cluster, workload)`
+    is `placeflow.api.plan(...)`. The verb and this spec module share the name
+    `placeflow.plan`, and Python binds a package attribute to its submodule on import,
+    so the module itself answers the call."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from placeflow.api import plan
+
+        return plan(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
