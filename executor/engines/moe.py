@@ -48,7 +48,7 @@ class _AllToAll(torch.autograd.Function):
     """`all_to_all_single` with autograd: the backward sends gradients back the same way."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x: torch.Tensor, send: list[int], recv: list[int], group: Any
     ) -> torch.Tensor:
         ctx.send, ctx.recv, ctx.group = send, recv, group
@@ -59,7 +59,7 @@ class _AllToAll(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         back = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
         dist.all_to_all_single(
             back,
