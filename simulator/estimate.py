@@ -56,13 +56,14 @@ class StepEstimate:
     plan_hash: str
     profile_name: str
     feasible: bool
-    infeasible_reason: str | None
+    infeasible_reason: str | None  # every one of `infeasible_reasons`, joined by '; '
     iteration_s: float
     tokens_per_s: float
     samples_per_s: float
     phases: tuple[PhaseInterval, ...]
     sets: tuple[SetEstimate, ...]
     notes: tuple[str, ...] = ()
+    infeasible_reasons: tuple[str, ...] = ()  # every problem: each over-capacity set, ...
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -100,9 +101,11 @@ class StepEstimate:
             "profile": self.profile_name,
             "feasible": self.feasible,
             "infeasible_reason": self.infeasible_reason,
-            "iteration_s": num(self.iteration_s),
-            "tokens_per_s": num(self.tokens_per_s),
-            "samples_per_s": num(self.samples_per_s),
+            "infeasible_reasons": list(self.infeasible_reasons),
+            # A plan that cannot run has no iteration time: null, not a number to misread.
+            "iteration_s": num(self.iteration_s) if self.feasible else None,
+            "tokens_per_s": num(self.tokens_per_s) if self.feasible else None,
+            "samples_per_s": num(self.samples_per_s) if self.feasible else None,
             "peak_memory_bytes": self.peak_memory_bytes,
             "phases": [
                 {

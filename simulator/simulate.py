@@ -297,7 +297,8 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
             sorted({_cm(plan, cms, i).profile_name for i in range(len(plan.sets))})
         ),
         feasible=feasible,
-        infeasible_reason=problems[0] if problems else None,
+        infeasible_reason="; ".join(problems) if problems else None,
+        infeasible_reasons=tuple(problems),
         iteration_s=iteration_s,
         tokens_per_s=tokens / iteration_s if feasible else 0.0,
         samples_per_s=wl.batch.num_samples / iteration_s if feasible else 0.0,

@@ -49,3 +49,24 @@ def test_experts_and_latent_attention_are_refused_not_mispriced(name, feature):
         simulate(plan, cm)
     with pytest.raises(SpecError, match=f"{feature}.*rehearsal"):
         rehearsal_plan(plan)
+
+
+def test_every_over_capacity_set_is_reported_and_no_time_is_given():
+    import json
+
+    from placeflow.plan import DeviceSet
+
+    plan = load_plan(EXAMPLES / "plans" / "ppo-7b-split-h100x16.toml")
+    big = CATALOGUE["llama-2-70b"]
+    workload = dataclasses.replace(plan.workload, models={r: big for r in plan.workload.models})
+    plan = dataclasses.replace(plan, workload=workload)
+    est = simulate(plan, fitted_cost_model(plan.cluster.pools[0].profile))
+    over = [s for s in est.sets if s.peak_memory_bytes > s.capacity_bytes]
+    assert not est.feasible and len(over) >= 2
+    assert len(est.infeasible_reasons) >= len(over)
+    for s in over:
+        assert f"set #{s.index + 1}" in est.infeasible_reason
+    data = json.loads(json.dumps(est.to_json()))
+    assert data["iteration_s"] is None and data["tokens_per_s"] is None
+    assert data["infeasible_reasons"] == list(est.infeasible_reasons)
+    assert isinstance(plan.sets[0], DeviceSet)
