@@ -202,7 +202,7 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
     else:
         return costed
     # The transition is one Ray call per rank too; its bytes go over the collectives.
-    cost = with_dispatch(cm, _contended(plan, actor_set, cost), 0)
+    cost = _contended(plan, actor_set, with_dispatch(cm, cost, 0))
     transition = _Call(phase=phase, roles=(Role.ACTOR,), sets=sets, cost=cost, preds=())
     result = [transition]
     for c in costed:
