@@ -24,6 +24,7 @@ import datetime
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -71,7 +72,8 @@ def measure_dispatch(
     if started:
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        worker = ray.remote(num_cpus=0)(_Worker).remote()
+        # Any: Ray's handle types do not know the remote methods of a class made remote here.
+        worker: Any = ray.remote(num_cpus=0)(_Worker).remote()
         ray.get(worker.take.remote({}))  # the worker process is up
         entries = []
         for num_bytes in sizes:

@@ -76,7 +76,7 @@ FLOAT_BYTES = 4
 UPDATE_FLOAT_FIELDS = 3
 
 
-def call_payload_bytes(kind: CallKind, samples_per_rank: int, prompt_len: int, seq: int) -> int:
+def call_payload_bytes(kind: str, samples_per_rank: int, prompt_len: int, seq: int) -> int:
     """Bytes one rank's call moves there and back, for `samples_per_rank` samples.
 
     generate: prompts in, prompt + response tokens with their logprobs out;
