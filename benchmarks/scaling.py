@@ -16,7 +16,7 @@ Writes benchmarks/results/scaling.json and reports/examples/scaling-ppo-a100.htm
 (tokens/s per GPU against GPUs, one line per model and kind).
 
     python benchmarks/scaling.py [--sizes 16,32,64,128,256,512,1024]
-        [--models llama-2-13b,codellama-34b,llama-2-70b] [--time-limit 30]
+        [--models llama-2-13b,codellama-34b,llama-2-70b] [--time-limit 60]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 from placeflow.catalogue import CATALOGUE
 from placeflow.cluster import load_cluster
-from placeflow.planner import Infeasible, plan_search
+from placeflow.planner import Infeasible, SolverTimeout, plan_search
 from placeflow.planner.search import RankedPlan
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.reports.scaling import ScalingPoint, scaling_figure
@@ -109,8 +109,10 @@ def run_one(num_gpus: int, model: str, time_limit_s: float) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     try:
         result = plan_search(cluster, wl, costs, time_limit_s=time_limit_s)
-    except Infeasible as exc:
-        return {"num_gpus": num_gpus, "model": model, "status": "infeasible", "reason": str(exc)}
+    except (Infeasible, SolverTimeout) as exc:
+        status = "infeasible" if isinstance(exc, Infeasible) else "timeout"
+        return {"num_gpus": num_gpus, "model": model, "status": status, "reason": str(exc),
+                "load_1min_before": load_before}  # fmt: skip
     best_by_kind: dict[str, dict[str, Any]] = {}
     for pr in result.per_placement:
         if pr.best is None or not pr.best.estimate.feasible:
@@ -137,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="16,32,64,128,256,512,1024")
     parser.add_argument("--models", default="llama-2-13b,codellama-34b,llama-2-70b")
-    parser.add_argument("--time-limit", type=float, default=30.0)
+    parser.add_argument("--time-limit", type=float, default=60.0)
     args = parser.parse_args()
     fitted_cost_model("a100-80gb")
     rows = []
@@ -150,6 +152,7 @@ def main() -> None:
         "command": "python " + " ".join(["benchmarks/scaling.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d"),
         "profile": "a100-80gb",
+        "cpu_count": os.cpu_count(),
         "rows": rows,
     }
     RESULTS.write_text(json.dumps(report, indent=1) + "\n")
