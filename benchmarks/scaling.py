@@ -13,7 +13,8 @@ tokens, 1,024 response tokens, 4 mini-batches) with vLLM-style CUDA-graph
 decode (`rollout_engine = "vllm"`), as HybridFlow's testbed ran it.
 
 Writes benchmarks/results/scaling.json and reports/examples/scaling-ppo-a100.html
-(tokens/s per GPU against GPUs, one line per model and kind).
+(tokens/s against GPUs, one line per model and kind, tokens/s per GPU on hover;
+`--figure-only` redraws it from the results file).
 
     python benchmarks/scaling.py [--sizes 16,32,64,128,256,512,1024]
         [--models llama-2-13b,codellama-34b,llama-2-70b] [--time-limit 60]
@@ -35,6 +36,7 @@ from placeflow.cluster import load_cluster
 from placeflow.planner import Infeasible, SolverTimeout, plan_search
 from placeflow.planner.search import RankedPlan
 from placeflow.profiles.registry import fitted_cost_model
+from placeflow.reports.html import Page, write_page
 from placeflow.reports.scaling import ScalingPoint, scaling_figure
 from placeflow.workload import RolloutEngine, load_workload
 
@@ -140,7 +142,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="16,32,64,128,256,512,1024")
     parser.add_argument("--models", default="llama-2-13b,codellama-34b,llama-2-70b")
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument(
+        "--figure-only", action="store_true", help="redraw the page from the results file"
+    )
     args = parser.parse_args()
+    if args.figure_only:
+        write_figure(json.loads(RESULTS.read_text()))
+        return
     fitted_cost_model("a100-80gb")
     rows = []
     for model in args.models.split(","):
@@ -156,20 +164,7 @@ def main() -> None:
         "rows": rows,
     }
     RESULTS.write_text(json.dumps(report, indent=1) + "\n")
-    points = [
-        ScalingPoint(
-            num_gpus=r["num_gpus"],
-            tokens_per_s=k["tokens_per_s_per_gpu"] * r["num_gpus"],
-            label=f"{r['model']} {k['kind']}",
-        )
-        for r in rows
-        for k in r.get("kinds", [])
-    ]
-    if points:
-        fig = scaling_figure(points)
-        fig.update_layout(title="PPO, four roles of one model, A100-80GB: best plan per kind")
-        FIGURE.parent.mkdir(parents=True, exist_ok=True)
-        fig.write_html(FIGURE, include_plotlyjs="cdn")
+    write_figure(report)
     print("| model | GPUs | kind | tokens/s/GPU | iteration s | winner |")
     print("|---|---:|---|---:|---:|---|")
     for r in rows:
@@ -179,6 +174,32 @@ def main() -> None:
                 f"| {r['model']} | {r['num_gpus']} | {k['kind']} | "
                 f"{k['tokens_per_s_per_gpu']:,.0f} | {k['iteration_s']:.1f} | {mark} |"
             )
+
+
+def write_figure(report: dict[str, Any]) -> None:
+    """The self-contained HTML page of the scaling figure, from a results report."""
+    rows = report["rows"]
+    points = [
+        ScalingPoint(
+            num_gpus=r["num_gpus"],
+            tokens_per_s=k["tokens_per_s_per_gpu"] * r["num_gpus"],
+            label=f"{r['model']} {k['kind']}",
+        )
+        for r in rows
+        for k in r.get("kinds", [])
+    ]
+    if not points:
+        return
+    fig = scaling_figure(points)
+    fig.update_layout(title="PPO, four roles of one model, A100-80GB: best plan per kind")
+    header = {
+        "command": report["command"],
+        "date": report["date"],
+        "profile": report["profile"],
+        "winners": "; ".join(f"{r['model']} @ {r['num_gpus']}: {r.get('winner')}" for r in rows),
+    }
+    page = Page(title="Strong scaling: PPO on A100-80GB", header=header, figures=[fig])
+    write_page(page, FIGURE)
 
 
 if __name__ == "__main__":
