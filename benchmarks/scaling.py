@@ -31,14 +31,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from placeflow.catalogue import CATALOGUE
-from placeflow.cluster import load_cluster
 from placeflow.planner import Infeasible, SolverTimeout, plan_search
 from placeflow.planner.search import RankedPlan
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.reports.html import Page, write_page
 from placeflow.reports.scaling import ScalingPoint, scaling_figure
-from placeflow.workload import RolloutEngine, load_workload
+from placeflow.workload import RolloutEngine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from planner_speed import ppo_problem  # one problem definition for both benchmarks
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "scaling.json"
@@ -93,19 +94,8 @@ def why(winner: dict[str, Any], runner_up: dict[str, Any] | None) -> str:
 
 
 def run_one(num_gpus: int, model: str, time_limit_s: float) -> dict[str, Any]:
-    base = load_cluster(ROOT / "examples/clusters/a100x128.toml")
-    cluster = dataclasses.replace(
-        base,
-        name=f"a100x{num_gpus}",
-        pools=(dataclasses.replace(base.pools[0], num_nodes=num_gpus // 8),),
-    )
-    wl = load_workload(ROOT / "examples/workloads/ppo-llama2-7b.toml")
-    wl = dataclasses.replace(
-        wl,
-        name=f"ppo-{model}",
-        models={r: CATALOGUE[model] for r in wl.roles},
-        rollout_engine=RolloutEngine.VLLM,
-    )
+    cluster, wl = ppo_problem(num_gpus, model)
+    wl = dataclasses.replace(wl, rollout_engine=RolloutEngine.VLLM)
     costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
     t0 = time.perf_counter()
     load_before = os.getloadavg()[0]
