@@ -8,6 +8,7 @@ that payload; the measurement runs real Ray calls on the session's Ray.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,8 @@ from placeflow.profiles.schema import DispatchKind, Op, Source
 from placeflow.simulator import calls
 from placeflow.simulator.roles import call_payload_bytes, role_call_costs, train_seq_len
 from placeflow.workload import Role, load_workload
+
+WORKLOADS = Path(__file__).resolve().parents[1] / "examples" / "workloads"
 
 
 def test_payload_bytes_by_hand() -> None:
@@ -47,7 +50,7 @@ def test_cost_model_answers_the_measured_dispatch_entries() -> None:
 
 
 def test_every_call_pays_its_round_trip_once() -> None:
-    wl = load_workload("examples/workloads/grpo-tiny-cpu.toml")
+    wl = load_workload(WORKLOADS / "grpo-tiny-cpu.toml")
     cm = fitted_cost_model("cpu")
     par = RoleParallelism(train=TrainLayout(d=2), micro_batch=8)
     got = role_call_costs(wl, Role.REF, par, cm, first_device=0, gpus_per_node=4)
