@@ -1,19 +1,24 @@
 """Benchmark: the simulator's error against real executor runs on this CPU machine.
 
-For each plan of a matrix — placements colocate, split and standalone; two
-model sizes (tiny-llama, tiny-llama-m); two batch sizes — runs GRPO with the
-executor on 4 logical CPU workers (as `placeflow validate` does), simulates
-the same plan with the shipped `cpu` profile, and compares per phase (median
-over the steps after the first). Writes benchmarks/results/fidelity_cpu.json
-with every row and the summary (median and worst absolute error per plan and
-over all phases), and prints a markdown table.
+For each plan of a matrix — GRPO placements colocate, colocate with TP 2,
+colocate with PP 2, split and standalone; two model sizes (tiny-llama,
+tiny-llama-m); two batch sizes — plus the example plans of the other
+algorithms (PPO colocate and split, ReMax, Safe-RLHF) and a generator set
+(synchronous and one-step-off), runs it with the executor on logical CPU
+workers (as `placeflow validate` does), simulates the same plan with the
+shipped `cpu` profile, and compares per phase and per step (median over the
+steps after the first). Writes benchmarks/results/fidelity_cpu.json with
+every row, the machine's load average around each run, and the summary
+(median and worst absolute error over all phases, and over steps), and
+prints a markdown table.
 
-    python benchmarks/fidelity_cpu.py [--steps 4] [--profile cpu]
+    python benchmarks/fidelity_cpu.py [--steps 4] [--profile cpu] [--only NAME ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -28,10 +33,11 @@ import ray
 import torch
 
 from placeflow.executor.run import RunConfig, read_metrics, run_plan
-from placeflow.plan import Plan, plan_from_dict
+from placeflow.plan import Plan, load_plan, plan_from_dict
 from placeflow.simulator import simulate
 from placeflow.simulator.fidelity import compare
 from placeflow.simulator.simulate import cost_models_for
+from placeflow.workload import Role
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "examples" / "plans"
@@ -44,6 +50,10 @@ PLACEMENTS: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
     "colocate-tp2": (
         [{"roles": ["actor", "ref"], "pool": "cpu", "first_device": 0, "num_devices": 4}],
         {"actor": {"t": 2, "d": 2, "tg": 1, "micro_batch": 8}, "ref": {"d": 4, "micro_batch": 16}},
+    ),
+    "colocate-pp2": (
+        [{"roles": ["actor", "ref"], "pool": "cpu", "first_device": 0, "num_devices": 4}],
+        {"actor": {"p": 2, "d": 2, "micro_batch": 8}, "ref": {"d": 4, "micro_batch": 16}},
     ),
     "split": (
         [
@@ -99,34 +109,74 @@ def make_plan(placement: str, model: str, prompts: int) -> Plan:
     return plan_from_dict(data, data["name"], PLANS)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--profile", default="cpu")
-    args = parser.parse_args()
-    matrix = [
-        (placement, model, prompts)
+# Example plans of the other algorithms and of a generator set (file, placement label).
+EXAMPLES = (
+    ("ppo-tiny-cpu4-colocate.toml", "colocate"),
+    ("ppo-tiny-cpu4-split.toml", "split"),
+    ("remax-tiny-cpu4-split.toml", "split"),
+    ("safe-rlhf-tiny-cpu4-split.toml", "split"),
+    ("grpo-tiny-cpu2-async.toml", "generator-async"),
+)
+
+
+def generator_sync(plan: Plan) -> Plan:
+    """The one-step-off generator-set plan run synchronously (weight sync, then generate)."""
+    workload = dataclasses.replace(plan.workload, async_one_step_off=False)
+    return dataclasses.replace(plan, name="grpo-tiny-cpu2-generator", workload=workload)
+
+
+def plans() -> list[tuple[str, Plan]]:
+    out = [
+        (placement, make_plan(placement, model, prompts))
         for model in ("tiny-llama", "tiny-llama-m")
         for prompts in (8, 16)
         for placement in PLACEMENTS
     ]
+    for file, label in EXAMPLES:
+        out.append((label, load_plan(PLANS / file)))
+    out.append(("generator", generator_sync(load_plan(PLANS / "grpo-tiny-cpu2-async.toml"))))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--only", nargs="*", default=None, help="plan names to run")
+    args = parser.parse_args()
+    matrix = [(label, plan) for label, plan in plans() if not args.only or plan.name in args.only]
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     rows, t0 = [], time.perf_counter()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for placement, model, prompts in matrix:
-                plan = make_plan(placement, model, prompts)
+            for placement, plan in matrix:
                 estimate = simulate(plan, cost_models_for(plan, args.profile))
                 run_dir = Path(tmp) / plan.name
+                load_before = os.getloadavg()[0]
                 run_plan(plan, run_dir, RunConfig(steps=args.steps, progress=False))
                 table = compare(estimate, read_metrics(run_dir), warmup=1)
                 rows.append(
-                    {"placement": placement, "model": model, "prompts": prompts, **table.to_json()}
+                    {
+                        "placement": placement,
+                        "algorithm": plan.workload.algorithm.value,
+                        "async": plan.workload.async_one_step_off,
+                        "model": plan.workload.models[Role.ACTOR].name,
+                        "prompts": plan.workload.batch.prompts_per_step,
+                        "load_1min_before": load_before,
+                        "load_1min_after": os.getloadavg()[0],
+                        **table.to_json(),
+                    }
                 )
-                print(f"{plan.name}: median {table.median_abs_error:.0%}", file=sys.stderr)
+                print(
+                    f"{plan.name}: median {table.median_abs_error:.0%}, "
+                    f"step {table.step.rel_error:+.0%}, load {load_before:.1f}",
+                    file=sys.stderr,
+                )
     finally:
         ray.shutdown()
     errors = [abs(p["rel_error"]) for r in rows for p in r["phases"]]
+    step_errors = [abs(r["step"]["rel_error"]) for r in rows]
+    loads = [r["load_1min_before"] for r in rows] + [r["load_1min_after"] for r in rows]
     report = {
         "command": "python " + " ".join(["benchmarks/fidelity_cpu.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d"),
@@ -136,8 +186,13 @@ def main() -> None:
         "profile": args.profile,
         "steps": args.steps,
         "total_s": round(time.perf_counter() - t0, 1),
+        "num_plans": len(rows),
+        "load_1min_median": statistics.median(loads),
+        "load_1min_max": max(loads),
         "median_abs_error_all_phases": statistics.median(errors),
         "worst_abs_error_all_phases": max(errors),
+        "median_abs_error_steps": statistics.median(step_errors),
+        "worst_abs_error_steps": max(step_errors),
         "rows": rows,
     }
     out = ROOT / "benchmarks/results/fidelity_cpu.json"
@@ -151,8 +206,12 @@ def main() -> None:
                 f"{p['predicted_s']:.4f} | {p['rel_error']:+.0%} |"
             )
     print(
-        f"median |error| over all phases {report['median_abs_error_all_phases']:.0%}, "
-        f"worst {report['worst_abs_error_all_phases']:.0%}"
+        f"{len(rows)} plans; median |error| over all phases "
+        f"{report['median_abs_error_all_phases']:.0%}, worst "
+        f"{report['worst_abs_error_all_phases']:.0%}; over steps median "
+        f"{report['median_abs_error_steps']:.0%}, worst {report['worst_abs_error_steps']:.0%}; "
+        f"load average {report['load_1min_median']:.1f} (max {report['load_1min_max']:.1f}) "
+        f"on {os.cpu_count()} CPUs"
     )
 
 

@@ -173,6 +173,28 @@ def overlay_measured(base: Profile, measured: MeasuredSet) -> Profile:
     )
 
 
+def with_host_dispatch(profile: Profile, host: Profile) -> Profile:
+    """`profile` plus `host`'s per-call dispatch entries (Ray round trips), as imported.
+
+    A Ray call is host work: neither Vidur nor a datasheet has it, and the GPU
+    hosts were not measured, so the `cpu` profile's measurement stands in.
+    """
+    dispatch = tuple(
+        replace(e, source=Source.IMPORTED) for e in host.entries if e.op is Op.DISPATCH
+    )
+    assert dispatch, f"profile {host.name!r} has no dispatch entries to import"
+    note = (
+        f" Dispatch entries (Ray call round trips, {len(dispatch)}) imported from the "
+        f"{host.name!r} profile, measured on its host ({host.provenance.device_name}): "
+        "the GPU hosts' own were not measured."
+    )
+    return replace(
+        profile,
+        entries=(*profile.entries, *dispatch),
+        provenance=replace(profile.provenance, notes=profile.provenance.notes + note),
+    )
+
+
 def build_profile(
     vidur_dir: Path,
     recipe: GpuProfileRecipe,
@@ -187,6 +209,7 @@ def build_profile(
         notes = imported.provenance.notes + _A100_INTER_NOTE
         imported = replace(imported, provenance=replace(imported.provenance, notes=notes))
     completed = complete_with_datasheet(imported, recipe.figures)
+    completed = with_host_dispatch(completed, load_profile_file(SHIPPED_DATA_DIR / "cpu.json"))
     missing = [op.value for op in OP_PARAMS if not completed.entries_for(op)]
     assert not missing, f"{recipe.name}: no entries for {missing}"
     built = replace(

@@ -61,6 +61,8 @@ class ProfileCoverageError(SpecError):
 def family_key(op: Op, params: Params) -> FamilyKey:
     if op is Op.COLLECTIVE:
         return (op.value, str(params["kind"]), str(params["scope"]))
+    if op is Op.DISPATCH:
+        return (op.value, str(params["kind"]))
     return (op.value,)
 
 
@@ -339,6 +341,10 @@ class CostModel:
         if num_bytes <= 0:
             return 0.0
         return self._memo_time(Op.COPY, {"direction": direction, "num_bytes": num_bytes})
+
+    def dispatch_s(self, kind: str, num_bytes: int) -> float:
+        """Host time of one controller -> worker call carrying `num_bytes` (round trip)."""
+        return self._memo_time(Op.DISPATCH, {"kind": kind, "num_bytes": max(1, num_bytes)})
 
     def collective_s(
         self, kind: CollectiveKind, num_bytes: int, world_size: int, scope: Scope

@@ -181,6 +181,7 @@ class ProfilerGrid:
     collective_world_sizes: tuple[int, ...] = ()
     collective_bytes: tuple[int, ...] = ()
     copy_bytes: tuple[int, ...] = ()
+    dispatch_bytes: tuple[int, ...] = ()  # Ray call round trips (placeflow.profiles.dispatch)
     warmup: int = 2
     repeats: int = 10
     point_budget_s: float = 1.0
@@ -208,7 +209,7 @@ class ProfilerGrid:
     def _check_sizes(self) -> None:
         for name in ("gemm_shapes", "attn_prefill_shapes", "attn_decode_shapes"):
             _no_duplicates(name, getattr(self, name))
-        for name in ("elementwise_bytes", "optimizer_num_params", "copy_bytes"):
+        for name in ("elementwise_bytes", "optimizer_num_params", "copy_bytes", "dispatch_bytes"):
             values = getattr(self, name)
             _no_duplicates(name, values)
             for v in values:
@@ -287,6 +288,7 @@ class ProfilerGrid:
             "collective_world_sizes": list(self.collective_world_sizes),
             "collective_bytes": list(self.collective_bytes),
             "copy_bytes": list(self.copy_bytes),
+            "dispatch_bytes": list(self.dispatch_bytes),
             "warmup": self.warmup,
             "repeats": self.repeats,
             "point_budget_s": self.point_budget_s,
@@ -358,6 +360,8 @@ def _num_gpus(device: str, num_devices: int | None) -> int:
 
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+# Ray call payloads: a scoring call's shard of a small batch up to a large rollout.
+DISPATCH_BYTES = geometric(1 * KIB, 64 * MIB, 4)
 
 
 def _quick_recipe(device: str, num_gpus: int) -> _Recipe:
@@ -514,6 +518,7 @@ def _from_recipe(r: _Recipe) -> ProfilerGrid:
         collective_world_sizes=r.collective_world_sizes,
         collective_bytes=r.collective_bytes if has_collectives else (),
         copy_bytes=r.copy_bytes,
+        dispatch_bytes=DISPATCH_BYTES,
         warmup=r.warmup,
         repeats=r.repeats,
         point_budget_s=r.point_budget_s,

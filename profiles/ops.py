@@ -27,6 +27,7 @@ _SIZE_PARAM: dict[Op, str] = {
     Op.OPTIMIZER: "num_params",
     Op.COLLECTIVE: "num_bytes",
     Op.COPY: "num_bytes",
+    Op.DISPATCH: "num_bytes",
 }
 
 # Parameters that must match exactly for two series to be compared at all
@@ -101,4 +102,4 @@ def bytes_moved(op: Op, params: Params, dtype_bytes: int) -> float:
         return 28.0 * int(p["num_params"])
     if op is Op.COLLECTIVE:
         return int(p["num_bytes"]) * collective_bus_factor(str(p["kind"]), int(p["world_size"]))
-    return float(int(p["num_bytes"]))  # copy
+    return float(int(p["num_bytes"]))  # copy; dispatch: the payload serialised and sent

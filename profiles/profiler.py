@@ -26,6 +26,8 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   already allocated by the warm-up.
 - copy (CUDA only): `copy_(non_blocking=True)` between pinned host memory and
   the device, timed by CUDA events.
+- dispatch: a Ray actor call's round trip with a payload of num_bytes
+  (`placeflow.profiles.dispatch`), driver wall clock.
 
 Inputs of GEMMs, decode and elementwise ops are views into one scratch buffer
 filled once with uniform(-1, 1) values (no denormals, no per-point allocation
@@ -70,6 +72,7 @@ from rich.progress import (
 from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
+from placeflow.profiles.dispatch import measure_dispatch
 from placeflow.profiles.grid import DTYPE_BYTES, GridPoint, ProfilerGrid
 from placeflow.profiles.schema import (
     CopyDirection,
@@ -530,10 +533,16 @@ def profile_device(
         torch.set_num_threads(threads or 1)
     load = _Load(busy_before=cpu_busy_fraction(), started_s=time.monotonic())
     try:
-        total = len(grid.points()) + grid.num_collective_points()
+        total = len(grid.points()) + grid.num_collective_points() + len(grid.dispatch_bytes)
         with _progress(total, progress) as report:
             measured = _measure_points(device, grid, report)
             collectives = measure_collectives(grid, on_point=lambda: report("collectives", 1))
+            dispatch = measure_dispatch(
+                grid.dispatch_bytes,
+                warmup=grid.warmup,
+                repeats=grid.repeats,
+                on_point=lambda: report("ray calls", 1),
+            )
         provenance = _provenance(device, grid, measured, load)
     finally:
         torch.set_num_threads(previous_threads)
@@ -541,6 +550,6 @@ def profile_device(
         name=name,
         device_kind=device,
         provenance=provenance,
-        entries=(*measured.entries, *collectives),
+        entries=(*measured.entries, *collectives, *dispatch),
         grid=grid.to_json(),
     )

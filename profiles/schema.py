@@ -54,6 +54,7 @@ class Op(StrEnum):
     OPTIMIZER = "optimizer"
     COLLECTIVE = "collective"
     COPY = "copy"
+    DISPATCH = "dispatch"
 
 
 class Source(StrEnum):
@@ -85,6 +86,12 @@ class Scope(StrEnum):
     INTER = "inter"
 
 
+class DispatchKind(StrEnum):
+    """Host-side work around a model call (measured by `placeflow.profiles.dispatch`)."""
+
+    RAY_CALL = "ray_call"  # one Ray actor call and its result, carrying num_bytes of tensors
+
+
 class CopyDirection(StrEnum):
     H2D = "h2d"
     D2H = "d2h"
@@ -99,6 +106,7 @@ class CopyDirection(StrEnum):
 #   collective: num_bytes of the full logical tensor (nccl-tests convention:
 #     the all-gather output, the reduce-scatter input, the all-reduce buffer)
 #   copy: num_bytes host<->device (pinned host memory)
+#   dispatch: one controller -> worker call carrying num_bytes of tensors, round trip
 OP_PARAMS: dict[Op, tuple[str, ...]] = {
     Op.GEMM: ("m", "n", "k"),
     Op.ATTN_PREFILL_FWD: ("batch", "seq", "num_heads", "num_kv_heads", "head_dim"),
@@ -108,13 +116,14 @@ OP_PARAMS: dict[Op, tuple[str, ...]] = {
     Op.OPTIMIZER: ("num_params",),
     Op.COLLECTIVE: ("kind", "world_size", "scope", "num_bytes"),
     Op.COPY: ("direction", "num_bytes"),
+    Op.DISPATCH: ("kind", "num_bytes"),
 }
 
 
 def _str_param_enum(op: Op, key: str) -> type[StrEnum] | None:
     """The enum a string parameter must belong to, or None for integer parameters."""
     if key == "kind":
-        return ElementwiseKind if op is Op.ELEMENTWISE else CollectiveKind
+        return {Op.ELEMENTWISE: ElementwiseKind, Op.DISPATCH: DispatchKind}.get(op, CollectiveKind)
     return {"scope": Scope, "direction": CopyDirection}.get(key)
 
 

@@ -13,8 +13,9 @@ faster the new GPU's bound resource is:
 R is the roofline time on the vendor figures, max(F / peak, B / HBM) for
 compute ops (GEMMs, attention, elementwise, optimizer), bytes over NVLink or
 over the NIC for collectives within or across nodes, bytes over the host link
-for copies; t0 is the smallest time of the sibling's series (one op at one
-setting of its other parameters: the kernel's fixed cost, which a faster GPU
+for copies (a Ray call's dispatch is the host's work and is kept as it is); t0
+is the smallest time of the sibling's series (one op at one setting of its other
+parameters: the kernel's fixed cost, which a faster GPU
 does not shrink). So every inefficiency the sibling's measurements show (slow
 attention backward, launch-bound small kernels, collective floors) carries over,
 and only the peaks change. The H800 is an H100 with a 400 GB/s NVLink: its
@@ -162,7 +163,13 @@ def _series_floors(entries: Iterable[Entry]) -> dict[tuple[Op, ops.SeriesKey], f
 def transfer_s(
     entry: Entry, floor_s: float, sibling: DatasheetFigures, figures: DatasheetFigures
 ) -> float:
-    """`entry`'s time on `figures`' GPU: its fixed cost plus the rest, scaled (see above)."""
+    """`entry`'s time on `figures`' GPU: its fixed cost plus the rest, scaled (see above).
+
+    A Ray call's dispatch is the host's work (serialising, the object store), not
+    the GPU's: it is kept as the sibling has it.
+    """
+    if entry.op is Op.DISPATCH:
+        return entry.median_s
     ratio = roofline_s(entry.op, entry.params, figures) / roofline_s(
         entry.op, entry.params, sibling
     )

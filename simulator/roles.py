@@ -3,10 +3,16 @@
 `role_call_costs` answers "what do this role's calls cost with this
 parallelism on these devices" without a whole Plan, so that the planner's
 cost table and the simulator's full step use the same phase model.
+
+Every call is also a controller -> worker Ray call whose round trip carries
+the rank's shard of the batch there and its result back (`call_payload_bytes`);
+the profile's `dispatch` entry prices it (`CostModel.dispatch_s`), paid once
+per call before the device work (the ranks' calls travel in parallel).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from functools import cache
@@ -17,7 +23,7 @@ from placeflow.models import ModelSpec
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
-from placeflow.profiles.schema import Scope
+from placeflow.profiles.schema import DispatchKind, Scope
 from placeflow.simulator import calls, memory
 from placeflow.simulator.lengths import LengthModel
 from placeflow.workload import Role, Workload
@@ -62,6 +68,41 @@ def colocated_gen_extra_bytes(actor: ModelSpec, gen: GenLayout) -> float:
     return actor.num_bytes() / (gen.tg * gen.pg) - actor.num_bytes() / (gen.train.t * gen.train.p)
 
 
+# Bytes per token a call's Batch carries: an int64 token id and a bool mask, plus one
+# float32 per-token tensor per extra field (logprobs or values back from a scoring call
+# or a rollout; old logprobs, reference logprobs and advantages into an update).
+TOKEN_BYTES = 8 + 1
+FLOAT_BYTES = 4
+UPDATE_FLOAT_FIELDS = 3
+
+
+def call_payload_bytes(kind: str, samples_per_rank: int, prompt_len: int, seq: int) -> int:
+    """Bytes one rank's call moves there and back, for `samples_per_rank` samples.
+
+    generate: prompts in, prompt + response tokens with their logprobs out;
+    forward: sequences in, one float per token out; update: sequences with
+    three float fields in, a few scalars out. `seq` is prompt + mean response.
+    """
+    if kind == CallKind.GENERATE:
+        per_sample = prompt_len * TOKEN_BYTES + seq * (TOKEN_BYTES + FLOAT_BYTES)
+    elif kind == CallKind.FORWARD:
+        per_sample = seq * (TOKEN_BYTES + FLOAT_BYTES)
+    else:
+        per_sample = seq * (TOKEN_BYTES + UPDATE_FLOAT_FIELDS * FLOAT_BYTES)
+    return samples_per_rank * per_sample
+
+
+def with_dispatch(cm: CostModel, cost: calls.CallCost, payload_bytes: int) -> calls.CallCost:
+    """`cost` plus the Ray round trip of a call carrying `payload_bytes`."""
+    dispatch_s = cm.dispatch_s(DispatchKind.RAY_CALL, payload_bytes)
+    return dataclasses.replace(
+        cost,
+        time_s=cost.time_s + dispatch_s,
+        busy_s=cost.busy_s + dispatch_s,
+        detail={**cost.detail, "dispatch_s": dispatch_s, "payload_bytes": payload_bytes},
+    )
+
+
 def role_call_costs(
     workload: Workload,
     role: Role,
@@ -91,14 +132,16 @@ def role_call_costs(
                 kv_capacity_seqs=kv_seqs,
                 engine=workload.rollout_engine,
             )
-            out[call.phase] = calls.generation_cost(cm, model, gen, shape)
+            cost = calls.generation_cost(cm, model, gen, shape)
+            per_rank = shape.num_seqs
         elif call.kind == CallKind.FORWARD:
-            out[call.phase] = calls.forward_cost(
+            cost = calls.forward_cost(
                 cm, model, par, call.num_samples, seq, value_head=role.has_value_head
             )
+            per_rank = math.ceil(call.num_samples / par.train.d)
         else:
             scope = dp_scope(first_device, gpus_per_node, par.train)
-            out[call.phase] = calls.train_cost(
+            cost = calls.train_cost(
                 cm,
                 model,
                 par,
@@ -109,6 +152,9 @@ def role_call_costs(
                 scope,
                 value_head=role.has_value_head,
             )
+            per_rank = math.ceil(call.num_samples / par.train.d)
+        payload = call_payload_bytes(call.kind, per_rank, workload.batch.prompt_len, seq)
+        out[call.phase] = with_dispatch(cm, cost, payload)
     return out
 
 

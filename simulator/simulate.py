@@ -35,6 +35,7 @@ from placeflow.simulator.roles import (
     micro_dp_scope,
     resident_bytes,
     role_call_costs,
+    with_dispatch,
 )
 from placeflow.simulator.schedule import Slot, Task, schedule
 from placeflow.workload import Role
@@ -200,7 +201,8 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         phase, sets = Phase.RESHARD, (actor_set,)
     else:
         return costed
-    cost = _contended(plan, actor_set, cost)
+    # The transition is one Ray call per rank too; its bytes go over the collectives.
+    cost = _contended(plan, actor_set, with_dispatch(cm, cost, 0))
     transition = _Call(phase=phase, roles=(Role.ACTOR,), sets=sets, cost=cost, preds=())
     result = [transition]
     for c in costed:

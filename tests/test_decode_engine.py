@@ -8,6 +8,7 @@ decode step's time is computed by hand from the module docstring's rules of
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,8 @@ from placeflow.simulator import compute
 from placeflow.workload import RolloutEngine, load_workload, workload_from_dict, workload_to_dict
 
 GEMM_S, ATTN_S, ELEM_S = 10e-6, 20e-6, 4e-6
+
+WORKLOADS = Path(__file__).resolve().parents[1] / "examples" / "workloads"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -88,7 +91,7 @@ def test_tensor_parallel_decode_launches_two_all_reduces_per_layer() -> None:
 
 
 def test_workload_names_its_rollout_engine() -> None:
-    wl = load_workload("examples/workloads/grpo-tiny-cpu.toml")
+    wl = load_workload(WORKLOADS / "grpo-tiny-cpu.toml")
     assert wl.rollout_engine is RolloutEngine.BUILTIN
     data = workload_to_dict(wl)
     assert "rollout_engine" not in data  # the default is left out: plans keep their hash

@@ -46,6 +46,9 @@ class GemmOnlyCosts(CostModel):
     def collective_s(self, kind, num_bytes, world_size, scope):
         return 0.0
 
+    def dispatch_s(self, kind, num_bytes):
+        return 0.0
+
 
 FAKE = GemmOnlyCosts(profile_name="fake", dtype_bytes=4, rooflines={}, series={})
 
