@@ -304,7 +304,7 @@ def plan_from_dict(data: dict[str, Any], where: str, base_dir: Path) -> Plan:
     workload = (
         load_workload(base_dir / wl)
         if isinstance(wl, str)
-        else workload_from_dict(t.table("workload").data, f"{where} [workload]")
+        else workload_from_dict(t.table("workload").data, f"{where} [workload]", base_dir)
     )
     cl = data.get("cluster")
     cluster = (
