@@ -612,6 +612,22 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.export import Target, export_plan
+    from placeflow.plan import load_plan
+
+    result = export_plan(load_plan(args.plan), Target(args.to))
+    if args.out is None:
+        sys.stdout.write(result.text())
+        return 0
+    out = Path(args.out)
+    check_output_path(out, "--out")
+    written = write_or_fallback(lambda p: p.write_text(result.text(), encoding="utf-8"), out)
+    what = f"{len(result.unexpressed)} note(s) on what {args.to} cannot express"
+    print(f"wrote {written} ({what})", file=sys.stderr)
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's one-line errors: `placeflow: error: ...`, exit code 2."""
 
@@ -738,6 +754,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a directory written by `placeflow run` or `validate`")
     p.add_argument("--out", type=nonempty, help="HTML path (default: RUN_DIR/report.html)")
     p.set_defaults(handler=_cmd_report)
+
+    p = sub.add_parser(
+        "export", help="the trainer configuration that realises a plan in verl or OpenRLHF"
+    )
+    p.add_argument("plan", type=nonempty, help="plan TOML file")
+    p.add_argument("--to", choices=("verl", "openrlhf"), required=True, help="target framework")
+    p.add_argument("--out", type=nonempty, help="file to write (default: standard output)")
+    p.set_defaults(handler=_cmd_export)
 
     prof = sub.add_parser("profiles", help="list, check and import profiles")
     psub = prof.add_subparsers(dest="profiles_command", required=True)
