@@ -77,7 +77,7 @@ from placeflow.executor.rewards import (
     log_errors,
     score_items,
 )
-from placeflow.executor.tasks import get_task
+from placeflow.executor.tasks import TASKS, get_task
 from placeflow.executor.timeline import Launched, StepClock
 from placeflow.phases import Phase
 from placeflow.plan import Plan
@@ -524,12 +524,19 @@ class RLLoop:
 
     def responses(self, batch: Batch) -> list[str]:
         """The responses as text, decoded without special tokens (as verl hands them to
-        reward functions)."""
-        t = batch.tensors
-        return [
-            self.tok.decode(t[RESPONSE][i, : int(t[RESPONSE_MASK][i].sum())].tolist())
-            for i in range(len(batch))
-        ]
+        reward functions). A built-in task's checker is given its stop after a response
+        that ended with the end token, as placeflow's runs always gave it (with the byte
+        tokenizer, whose end token is the newline byte itself, the newline then comes
+        twice, so that those checkers' exact score stays out of reach: see tasks.py)."""
+        t, task = batch.tensors, TASKS.get(self.w.reward_function or "")
+        out = []
+        for i in range(len(batch)):
+            ids = t[RESPONSE][i, : int(t[RESPONSE_MASK][i].sum())].tolist()
+            text = self.tok.decode(ids)
+            if task is not None and ids and ids[-1] == self.tok.eos_id:
+                text += task.stop
+            out.append(text)
+        return out
 
     def score(self, texts: Sequence[str], examples: Sequence[Example], spp: int) -> Scores:
         """The reward function on `texts` (`spp` responses per example, in order): on the

@@ -17,10 +17,13 @@ so that a policy starting from random weights gets a signal before it can add:
 An exact answer scores 1.0 and only an exact answer does. `reverse` asks for a
 short lowercase word backwards ("abc>") with the same grading over letters.
 Prompts come from a generator seeded per step, so a run is reproducible and a
-resumed run sees the same prompts. The stop is part of the text: with the byte
-tokenizer of the random-init models the newline is an ordinary byte and stays in
-the decoded response; a real tokenizer's end-of-text token is dropped when it is
-decoded (as verl decodes), so these graded checkers suit the byte tokenizer.
+resumed run sees the same prompts. The loop hands these checkers the response
+with the stop appended when it ended with the end token (a real tokenizer's end
+token is dropped when decoded). With the byte tokenizer of the random-init
+models the end token is the newline byte itself, which decoding keeps, so the
+newline comes twice and the exact score (1.0) is out of their reach: they learn
+the format, digits and length. The learning tests are calibrated on that score;
+`examples/rewards/arith_exact.py` is an exact-answer reward for real models.
 """
 
 from __future__ import annotations
