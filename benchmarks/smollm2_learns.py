@@ -4,14 +4,15 @@ What it does, as a user would:
 1. SmolLM2-135M-Instruct as a transformers checkpoint directory (the offline GGUF
    of `executor.engines.smollm2`, dequantised to fp32; benchmarks/trl_grpo.py's export);
 2. a generated arithmetic dataset in chat format (examples/data/generate.py's rows:
-   "Complete: 17+5= ..." -> "22"), a train and a held-out validation split;
+   "What is 17+5? ..." -> "22"), a train and a held-out validation split;
 3. a workload and plan naming them by paths relative to the workload, the
-   exact-answer reward `examples/rewards/arith_exact.py:compute_score`;
+   exact-answer reward `examples/rewards/arith_exact.py:compute_score` (the
+   response's last number equals the sum);
 4. `placeflow run` with validation (greedy, no training) every K steps;
 5. the first and last validation exact-accuracy, the curve, the command and the
    machine's load into benchmarks/results/smollm2_learns.json.
 
-    python benchmarks/smollm2_learns.py --steps 24 --validate-every 8
+    python benchmarks/smollm2_learns.py --steps 20 --validate-every 10
 
 The oracle is the held-out split: rows the run never trains on, scored by the
 exact answer only (no partial credit).
@@ -31,7 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks/results/smollm2_learns.json"
-QUESTION = "Complete: {prompt} (answer with the number only)"
+QUESTION = "What is {prompt}? Reply with just the number."
 
 PLAN = """
 name = "smollm2-arith-grpo"
@@ -119,12 +120,12 @@ def load() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--validate-every", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--validate-every", type=int, default=10)
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
     parser.add_argument("--samples", type=int, default=4, help="responses per prompt")
-    parser.add_argument("--response-len", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--response-len", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--train-rows", type=int, default=512)
     parser.add_argument("--val-rows", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)

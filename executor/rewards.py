@@ -26,6 +26,7 @@ import importlib.util
 import logging
 import math
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,11 +47,13 @@ def math_reward(
     """1.0 when math-verify finds the ground truth's value in the response, else 0.0."""
     from math_verify import parse, verify
 
-    # math-verify's timeouts use SIGALRM, which only the main thread may set; Ray task
-    # threads and the driver's helper threads score without it.
-    gold = parse(ground_truth, parsing_timeout=None)  # type: ignore[arg-type]
-    answer = parse(solution_str, parsing_timeout=None)  # type: ignore[arg-type]
-    return float(verify(gold, answer, timeout_seconds=None))
+    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere
+    # (a helper thread) it scores without one, and its warning that says so is muted.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    gold = parse(ground_truth, parsing_timeout=timeout)  # type: ignore[arg-type]
+    answer = parse(solution_str, parsing_timeout=timeout)  # type: ignore[arg-type]
+    return float(verify(gold, answer, timeout_seconds=timeout))
 
 
 def _task_reward(name: str) -> RewardFn:

@@ -69,12 +69,14 @@ class Task:
 
     def rows(self, count: int, seed: int, *, question: str | None = None) -> list[dict[str, Any]]:
         """`count` problems as dataset rows (`prompt`, `answer`, `data_source`); with
-        `question` (a format string with `{prompt}`), the prompt as one chat message."""
+        `question` (a format string with `{prompt}`, given the problem without its cue:
+        "17+5"), the prompt as one chat message."""
         return [
             {
                 "prompt": p.prompt
                 if question is None
-                else [{"role": "user", "content": question.format(prompt=p.prompt)}],
+                # The problem without its completion cue ("=" or ">"), inside the question.
+                else [{"role": "user", "content": question.format(prompt=p.prompt[:-1])}],
                 "answer": p.answer,
                 "data_source": self.name,
             }
