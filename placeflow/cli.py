@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -492,7 +493,7 @@ def _execute(
     from placeflow.executor.rehearsal import check_host_memory
     from placeflow.executor.run import preflight, run_plan
 
-    preflight(plan)  # before Ray starts: a plan it cannot run fails in a second
+    preflight(plan, cfg.steps)  # before Ray starts: a plan it cannot run fails in a second
     if address is None:  # on a cluster the workers' memory is the nodes', not this machine's
         check_host_memory(plan)
     started = _start_ray(plan, num_cpus, address)
@@ -508,9 +509,12 @@ def _execute(
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from placeflow.executor.engines.tp import TPImpl
+    from placeflow.executor.loggers import check_loggers, parse_loggers
     from placeflow.executor.run import RunConfig
     from placeflow.plan import load_plan
 
+    loggers = parse_loggers(args.logger)
+    check_loggers(loggers)
     plan = load_plan(args.plan)
     rehearsal_of = None
     if args.rehearse:
@@ -541,12 +545,15 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         num_threads=args.threads,
         progress=not args.no_progress,
         tp_impl=TPImpl(args.tp_backend),
+        loggers=loggers,
     )
     result = _execute(plan, run_dir, cfg, args.num_cpus, args.address)
     if result is None:
         return 1
     _print_run(console, result.records, run_dir)
-    console.print(f"run directory: {run_dir} (metrics.jsonl, manifest.json, checkpoints/)")
+    console.print(
+        f"run directory: {run_dir} (metrics.jsonl, manifest.json, checkpoints/, tensorboard/)"
+    )
     return 0
 
 
@@ -726,6 +733,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="native",
         help="tensor-parallel layers: placeflow's own or megatron-core's",
     )
+    p.add_argument(
+        "--logger",
+        default="tensorboard",
+        help="metric loggers, comma-separated: tensorboard (always on), wandb, mlflow "
+        "(offline, under the run directory; the `loggers` extra installs them)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_cmd_run)
 
@@ -783,8 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # Piped or redirected: full-width tables (rich would cut them at 80 columns).
-    console = Console() if sys.stdout.isatty() else Console(width=1000)
+    console = _console()
     _log_to_stderr()
     handler: Handler = args.handler
     try:
@@ -799,6 +811,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("placeflow: interrupted", file=sys.stderr)
         return 130
+
+
+class _FoldingConsole(Console):
+    """A console whose tables wrap a cell that does not fit its column onto more lines,
+    instead of cutting it with an ellipsis (rich's default)."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        for obj in objects:
+            if isinstance(obj, Table):
+                for column in obj.columns:
+                    column.overflow = "fold"
+        super().print(*objects, **kwargs)
+
+
+def _console() -> Console:
+    """The terminal's width; piped or redirected, $COLUMNS when set, else wide enough that
+    no table is cut (rich would cut them at 80 columns). Cells too wide wrap."""
+    if sys.stdout.isatty():
+        return _FoldingConsole()
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isdigit() and int(columns) >= 20 else 1000
+    return _FoldingConsole(width=width)
 
 
 def one_line(message: str) -> str:
