@@ -319,6 +319,15 @@ def test_grpo_from_jsonl_with_a_file_reward(ray_cluster: None, tmp_path: Path) -
     } <= set(tb)
     assert [s for s, _ in tb["val/exact_match"]] == [0, 2, 3]
     assert len(result.records) == steps
+    # The run report draws the validation curve and states its first and last points.
+    from placeflow.reports.run import run_report
+
+    html = run_report(tmp_path / "run").read_text()
+    first, last = val[0]["val/exact_match"], val[-1]["val/exact_match"]
+    assert f"{first:.3f} after 0 steps -&gt; {last:.3f} after 3" in html or (
+        f"{first:.3f} after 0 steps -> {last:.3f} after 3" in html
+    )
+    assert "Validation (8 held-out prompts, greedy)" in html
 
 
 def test_grpo_from_parquet_scored_in_ray_tasks(ray_cluster: None, tmp_path: Path) -> None:
