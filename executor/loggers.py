@@ -9,8 +9,9 @@ in tokens/s per GPU (NeMo-RL's and verl's `perf/throughput`). Validation
 scores arrive as `val/...` at the step they were taken.
 
 W&B runs in offline mode (files under RUN_DIR/wandb, `wandb sync` uploads them
-later) and MLflow logs to a file store under RUN_DIR/mlruns, so no logger needs
-a network or an account.
+later) and MLflow logs to a SQLite store, RUN_DIR/mlflow.db (`mlflow ui
+--backend-store-uri sqlite:///RUN_DIR/mlflow.db`; MLflow's file store is
+deprecated), so no logger needs a network or an account.
 """
 
 from __future__ import annotations
@@ -108,13 +109,13 @@ class WandbLogger:
 
 
 class MlflowLogger:
-    """MLflow to a local file store: RUN_DIR/mlruns."""
+    """MLflow to a local SQLite store: RUN_DIR/mlflow.db."""
 
     def __init__(self, run_dir: Path, name: str) -> None:
         import mlflow
 
         self.mlflow = mlflow
-        mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
+        mlflow.set_tracking_uri(tracking_uri(run_dir))
         self.run = mlflow.start_run(run_name=name)
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
@@ -123,6 +124,10 @@ class MlflowLogger:
 
     def close(self) -> None:
         self.mlflow.end_run()
+
+
+def tracking_uri(run_dir: Path) -> str:
+    return f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
 
 
 LOGGERS: dict[LoggerKind, type[TensorBoardLogger | WandbLogger | MlflowLogger]] = {

@@ -357,3 +357,27 @@ def test_epochs_bound_the_steps(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="48 rows give 6 steps of 16 prompts in 2 epoch"):
         preflight(plan, 7)
     assert os.path.isfile(plan.workload.data.train)  # type: ignore[union-attr]
+
+
+def test_wandb_and_mlflow_loggers_write_offline(tmp_path: Path) -> None:
+    """With the `loggers` extra: the same scalars reach W&B's offline run and MLflow's store."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    from mlflow.tracking import MlflowClient
+
+    from placeflow.executor.loggers import Loggers, tracking_uri
+
+    loggers = Loggers(parse_loggers("wandb,mlflow"), tmp_path, "test-run")
+    for step in range(3):
+        loggers.log({"step": step, "reward_mean": 0.25 * step, "phases": {"generate": 1.0}}, step)
+    loggers.close()
+    [offline] = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    assert offline.stat().st_size > 0
+    client = MlflowClient(tracking_uri=tracking_uri(tmp_path))
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    history = client.get_metric_history(run.info.run_id, "reward_mean")
+    assert [(m.step, m.value) for m in history] == [(0, 0.0), (1, 0.25), (2, 0.5)]
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "timing_s/gen")] == [
+        1.0
+    ] * 3
