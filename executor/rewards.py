@@ -51,8 +51,8 @@ def math_reward(
     # (a helper thread) it scores without one, and its warning that says so is muted.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    gold = parse(ground_truth, parsing_timeout=timeout)  # type: ignore[arg-type]
-    answer = parse(solution_str, parsing_timeout=timeout)  # type: ignore[arg-type]
+    gold = parse(ground_truth, parsing_timeout=timeout)
+    answer = parse(solution_str, parsing_timeout=timeout)
     return float(verify(gold, answer, timeout_seconds=timeout))
 
 
@@ -95,7 +95,7 @@ def load_reward_function(spec: str) -> RewardFn:
     fn = getattr(module, name, None)
     if not callable(fn):
         raise SpecError(f"reward_function {spec!r}: {target} has no function {name!r}")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _module_from_file(path: Path, spec: str) -> Any:

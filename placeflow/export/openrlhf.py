@@ -31,7 +31,7 @@ PAIRS = {
 
 
 def export(plan: Plan) -> Export:
-    w, notes = plan.workload, []
+    w, notes = plan.workload, list[str]()
     flags: list[str] = []
     placement = [frozenset(roles) for roles in plan.placement]
     everything = len(placement) == 1

@@ -44,7 +44,7 @@ MEGATRON_KEY = {
 
 
 def export(plan: Plan) -> Export:
-    w, notes = plan.workload, []
+    w, notes = plan.workload, list[str]()
     out: dict[str, object] = {}
     actor_set = plan.set_of(Role.ACTOR)
     out |= _pool("trainer", plan, actor_set, notes, "the actor's set")
