@@ -183,10 +183,13 @@ class PromptSchedule:
 
     def rows(self, step: int) -> list[Example]:
         n, size = self.prompts_per_step, len(self.examples)
+        orders: dict[int, list[int]] = {}  # the (one or two) epochs this step spans
         out = []
         for i in range(step * n, step * n + n):
             epoch, pos = divmod(i, size)
-            out.append(self.examples[self.order(epoch)[pos]])
+            if epoch not in orders:
+                orders[epoch] = self.order(epoch)
+            out.append(self.examples[orders[epoch][pos]])
         return out
 
     def epoch_of(self, step: int) -> int:

@@ -257,7 +257,7 @@ class RLLoop:
         if self.schedule is not None:
             return self.schedule.rows(step)
         name = self.w.reward_function
-        task = get_task(name if name in ("arith", "reverse") else "arith")
+        task = get_task(name if name in TASKS else "arith")
         problems = task.problems(self.w.batch.prompts_per_step, derived_seed(self.seed, step))
         return [Example(prompt=p.prompt, answer=p.answer, data_source=task.name) for p in problems]
 

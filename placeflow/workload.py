@@ -322,7 +322,14 @@ def resolve_model(value: str, base_dir: Path | None) -> ModelSpec:
     if value in CATALOGUE:
         return get_model(value)
     path = resolve_path(value, base_dir)
-    return get_model(str(path) if path.exists() else value)
+    if path.exists():
+        return get_model(str(path))
+    if "/" in value or value.endswith(".json"):
+        raise SpecError(
+            f"model {value!r}: {path} not found (a model path is relative to the workload "
+            "file); give a config.json, a checkpoint directory or a catalogue name"
+        )
+    return get_model(value)
 
 
 def resolve_reward_function(value: str, base_dir: Path | None) -> str:

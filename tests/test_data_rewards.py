@@ -240,6 +240,10 @@ response_len = 8
     )
     with pytest.raises(SpecError, match=r"\[data\] train: .*x.parquet: file not found"):
         load_workload(missing)
+    no_model = base / "workloads" / "no_model.toml"
+    no_model.write_text((base / "workloads" / "w.toml").read_text().replace("llama1b", "llama2b"))
+    with pytest.raises(SpecError, match=r"models/llama2b/config.json not found \(a model path"):
+        load_workload(no_model)
 
 
 # --- loggers ---------------------------------------------------------------------------------
