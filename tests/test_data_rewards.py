@@ -385,3 +385,25 @@ def test_wandb_and_mlflow_loggers_write_offline(tmp_path: Path) -> None:
     assert [m.value for m in client.get_metric_history(run.info.run_id, "timing_s/gen")] == [
         1.0
     ] * 3
+
+
+@pytest.mark.slow
+def test_chat_template_renders_with_the_model_tokenizer() -> None:
+    """SmolLM2's own chat template (when its GGUF is cached): the message inside the
+    template's user turn, a generation prompt after it; a plain prompt is left alone."""
+    from placeflow.executor.data import prompt_text
+    from placeflow.executor.engines import smollm2
+    from placeflow.executor.engines.tokenizer import ByteTokenizer, HFTokenizer
+
+    try:
+        tok = HFTokenizer(smollm2.gguf_path(download=False))
+    except smollm2.ModelUnavailableError as exc:
+        pytest.skip(str(exc))
+    ex = Example(prompt=[{"role": "user", "content": "What is 2+3?"}], answer="5")
+    text = prompt_text(ex, tok, chat_template=True)
+    assert "<|im_start|>user\nWhat is 2+3?<|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert prompt_text(Example(prompt="What is 2+3?", answer="5"), tok, chat_template=True) == text
+    assert prompt_text(Example(prompt="2+3=", answer="5"), tok, chat_template=False) == "2+3="
+    with pytest.raises(SpecError, match="needs a model checkpoint whose tokenizer has a chat"):
+        prompt_text(ex, ByteTokenizer(), chat_template=True)
