@@ -179,3 +179,16 @@ def test_cli_export_writes_a_script(tmp_path: Path, capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit) as exc:
         main(["export", str(PLANS / "ppo-7b-colocate-h100x16.toml"), "--to", "nope"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("path", sorted(PLANS.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_example_plan_composes_against_verl(path: Path) -> None:
+    """GRPO, ReMax, Safe-RLHF and generator-set plans too: every override is one verl
+    accepts, and what it cannot run (Safe-RLHF's cost model) is said."""
+    plan = load_plan(path)
+    result = export_plan(plan, Target.VERL)
+    cfg = _verl_config(list(result.arguments))
+    assert _get(cfg, "actor_rollout_ref.rollout.n") == plan.workload.batch.samples_per_prompt
+    if plan.workload.algorithm.value == "safe-rlhf":
+        assert any("safe-rlhf: verl has no such algorithm" in n for n in result.unexpressed)
+        assert any(n.startswith("cost: verl has no cost model") for n in result.unexpressed)

@@ -86,6 +86,8 @@ def export(plan: Plan) -> Export:
         out["critic.model.path"] = w.models[Role.CRITIC].name
     if Role.REWARD in w.models:
         out |= _reward(plan, notes)
+    if Role.COST in w.models:
+        notes.append("cost: verl has no cost model (Safe-RLHF's); left out")
     return Export(
         target=Target.VERL,
         plan_name=plan.name,
