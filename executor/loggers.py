@@ -49,11 +49,12 @@ VERL_TIMING: dict[Phase, str] = {
     Phase.CRITIC_UPDATE: "timing_s/update_critic",
 }
 # metrics.jsonl name -> the name users read elsewhere (kept under both).
-RENAMED = {"step_time_s": "timing_s/step", "tokens_per_s_per_gpu": "perf/throughput"}
+RENAMED = {"step_time_s": "timing_s/step"}
 
 
-def logged_scalars(record: Mapping[str, Any]) -> dict[str, float]:
-    """The numbers of one metrics.jsonl record (or validation record) to log, by name."""
+def logged_scalars(record: Mapping[str, Any], num_gpus: int) -> dict[str, float]:
+    """The numbers of one metrics.jsonl record (or validation record) to log, by name;
+    `num_gpus`: the plan's devices, for the throughput per GPU."""
     out: dict[str, float] = {}
     for key, value in record.items():
         if key == "step" or isinstance(value, bool) or not isinstance(value, int | float):
@@ -62,6 +63,8 @@ def logged_scalars(record: Mapping[str, Any]) -> dict[str, float]:
             out[key] = float(value)
             if key in RENAMED:
                 out[RENAMED[key]] = float(value)
+    if "tokens_per_s" in out:  # NeMo-RL's and verl's throughput: per device of the plan
+        out["perf/throughput"] = out["tokens_per_s"] / num_gpus
     for phase, seconds in record.get("phases", {}).items():
         name = VERL_TIMING[Phase(phase)]
         out[name] = out.get(name, 0.0) + float(seconds)
@@ -172,12 +175,15 @@ def check_loggers(kinds: Sequence[LoggerKind]) -> None:
 class Loggers:
     """All the run's loggers, fed together."""
 
-    def __init__(self, kinds: Sequence[LoggerKind], run_dir: Path, name: str) -> None:
+    def __init__(
+        self, kinds: Sequence[LoggerKind], run_dir: Path, name: str, *, num_gpus: int
+    ) -> None:
         check_loggers(kinds)
+        self.num_gpus = num_gpus
         self.loggers: list[MetricLogger] = [LOGGERS[k](run_dir, name) for k in kinds]
 
     def log(self, record: Mapping[str, Any], step: int) -> None:
-        scalars = logged_scalars(record)
+        scalars = logged_scalars(record, self.num_gpus)
         for logger in self.loggers:
             logger.log(scalars, step)
 

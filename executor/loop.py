@@ -309,8 +309,6 @@ class RLLoop:
         rec.metrics |= {
             "step_time_s": wall,
             "tokens_per_s": tokens / wall,
-            # NeMo-RL's and verl's throughput: per device of the plan.
-            "tokens_per_s_per_gpu": tokens / wall / self.plan.num_gpus,
             "response_len_mean": float(mask.sum(1).float().mean()),
         }
         if self.schedule is not None:

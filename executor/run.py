@@ -344,7 +344,7 @@ def _train(
             range(start, cfg.steps), disable=plain or not cfg.progress, desc=plan.name, unit="step"
         )
         step = start
-        loggers = Loggers(cfg.loggers, run_dir, plan.name)
+        loggers = Loggers(cfg.loggers, run_dir, plan.name, num_gpus=plan.num_gpus)
         every_val = plan.workload.data.validate_every if plan.workload.data else None
         try:
             if loop.validation and start == 0:

@@ -254,11 +254,11 @@ def test_logged_scalars_use_verl_names() -> None:
         "step": 3,
         "reward_mean": 0.5,
         "step_time_s": 2.0,
-        "tokens_per_s_per_gpu": 10.0,
+        "tokens_per_s": 40.0,
         "phases": {"generate": 1.0, "old_logprob": 0.25, "actor_update": 0.5, "reshard": 0.1},
         "samples": [{"prompt": "x"}],
     }
-    s = logged_scalars(record)
+    s = logged_scalars(record, num_gpus=4)
     assert s["timing_s/gen"] == 1.0 and s["timing_s/old_log_prob"] == 0.25
     assert s["timing_s/update_actor"] == 0.5 and s["timing_s/weight_sync"] == 0.1
     assert s["perf/throughput"] == 10.0 and s["timing_s/step"] == 2.0
@@ -372,7 +372,7 @@ def test_wandb_and_mlflow_loggers_write_offline(tmp_path: Path) -> None:
 
     from placeflow.executor.loggers import Loggers, tracking_uri
 
-    loggers = Loggers(parse_loggers("wandb,mlflow"), tmp_path, "test-run")
+    loggers = Loggers(parse_loggers("wandb,mlflow"), tmp_path, "test-run", num_gpus=1)
     for step in range(3):
         loggers.log({"step": step, "reward_mean": 0.25 * step, "phases": {"generate": 1.0}}, step)
     loggers.close()
