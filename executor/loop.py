@@ -12,13 +12,16 @@ simulator costs), named by `placeflow.phases.Phase`:
   forward calls          ref_logprob, old_logprob, values, cost_values, reward,
                          cost: all launched at once, so that calls on disjoint
                          device sets run in parallel and calls on one set in
-                         dataflow order; a rule-based reward is computed here
-                         meanwhile
+                         dataflow order; a rule-based reward function scores
+                         the responses meanwhile, here or in Ray tasks
+                         (`executor/rewards.py`)
   advantage              here: group normalisation, ReMax's baseline, GAE, and
                          Safe-RLHF's cost GAE and Lagrange multiplier
   actor_update, critic_update  launched together
 
-Each call's interval is measured on the driver (`executor.timeline`) and the
+Prompts come from the workload's dataset (`executor/data.py`); `evaluate`
+scores the validation split with greedy responses, between steps, without
+training. Each call's interval is measured on the driver (`executor.timeline`) and the
 step's timeline goes to metrics.jsonl. With one-step-off asynchrony and a
 generator set, step k+1's rollout runs on the generator while step k trains,
 and the update's weights follow it there.
@@ -48,6 +51,7 @@ from placeflow.executor import rl
 from placeflow.executor.balance import Partition, WorkModel, balanced_partition
 from placeflow.executor.batch import Batch
 from placeflow.executor.controller import Controller
+from placeflow.executor.data import Example, PromptSchedule, load_examples, prompt_text
 from placeflow.executor.dispatch import DispatchLayout, collect, split_by_dp
 from placeflow.executor.engines.roles import (
     PROMPT,
@@ -64,7 +68,16 @@ from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch
 from placeflow.executor.groups import WorkerGroup
-from placeflow.executor.tasks import Problem, Task, get_task
+from placeflow.executor.rewards import (
+    RewardInput,
+    Scores,
+    collect_scoring,
+    launch_scoring,
+    load_reward_function,
+    log_errors,
+    score_items,
+)
+from placeflow.executor.tasks import TASKS, get_task
 from placeflow.executor.timeline import Launched, StepClock
 from placeflow.phases import Phase
 from placeflow.plan import Plan
@@ -87,6 +100,10 @@ def check_executable(plan: Plan) -> None:
     w = plan.workload
     if w.reward_function is None and Role.REWARD not in w.models:
         raise SpecError("the workload needs a reward_function or a reward model")
+    for role, spec in w.models.items():
+        # The engines run dense Llama/Qwen2 layers: a model with experts, latent attention,
+        # QK-norm or wider heads is refused by name, not run as a different model.
+        spec.require_features(frozenset(), f"the executor's engines (role {role})")
     n = w.batch.num_samples
     for role in w.roles:
         par = plan.parallelism[role]
@@ -159,12 +176,27 @@ class RLLoop:
         self.seed = seed
         self.tok = tokenizer
         self.tp_impl = tp_impl
-        # Prompts come from the named task; a workload scored by a reward model alone
-        # draws its prompts from `arith` (whose checker is then not used).
-        self.task: Task | None = (
-            get_task(self.w.reward_function) if self.w.reward_function else None
+        self.reward_fn = (
+            load_reward_function(self.w.reward_function) if self.w.reward_function else None
         )
-        self.prompt_task: Task = self.task or get_task("arith")
+        data = self.w.data
+        # Without [data], prompts come from the built-in task the reward function names; a
+        # workload scored by a reward model alone draws them from `arith`.
+        self.schedule = (
+            PromptSchedule(
+                load_examples(data.train, data),
+                self.w.batch.prompts_per_step,
+                seed=derived_seed(self.seed, "data") % 2**31,
+                shuffle=data.shuffle,
+            )
+            if data is not None
+            else None
+        )
+        self.validation: list[Example] = (
+            load_examples(data.validation, data)[: data.validation_size]
+            if data is not None and data.validation is not None
+            else []
+        )
         self.multiplier = self.w.rl.lambda_init  # Safe-RLHF's Lagrange multiplier (a state)
         rl_cfg = self.w.rl
         self.sampling = SamplingParams(
@@ -224,10 +256,22 @@ class RLLoop:
             self.c.gather(group, refs, "build_engine")
 
     # --- one step ----------------------------------------------------------
-    def problems(self, step: int) -> list[Problem]:
-        return self.prompt_task.problems(
-            self.w.batch.prompts_per_step, derived_seed(self.seed, step)
-        )
+    def examples(self, step: int) -> list[Example]:
+        """Step `step`'s prompts and ground truths."""
+        if self.schedule is not None:
+            return self.schedule.rows(step)
+        name = self.w.reward_function
+        task = get_task(name if name in TASKS else "arith")
+        problems = task.problems(self.w.batch.prompts_per_step, derived_seed(self.seed, step))
+        return [Example(prompt=p.prompt, answer=p.answer, data_source=task.name) for p in problems]
+
+    def encode(self, examples: Sequence[Example]) -> list[list[int]]:
+        """Prompt token ids, cut to the workload's prompt length (from the left)."""
+        chat = self.w.data is not None and self.w.data.chat_template
+        return [
+            self.tok.encode(prompt_text(ex, self.tok, chat))[-self.w.batch.prompt_len :]
+            for ex in examples
+        ]
 
     def step(self, step: int) -> StepRecord:
         rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
@@ -240,12 +284,12 @@ class RLLoop:
                 rollout, self._launch_rollout(rollout, step, clock), clock
             )
             rec.metrics["staleness"] = 0.0
-        problems = self.problems(step)
+        examples = self.examples(step)
         if self.one_step_off:  # the next step's rollout, while this one trains
             generator = self.c.group(Role.ACTOR, generator=True)
             next_rollout = self._launch_rollout(generator, step + 1, clock)
         partitions: dict[int, Partition] = {}
-        batch = self._forwards(batch, baseline, problems, partitions, rec, clock)
+        batch = self._forwards(batch, baseline, examples, partitions, rec, clock)
         if self.one_step_off:
             batch = self._behaviour_policy(batch, rec)
         with clock.span(Phase.ADVANTAGE):
@@ -271,6 +315,8 @@ class RLLoop:
             "tokens_per_s": tokens / wall,
             "response_len_mean": float(mask.sum(1).float().mean()),
         }
+        if self.schedule is not None:
+            rec.metrics["epoch"] = float(self.schedule.epoch_of(step))
         if "old_logprobs" in batch.tensors and not self.one_step_off:
             # (else the update measured it on its own forward, or the policy lag did)
             diff = (batch.tensors["rollout_logprobs"] - batch.tensors["old_logprobs"]).abs()
@@ -319,7 +365,7 @@ class RLLoop:
         self,
         batch: Batch,
         baseline: Batch | None,
-        problems: list[Problem],
+        examples: list[Example],
         partitions: dict[int, Partition],
         rec: StepRecord,
         clock: StepClock,
@@ -339,11 +385,12 @@ class RLLoop:
                 # ReMax: the reward model also scores the greedy baseline (its own split).
                 baseline_call = self._launch(Role.REWARD, Phase.REWARD, baseline, {}, clock)
                 launched.append((Phase.REWARD, baseline_call))
-        if self.task is not None:  # a rule-based reward: on the controller, while they run
+        if self.reward_fn is not None:  # rule-based: here or in Ray tasks, while they run
             with clock.span(Phase.REWARD):
-                batch = _with(batch, scores=self._rule_rewards(batch, problems, spp, rec))
+                scores = self._rule_scores(batch, examples, spp, rec)
+                batch = _with(batch, scores=scores)
                 if baseline is not None:
-                    base = self._rule_rewards(baseline, problems, 1, None)
+                    base = self._rule_scores(baseline, examples, 1, None)
                     batch = _with(batch, baseline_scores=base.repeat_interleave(spp))
         outputs = self._collect([p for _, p in launched], clock)
         seen_reward = False
@@ -414,8 +461,7 @@ class RLLoop:
         """Step `step`'s rollout on `rollout`, and ReMax's greedy baseline (one per prompt)
         queued behind it."""
         b = self.w.batch
-        prompts = [self.tok.encode(p.prompt)[-b.prompt_len :] for p in self.problems(step)]
-        prompts = [p for p in prompts for _ in range(b.samples_per_prompt)]
+        prompts = [p for p in self.encode(self.examples(step)) for _ in range(b.samples_per_prompt)]
         calls = [
             self._launch_generate(rollout, prompts, step, self.sampling, Phase.GENERATE, clock)
         ]
@@ -478,28 +524,86 @@ class RLLoop:
         ]
         return clock.launch(phase, rollout, refs, "generate"), part
 
-    def _rule_rewards(
-        self, batch: Batch, problems: list[Problem], spp: int, rec: StepRecord | None
-    ) -> torch.Tensor:
-        """The task's checker on `batch` (`spp` responses per problem, in order); with
-        `rec`, the exact-answer rate and a few decoded samples go into it."""
-        assert self.task is not None
-        values, exact = [], 0
+    def responses(self, batch: Batch) -> list[str]:
+        """The responses as text, decoded without special tokens (as verl hands them to
+        reward functions). A built-in task's checker is given its stop after a response
+        that ended with the end token, as placeflow's runs always gave it (with the byte
+        tokenizer, whose end token is the newline byte itself, the newline then comes
+        twice, so that those checkers' exact score stays out of reach: see tasks.py)."""
+        t, task = batch.tensors, TASKS.get(self.w.reward_function or "")
+        out = []
         for i in range(len(batch)):
-            n = int(batch.tensors[RESPONSE_MASK][i].sum())
-            text = self.tok.decode(batch.tensors[RESPONSE][i, :n].tolist())
-            if n and int(batch.tensors[RESPONSE][i, n - 1]) == self.tok.eos_id:
-                text += self.task.stop  # decode drops special tokens; the checker wants it
-            score = self.task.score(problems[i // spp], text)
-            values.append(score)
-            exact += score == 1.0
-            if rec is not None and i % spp == 0 and len(rec.samples) < 4:
-                rec.samples.append(
-                    {"prompt": problems[i // spp].prompt, "response": text, "reward": score}
-                )
+            ids = t[RESPONSE][i, : int(t[RESPONSE_MASK][i].sum())].tolist()
+            text = self.tok.decode(ids)
+            if task is not None and ids and ids[-1] == self.tok.eos_id:
+                text += task.stop
+            out.append(text)
+        return out
+
+    def score(self, texts: Sequence[str], examples: Sequence[Example], spp: int) -> Scores:
+        """The reward function on `texts` (`spp` responses per example, in order): on the
+        driver, or in the workload's Ray tasks."""
+        items = [
+            RewardInput(
+                data_source=ex.data_source,
+                solution_str=text,
+                ground_truth=ex.answer,
+                extra_info=ex.extra_info,
+            )
+            for text, ex in zip(texts, (e for e in examples for _ in range(spp)), strict=True)
+        ]
+        assert self.reward_fn is not None and self.w.reward_function is not None
+        if self.w.reward_workers:
+            refs = launch_scoring(self.w.reward_function, items, self.w.reward_workers)
+            return collect_scoring(refs, self.c.timeout_s)
+        return score_items(self.reward_fn, items)
+
+    def _rule_scores(
+        self, batch: Batch, examples: list[Example], spp: int, rec: StepRecord | None
+    ) -> torch.Tensor:
+        """The reward function on `batch`; with `rec`, the exact-answer rate (score 1),
+        the failures, the dict entries and a few decoded samples go into it."""
+        texts = self.responses(batch)
+        scores = self.score(texts, examples, spp)
         if rec is not None:
-            rec.metrics["exact_match"] = exact / len(batch)
-        return torch.tensor(values)
+            log_errors(scores, f"step {rec.step}")
+            rec.metrics["exact_match"] = sum(v >= 1.0 for v in scores.values) / len(batch)
+            rec.metrics["reward_errors"] = float(scores.num_errors)
+            for key, values in scores.extras.items():
+                rec.metrics[f"reward_extra/{key}"] = sum(values) / len(values)
+            rec.samples.extend(
+                {"prompt": examples[i // spp].prompt, "response": texts[i], "reward": v}
+                for i, v in list(enumerate(scores.values))[::spp][:4]
+            )
+        return torch.tensor(scores.values)
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """The validation split, one greedy response per prompt from the current policy,
+        scored by the reward function; no training. `step`: the updates done so far."""
+        rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
+        rollout = self._sync_rollout(rec, clock)
+        greedy = dataclasses.replace(self.sampling, temperature=0.0)
+        call, part = self._launch_generate(
+            rollout, self.encode(self.validation), -1, greedy, Phase.GENERATE, clock
+        )
+        [results] = clock.collect(self.c, [call])
+        batch = collect(rollout.gen_dispatch, align(results, self.tok.pad_id), part)
+        texts = self.responses(batch)
+        scores = self.score(texts, self.validation, 1)
+        log_errors(scores, f"validation at step {step}")
+        n = len(scores.values)
+        return {
+            "step": step,
+            "val/reward_mean": sum(scores.values) / n,
+            "val/exact_match": sum(v >= 1.0 for v in scores.values) / n,
+            "val/reward_errors": scores.num_errors,
+            "val/num_prompts": n,
+            "generate_s": clock.phase_seconds().get(Phase.GENERATE.value, 0.0),
+            "samples": [
+                {"prompt": ex.prompt, "response": text, "reward": v}
+                for ex, text, v in list(zip(self.validation, texts, scores.values, strict=True))[:4]
+            ],
+        }
 
     def _partition(self, role: Role, batch: Batch, cache: dict[int, Partition]) -> Partition:
         """The token-aware split over `role`'s DP replicas (one per DP size)."""

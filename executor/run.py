@@ -7,6 +7,10 @@ Run directory:
   workers.json         where each device of each set ran: Ray node id and IP, pid, device
   metrics.jsonl        one line per step: metrics, measured phase seconds, the step's
                        timeline (executor/timeline.py), a few samples
+  validation.jsonl     with a validation split: one line per evaluation (greedy
+                       responses, scored; `step` = updates done before it)
+  tensorboard/         TensorBoard event files of the same records (executor/loggers.py);
+                       wandb/ and mlruns/ when those loggers are asked for
   checkpoints/step-N/  one file per trained role and rank, then state.json (written last:
                        a directory without it is incomplete and ignored)
   error.txt            what stopped a failed run, and which checkpoint is kept
@@ -39,10 +43,12 @@ from tqdm import tqdm
 from placeflow.errors import SpecError
 from placeflow.executor.checkpoints import RunLock, Skipped, newest_verified, read_json, seal
 from placeflow.executor.controller import Controller
+from placeflow.executor.data import chat_renderer, load_examples, num_steps
 from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.errors import ExecutorError
+from placeflow.executor.loggers import LoggerKind, Loggers, check_loggers
 from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokenizer_for
-from placeflow.executor.tasks import get_task
+from placeflow.executor.rewards import load_reward_function
 from placeflow.fsio import atomic_write_text
 from placeflow.hardware import DeviceKind
 from placeflow.plan import Plan, save_plan
@@ -69,6 +75,7 @@ class RunConfig:
     tp_impl: TPImpl = TPImpl.NATIVE  # tensor parallelism: placeflow's or megatron-core's layers
     rehearsal_of: str | None = None  # "name (hash)" of the plan this run rehearses on CPU
     overlap: bool = True  # calls on disjoint device sets run at once (False: one at a time)
+    loggers: tuple[LoggerKind, ...] = (LoggerKind.TENSORBOARD,)
 
 
 @dataclass(frozen=True)
@@ -139,12 +146,13 @@ def last_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return newest_verified(run_dir)[0]
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The metrics lines of a run; a torn last line (a crash mid-write) is left out.
+def read_metrics(run_dir: str | Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
+    """The metrics lines of a run (or its `validation.jsonl`); a torn last line (a crash
+    mid-write) is left out.
 
     Any other malformed line is a SpecError naming the file and the line.
     """
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / name
     if not path.is_file():
         return []
     text = path.read_bytes().decode("utf-8", errors="replace")
@@ -196,16 +204,34 @@ def check_devices(plan: Plan) -> None:
         )
 
 
-def preflight(plan: Plan) -> Any:
-    """Every check that needs no worker: devices, executability, reward function, tokenizer.
+def preflight(plan: Plan, steps: int | None = None) -> Any:
+    """Every check that needs no worker: devices, executability, reward function, data
+    files (every row), tokenizer, and that the data's epochs hold `steps` steps.
 
     Returns the tokenizer. Runs before Ray starts, so a plan that cannot run fails at once.
     """
     check_devices(plan)
     check_executable(plan)
-    if plan.workload.reward_function is not None:
-        get_task(plan.workload.reward_function)
-    return tokenizer_for(plan)
+    w = plan.workload
+    if w.reward_function is not None:
+        load_reward_function(w.reward_function)
+    tokenizer = tokenizer_for(plan)
+    if w.data is not None:
+        train = load_examples(w.data.train, w.data)
+        if w.data.validation is not None:
+            load_examples(w.data.validation, w.data)
+        if w.data.chat_template:
+            chat_renderer(tokenizer)
+        n = w.batch.prompts_per_step
+        if w.data.epochs is not None and steps is not None:
+            available = num_steps(len(train), n, w.data.epochs)
+            if steps > available:
+                raise SpecError(
+                    f"{w.data.train}: {len(train)} rows give {available} steps of {n} prompts "
+                    f"in {w.data.epochs} epoch(s), fewer than the {steps} asked; lower --steps "
+                    "or raise [data] epochs"
+                )
+    return tokenizer
 
 
 def run_plan(
@@ -217,7 +243,8 @@ def run_plan(
     `after_step` runs on the controller after each step is recorded and checkpointed
     (evaluation, custom logging; the tests inject failures with it).
     """
-    tokenizer = preflight(plan)
+    tokenizer = preflight(plan, cfg.steps)
+    check_loggers(cfg.loggers)
     run_dir = Path(run_dir)
     if not ray.is_initialized():
         raise SpecError("Ray is not running; call ray.init() first (the CLI does)")
@@ -275,13 +302,16 @@ def _read_run_manifest(run_dir: Path, plan: Plan, cfg: RunConfig) -> None:
 
 
 def _drop_metrics_from(run_dir: Path, start: int) -> None:
-    """Steps from `start` on are redone: drop their metrics (atomically)."""
-    metrics = read_metrics(run_dir)
-    kept = [m for m in metrics if m["step"] < start]
-    if len(kept) != len(metrics) or (run_dir / "metrics.jsonl").is_file():
-        atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept))
-    if len(kept) < len(metrics):
-        log.info("redoing steps from %d: dropped %d metrics lines", start, len(metrics) - len(kept))
+    """Steps from `start` on are redone: drop their metrics and evaluations (atomically)."""
+    for name, first_dropped in (("metrics.jsonl", start), ("validation.jsonl", start + 1)):
+        lines = read_metrics(run_dir, name)
+        kept = [m for m in lines if m["step"] < first_dropped]
+        if len(kept) != len(lines) or (run_dir / name).is_file():
+            atomic_write_text(run_dir / name, "".join(json.dumps(m) + "\n" for m in kept))
+        if len(kept) < len(lines):
+            log.info(
+                "redoing steps from %d: dropped %d %s lines", start, len(lines) - len(kept), name
+            )
 
 
 def _train(
@@ -314,12 +344,18 @@ def _train(
             range(start, cfg.steps), disable=plain or not cfg.progress, desc=plan.name, unit="step"
         )
         step = start
+        loggers = Loggers(cfg.loggers, run_dir, plan.name, num_gpus=plan.num_gpus)
+        every_val = plan.workload.data.validate_every if plan.workload.data else None
         try:
+            if loop.validation and start == 0:
+                _evaluate(loop, run_dir, loggers, 0)
             for step in bar:
                 rec = loop.step(step)
                 records.append(rec)
+                record = _record_json(rec)
                 with (run_dir / "metrics.jsonl").open("a") as f:
-                    f.write(json.dumps(_record_json(rec)) + "\n")
+                    f.write(json.dumps(record) + "\n")
+                loggers.log(record, step)
                 postfix = {
                     "reward": f"{rec.metrics['reward_mean']:.3f}",
                     "kl": f"{rec.metrics.get('kl_ref', 0.0):.4f}",
@@ -333,6 +369,9 @@ def _train(
                 if (every and (step + 1) % every == 0) or step + 1 == cfg.steps:
                     save_checkpoint(loop, run_dir, step)
                     last_saved = step
+                done = step + 1
+                if loop.validation and (done == cfg.steps or (every_val and done % every_val == 0)):
+                    _evaluate(loop, run_dir, loggers, done)
                 if after_step is not None:
                     after_step(loop, rec)
         except ExecutorError as exc:
@@ -346,7 +385,24 @@ def _train(
             raise RunError(message) from exc
         finally:
             bar.close()
+            loggers.close()
     return RunResult(run_dir=run_dir, records=records, first_step=start)
+
+
+def _evaluate(loop: RLLoop, run_dir: Path, loggers: Loggers, done: int) -> None:
+    """One evaluation of the validation split after `done` updates: validation.jsonl,
+    the loggers, and a line on stderr."""
+    result = loop.evaluate(done)
+    with (run_dir / "validation.jsonl").open("a") as f:
+        f.write(json.dumps(result) + "\n")
+    loggers.log(result, done)
+    log.info(
+        "validation after %d steps: exact %.3f, reward %.3f (%d prompts)",
+        done,
+        result["val/exact_match"],
+        result["val/reward_mean"],
+        result["val/num_prompts"],
+    )
 
 
 def save_checkpoint(loop: RLLoop, run_dir: Path, step: int) -> Path:

@@ -1,9 +1,14 @@
-"""Verifiable tasks: prompts generated in code and a checker that scores responses.
+"""Built-in verifiable tasks: a seeded prompt generator and a graded checker each.
 
-A workload's `reward_function` names a task here. `arith` asks for the sum of
-two small numbers ("17+5=") and checks the response, which should be the digits
-of the sum followed by a newline. Its score is graded so that a policy starting
-from random weights gets a signal before it can add:
+They are ordinary data and reward functions: `examples/data/generate.py` writes a
+task's problems to a JSONL or parquet file that `[data]` reads, and
+`executor/rewards.py` offers each checker as a reward function under the task's
+name. A workload with such a `reward_function` and no `[data]` draws its prompts
+from the generator directly, seeded per step (as every run did before `[data]`).
+
+`arith` asks for the sum of two small numbers ("17+5=") and checks the response,
+which should be the digits of the sum followed by a newline. Its score is graded
+so that a policy starting from random weights gets a signal before it can add:
 
     0.2 · (share of response characters that are digits)
   + 0.2 · (the response ended with the newline, and is no longer than the answer + 1)
@@ -12,7 +17,13 @@ from random weights gets a signal before it can add:
 An exact answer scores 1.0 and only an exact answer does. `reverse` asks for a
 short lowercase word backwards ("abc>") with the same grading over letters.
 Prompts come from a generator seeded per step, so a run is reproducible and a
-resumed run sees the same prompts.
+resumed run sees the same prompts. The loop hands these checkers the response
+with the stop appended when it ended with the end token (a real tokenizer's end
+token is dropped when decoded). With the byte tokenizer of the random-init
+models the end token is the newline byte itself, which decoding keeps, so the
+newline comes twice and the exact score (1.0) is out of their reach: they learn
+the format, digits and length. The learning tests are calibrated on that score;
+`examples/rewards/arith_exact.py` is an exact-answer reward for real models.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from placeflow.errors import UnknownNameError
 
@@ -43,14 +55,33 @@ class Task:
 
     def score(self, problem: Problem, response: str) -> float:
         """The graded score of `response` (text as decoded, stop included if produced)."""
+        return self.score_answer(problem.answer, response)
+
+    def score_answer(self, answer: str, response: str) -> float:
         stopped = response.endswith(self.stop)
         body = response[: -len(self.stop)] if stopped else response
-        if stopped and body == problem.answer:
+        if stopped and body == answer:
             return 1.0
         symbols = sum(self.is_symbol(c) for c in body) / len(body) if body else 0.0
-        ended = float(stopped and len(body) <= len(problem.answer) + 1)
-        right = sum(a == b for a, b in zip(body, problem.answer, strict=False))
-        return 0.2 * symbols + 0.2 * ended + 0.6 * right / len(problem.answer)
+        ended = float(stopped and len(body) <= len(answer) + 1)
+        right = sum(a == b for a, b in zip(body, answer, strict=False))
+        return 0.2 * symbols + 0.2 * ended + 0.6 * right / len(answer)
+
+    def rows(self, count: int, seed: int, *, question: str | None = None) -> list[dict[str, Any]]:
+        """`count` problems as dataset rows (`prompt`, `answer`, `data_source`); with
+        `question` (a format string with `{prompt}`, given the problem without its cue:
+        "17+5"), the prompt as one chat message."""
+        return [
+            {
+                "prompt": p.prompt
+                if question is None
+                # The problem without its completion cue ("=" or ">"), inside the question.
+                else [{"role": "user", "content": question.format(prompt=p.prompt[:-1])}],
+                "answer": p.answer,
+                "data_source": self.name,
+            }
+            for p in self.problems(count, seed)
+        ]
 
 
 def _arith(rng: random.Random) -> Problem:

@@ -8,8 +8,9 @@ the command-line interface. Everything else builds on these specs:
 
 The library API (`placeflow.api`) is here too: `placeflow.plan(cluster,
 workload)`, `placeflow.simulate(plan)`, `placeflow.run(plan)`,
-`placeflow.validate(plan)`. `placeflow.plan` is also the plan-spec module
-(`from placeflow.plan import Plan`); calling it calls `placeflow.api.plan`.
+`placeflow.validate(plan)`, `placeflow.export(plan, "verl")`. `placeflow.plan`
+and `placeflow.export` are also modules (the plan spec, the exporters) that
+answer a call with the API's verb (`placeflow.modcall`).
 """
 
 from pathlib import Path as _Path
@@ -25,7 +26,7 @@ _root = _Path(__file__).resolve().parent.parent
 if (_root / "pyproject.toml").is_file() and (_root / "profiles" / "costmodel.py").is_file():
     __path__.append(str(_root))
 
-from placeflow import plan  # noqa: E402  (the spec module, callable as the API's plan)
+from placeflow import export, plan  # noqa: E402  (modules callable as the API's verbs)
 from placeflow.api import Validation, rehearse, run, simulate, validate  # noqa: E402
 
-__all__ = ["Validation", "plan", "rehearse", "run", "simulate", "validate"]
+__all__ = ["Validation", "export", "plan", "rehearse", "run", "simulate", "validate"]

@@ -1,4 +1,4 @@
-"""The library API: plan, simulate, run and validate from Python, as the CLI does.
+"""The library API: plan, simulate, run, validate and export from Python, as the CLI does.
 
 Each function takes specs or paths to their TOML files and returns the typed
 result the CLI prints or serialises with `--json`:
@@ -32,6 +32,7 @@ from placeflow.workload import Workload, load_workload
 
 if TYPE_CHECKING:
     from placeflow.executor.run import RunConfig, RunResult
+    from placeflow.export import Export
     from placeflow.planner.search import PlannerResult
     from placeflow.simulator.estimate import StepEstimate
     from placeflow.simulator.fidelity import FidelityTable
@@ -169,7 +170,7 @@ def run(
     # Absolute: Ray's workers write checkpoints there, and their working directory
     # is the one Ray started in, not necessarily the caller's (a notebook's chdir).
     directory = directory.resolve()
-    preflight(p)  # before Ray starts: a plan it cannot run fails in a second
+    preflight(p, cfg.steps)  # before Ray starts: a plan it cannot run fails in a second
     if address is None:  # on a cluster the workers' memory is the nodes', not this machine's
         check_host_memory(p)
     started = start_ray(p, num_cpus=num_cpus, address=address)
@@ -234,4 +235,26 @@ def validate(
     return Validation(estimate=estimate, fidelity=table, run=result, report=written)
 
 
-__all__ = ["Validation", "plan", "rehearse", "run", "simulate", "start_ray", "validate"]
+def export(plan: Plan | PathLike, to: str = "verl") -> Export:
+    """`plan` as another framework's launch (`verl` hydra overrides or OpenRLHF's
+    `train_ppo_ray` flags), with what that framework cannot express of it."""
+    from placeflow.export import Target, export_plan
+
+    try:
+        target = Target(to)
+    except ValueError:
+        known = ", ".join(t.value for t in Target)
+        raise SpecError(f"unknown export target {to!r}; known: {known}") from None
+    return export_plan(_plan(plan), target)
+
+
+__all__ = [
+    "Validation",
+    "export",
+    "plan",
+    "rehearse",
+    "run",
+    "simulate",
+    "start_ray",
+    "validate",
+]

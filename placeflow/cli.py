@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -429,37 +430,6 @@ def _write_per_placement(per_placement: Sequence[Any], out_dir: Path) -> int:
     return written
 
 
-def _start_ray(plan: object, num_cpus: int | None, address: str | None = None) -> bool:
-    """Ray for the plan: attach to the cluster at `address` (`auto`: the one this
-    machine belongs to), or start a local Ray with room for the plan (CPU workers
-    are logical, so enough CPU slots).
-
-    True when this call connected (and the caller disconnects); an already running
-    Ray in this process (a notebook's, a test session's) is used as it is.
-    """
-    import os
-
-    import ray
-
-    from placeflow.executor.pools import required_resources
-
-    if ray.is_initialized():
-        return False
-    if address is not None:
-        try:
-            ray.init(address=address, logging_level=logging.ERROR)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise SpecError(
-                f"--address {address}: cannot attach to a Ray cluster there ({exc}); start one "
-                "with `ray start --head` or give its GCS address HOST:PORT"
-            ) from None
-        return True
-    needed = int(required_resources(plan).get("CPU", 0))  # type: ignore[arg-type]
-    cpus = num_cpus or max(os.cpu_count() or 1, needed)
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR)
-    return True
-
-
 def _print_run(console: Console, records: Sequence[object], run_dir: Path) -> None:
     table = Table(title=f"run {run_dir}")
     cols = ("step", "reward", "exact", "pg loss", "kl ref", "entropy", "resp len", "tokens/s", "s")
@@ -481,36 +451,27 @@ def _print_run(console: Console, records: Sequence[object], run_dir: Path) -> No
     console.print(table)
 
 
-def _execute(
-    plan: Any, run_dir: Path, cfg: Any, num_cpus: int | None, address: str | None = None
-) -> Any:
-    """`run_plan` on a local Ray (started here if none runs); its RunResult, or None
-    after printing why the run failed. Plan problems raise SpecError before Ray starts."""
-    import ray
-
+def _execute(plan: Any, run_dir: Path, cfg: Any, args: argparse.Namespace) -> Any:
+    """`placeflow.api.run`; its RunResult, or None after printing why the run failed on
+    its workers. Plan problems raise SpecError before Ray starts."""
+    from placeflow.api import run
     from placeflow.executor.errors import ExecutorError
-    from placeflow.executor.rehearsal import check_host_memory
-    from placeflow.executor.run import preflight, run_plan
 
-    preflight(plan)  # before Ray starts: a plan it cannot run fails in a second
-    if address is None:  # on a cluster the workers' memory is the nodes', not this machine's
-        check_host_memory(plan)
-    started = _start_ray(plan, num_cpus, address)
     try:
-        return run_plan(plan, run_dir, cfg)
+        return run(plan, run_dir, config=cfg, num_cpus=args.num_cpus, address=args.address)
     except ExecutorError as exc:
         print(f"placeflow: run failed: {exc}", file=sys.stderr)
         return None
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from placeflow.executor.engines.tp import TPImpl
+    from placeflow.executor.loggers import check_loggers, parse_loggers
     from placeflow.executor.run import RunConfig
     from placeflow.plan import load_plan
 
+    loggers = parse_loggers(args.logger)
+    check_loggers(loggers)
     plan = load_plan(args.plan)
     rehearsal_of = None
     if args.rehearse:
@@ -541,46 +502,48 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         num_threads=args.threads,
         progress=not args.no_progress,
         tp_impl=TPImpl(args.tp_backend),
+        loggers=loggers,
     )
-    result = _execute(plan, run_dir, cfg, args.num_cpus, args.address)
+    result = _execute(plan, run_dir, cfg, args)
     if result is None:
         return 1
     _print_run(console, result.records, run_dir)
-    console.print(f"run directory: {run_dir} (metrics.jsonl, manifest.json, checkpoints/)")
+    console.print(
+        f"run directory: {run_dir} (metrics.jsonl, manifest.json, checkpoints/, tensorboard/)"
+    )
     return 0
 
 
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
-    from placeflow.executor.run import RunConfig, read_metrics
+    from placeflow.api import validate
+    from placeflow.executor.errors import ExecutorError
+    from placeflow.executor.run import RunConfig
     from placeflow.plan import load_plan
-    from placeflow.reports.run import run_report
-    from placeflow.simulator import simulate
-    from placeflow.simulator.fidelity import compare, overlap_text
-    from placeflow.simulator.simulate import cost_models_for
+    from placeflow.simulator.fidelity import overlap_text
 
     plan = load_plan(args.plan)
-    run_dir = args.run_dir or Path("runs") / f"validate-{safe_name(plan.name)}"
-    run_dir = check_output_dir(run_dir, "--run-dir")
+    run_dir = check_output_dir(
+        args.run_dir or Path("runs") / f"validate-{safe_name(plan.name)}", "--run-dir"
+    )
     if args.report:
         check_output_path(args.report, "--report")
-    # Simulate first: a profile or plan problem shows before any worker starts.
-    estimate = simulate(plan, cost_models_for(plan, args.profile))
-    if not estimate.feasible:
-        raise SpecError(f"the plan does not fit: {estimate.infeasible_reason}")
     cfg = RunConfig(
-        steps=args.steps,
-        seed=args.seed,
-        num_threads=args.threads,
-        progress=not args.no_progress,
-        profile=args.profile,
+        steps=args.steps, seed=args.seed, num_threads=args.threads, progress=not args.no_progress
     )
-    if _execute(plan, run_dir, cfg, args.num_cpus, args.address) is None:
+    try:
+        checked = validate(
+            plan,
+            run_dir,
+            config=cfg,
+            profile=args.profile,
+            report=args.report,
+            num_cpus=args.num_cpus,
+            address=args.address,
+        )
+    except ExecutorError as exc:
+        print(f"placeflow: run failed: {exc}", file=sys.stderr)
         return 1
-    table = compare(estimate, read_metrics(run_dir), warmup=1)
-    (run_dir / "fidelity.json").write_text(json.dumps(table.to_json(), indent=2) + "\n")
-    (run_dir / "fidelity.md").write_text(table.to_markdown())
-    (run_dir / "estimate.json").write_text(json.dumps(estimate.to_json(), indent=2) + "\n")
-    report = run_report(run_dir, args.report)
+    table, report = checked.fidelity, checked.report
     if args.json:
         console.print_json(json.dumps(table.to_json()))
         return 0
@@ -609,6 +572,22 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.out) if args.out else run_dir / "report.html"
     check_output_path(out, "--out")
     console.print(f"wrote {write_or_fallback(lambda p: run_report(run_dir, p), out)}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.export import Target, export_plan
+    from placeflow.plan import load_plan
+
+    result = export_plan(load_plan(args.plan), Target(args.to))
+    if args.out is None:
+        sys.stdout.write(result.text())
+        return 0
+    out = Path(args.out)
+    check_output_path(out, "--out")
+    written = write_or_fallback(lambda p: p.write_text(result.text(), encoding="utf-8"), out)
+    what = f"{len(result.unexpressed)} note(s) on what {args.to} cannot express"
+    print(f"wrote {written} ({what})", file=sys.stderr)
     return 0
 
 
@@ -710,6 +689,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="native",
         help="tensor-parallel layers: placeflow's own or megatron-core's",
     )
+    p.add_argument(
+        "--logger",
+        default="tensorboard",
+        help="metric loggers, comma-separated: tensorboard (always on), wandb, mlflow "
+        "(offline, under the run directory; the `loggers` extra installs them)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_cmd_run)
 
@@ -739,6 +724,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=nonempty, help="HTML path (default: RUN_DIR/report.html)")
     p.set_defaults(handler=_cmd_report)
 
+    p = sub.add_parser(
+        "export", help="the trainer configuration that realises a plan in verl or OpenRLHF"
+    )
+    p.add_argument("plan", type=nonempty, help="plan TOML file")
+    p.add_argument("--to", choices=("verl", "openrlhf"), required=True, help="target framework")
+    p.add_argument("--out", type=nonempty, help="file to write (default: standard output)")
+    p.set_defaults(handler=_cmd_export)
+
     prof = sub.add_parser("profiles", help="list, check and import profiles")
     psub = prof.add_subparsers(dest="profiles_command", required=True)
     p = psub.add_parser("list", help="shipped and user profiles with source and coverage")
@@ -759,8 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # Piped or redirected: full-width tables (rich would cut them at 80 columns).
-    console = Console() if sys.stdout.isatty() else Console(width=1000)
+    console = _console()
     _log_to_stderr()
     handler: Handler = args.handler
     try:
@@ -775,6 +767,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("placeflow: interrupted", file=sys.stderr)
         return 130
+
+
+class _FoldingConsole(Console):
+    """A console whose tables wrap a cell that does not fit its column onto more lines,
+    instead of cutting it with an ellipsis (rich's default)."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        for obj in objects:
+            if isinstance(obj, Table):
+                for column in obj.columns:
+                    column.overflow = "fold"
+        super().print(*objects, **kwargs)
+
+
+def _console() -> Console:
+    """The terminal's width; piped or redirected, $COLUMNS when set, else wide enough that
+    no table is cut (rich would cut them at 80 columns). Cells too wide wrap."""
+    if sys.stdout.isatty():
+        return _FoldingConsole()
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isdigit() and int(columns) >= 20 else 1000
+    return _FoldingConsole(width=width)
 
 
 def one_line(message: str) -> str:

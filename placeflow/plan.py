@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
-import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -57,6 +55,7 @@ from placeflow.cluster import (
 from placeflow.errors import SpecError
 from placeflow.hardware import DeviceKind
 from placeflow.layout import GenLayout, TrainLayout
+from placeflow.modcall import answer_calls
 from placeflow.models import ModelSpec
 from placeflow.tomlio import Table, load_spec
 from placeflow.workload import (
@@ -306,7 +305,7 @@ def plan_from_dict(data: dict[str, Any], where: str, base_dir: Path) -> Plan:
     workload = (
         load_workload(base_dir / wl)
         if isinstance(wl, str)
-        else workload_from_dict(t.table("workload").data, f"{where} [workload]")
+        else workload_from_dict(t.table("workload").data, f"{where} [workload]", base_dir)
     )
     cl = data.get("cluster")
     cluster = (
@@ -387,16 +386,4 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
     return p
 
 
-class _CallableModule(types.ModuleType):
-    """This module, callable as the library API's verb: `placeflow.plan(cluster, workload)`
-    is `placeflow.api.plan(...)`. The verb and this spec module share the name
-    `placeflow.plan`, and Python binds a package attribute to its submodule on import,
-    so the module itself answers the call."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from placeflow.api import plan
-
-        return plan(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+answer_calls(__name__, "plan")  # `placeflow.plan(cluster, workload)` is the API's planner

@@ -21,6 +21,14 @@ mini_batches = 4
 Roles per algorithm (`ROLES`): PPO uses actor, critic, ref, reward (4 models);
 GRPO and ReMax drop the critic, and may drop the reward model in favour of a
 rule-based `reward_function`; Safe-RLHF adds a cost model (5 models).
+
+Prompts come from `[data]` (JSONL or parquet files, `executor/data.py`); a
+workload without it draws them from the generator of its built-in
+`reward_function` (`arith`, `reverse`: `executor/tasks.py`). Every path a
+workload names (a model's `config.json` or checkpoint directory, the data files,
+a `file.py:function` reward) is relative to the workload file, as a plan's
+`workload` and `cluster` are relative to the plan file; it is stored resolved
+(absolute), so that a plan written with the workload inline still finds them.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from placeflow.catalogue import get_model
+from placeflow.catalogue import CATALOGUE, get_model
 from placeflow.errors import SpecError
 from placeflow.models import ModelSpec
 from placeflow.tomlio import Table, load_spec
@@ -186,15 +194,69 @@ _RL_KEYS = tuple(f.name for f in dataclasses.fields(RLConfig))
 
 
 @dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """Where prompts and ground truths come from (`[data]`); paths already resolved.
+
+    Each row of `train` (and `validation`) holds a prompt under `prompt_key` (a
+    string, or a list of chat messages with `chat_template`) and the ground truth
+    handed to the reward function under `answer_key`; `data_source` and
+    `extra_info` columns, when present, are passed on as verl does. The rows are
+    shuffled with the run seed once per epoch; `epochs` bounds the passes (None:
+    as many as the steps need). The validation split is scored greedily every
+    `validate_every` steps (None: before the first step and after the last only),
+    on its first `validation_size` rows (None: all).
+    """
+
+    train: Path
+    validation: Path | None = None
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    chat_template: bool = False
+    shuffle: bool = True
+    epochs: int | None = None
+    validate_every: int | None = None
+    validation_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "validate_every", "validation_size"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise SpecError(f"[data] {name} must be a positive integer, got {value!r}")
+        for name in ("train", "validation"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise SpecError(
+                    f"[data] {name}: {path}: file not found; give a JSONL or parquet file"
+                )
+            if path is not None and path.suffix not in DATA_SUFFIXES:
+                raise SpecError(
+                    f"[data] {name}: {path}: unknown file type {path.suffix!r}; "
+                    f"use {' or '.join(DATA_SUFFIXES)}"
+                )
+        if (self.validate_every or self.validation_size) and self.validation is None:
+            raise SpecError("[data] validate_every and validation_size need a validation file")
+        for name in ("prompt_key", "answer_key"):
+            if not getattr(self, name):
+                raise SpecError(f"[data] {name} must not be empty")
+
+
+DATA_SUFFIXES = (".jsonl", ".parquet")
+_DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSpec))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     name: str
     algorithm: Algorithm
     models: dict[Role, ModelSpec] = field(hash=False)
     batch: BatchSpec
     reward_function: str | None = None
+    # Ray tasks that score a step's responses with the reward function (0: on the driver).
+    reward_workers: int = 0
     async_one_step_off: bool = False
     rollout_engine: RolloutEngine = RolloutEngine.BUILTIN
     rl: RLConfig = field(default_factory=RLConfig)
+    data: DataSpec | None = None
 
     @property
     def recomputes_old_logprobs(self) -> bool:
@@ -231,6 +293,11 @@ class Workload:
                 f"workload {self.name!r}: give a reward model ([models] reward = ...) "
                 "or a rule-based reward_function"
             )
+        if self.reward_workers < 0:
+            raise SpecError(
+                f"workload {self.name!r}: reward_workers must be 0 (score on the driver) or "
+                f"more, got {self.reward_workers}"
+            )
         if self.algorithm is Algorithm.GRPO and self.batch.samples_per_prompt < 2:
             raise SpecError(
                 f"workload {self.name!r}: GRPO normalises rewards within a group, so "
@@ -256,12 +323,69 @@ def parse_role(name: str, where: str) -> Role:
 _BATCH_KEYS = tuple(f.name for f in dataclasses.fields(BatchSpec))
 
 
-def workload_from_dict(data: dict, where: str = "workload") -> Workload:
+def resolve_path(value: str, base_dir: Path | None) -> Path:
+    """`value` relative to `base_dir` (the directory of the file that names it), absolute."""
+    p = Path(value).expanduser()
+    return (p if p.is_absolute() or base_dir is None else base_dir / p).resolve()
+
+
+def resolve_model(value: str, base_dir: Path | None) -> ModelSpec:
+    """A catalogue name, or a path (relative to `base_dir`) to a config.json or a checkpoint
+    directory; a path model is named by its resolved path (the executor loads it from there)."""
+    if value in CATALOGUE:
+        return get_model(value)
+    path = resolve_path(value, base_dir)
+    if path.exists():
+        return get_model(str(path))
+    if "/" in value or value.endswith(".json"):
+        raise SpecError(
+            f"model {value!r}: {path} not found (a model path is relative to the workload "
+            "file); give a config.json, a checkpoint directory or a catalogue name"
+        )
+    return get_model(value)
+
+
+def resolve_reward_function(value: str, base_dir: Path | None) -> str:
+    """`path/to/file.py:function` with the file resolved; other forms (a built-in name,
+    `package.module:function`) as given."""
+    file, sep, func = value.rpartition(":")
+    if sep and file.endswith(".py"):
+        return f"{resolve_path(file, base_dir)}:{func}"
+    return value
+
+
+def _data_spec(t: Table, base_dir: Path | None) -> DataSpec:
+    t.reject_unknown(_DATA_KEYS)
+
+    def optional_int(key: str) -> int | None:
+        return t.get_int(key) if t.has(key) else None
+
+    return DataSpec(
+        train=resolve_path(t.get_str("train"), base_dir),
+        validation=resolve_path(t.get_str("validation"), base_dir) if t.has("validation") else None,
+        prompt_key=t.get_str("prompt_key", "prompt"),
+        answer_key=t.get_str("answer_key", "answer"),
+        chat_template=t.get_bool("chat_template", False),
+        shuffle=t.get_bool("shuffle", True),
+        epochs=optional_int("epochs"),
+        validate_every=optional_int("validate_every"),
+        validation_size=optional_int("validation_size"),
+    )
+
+
+_WORKLOAD_KEYS = (
+    "name", "algorithm", "models", "batch", "reward_function", "reward_workers",
+    "async_one_step_off", "rl", "data", "rollout_engine",
+)  # fmt: skip
+
+
+def workload_from_dict(
+    data: dict, where: str = "workload", base_dir: Path | None = None
+) -> Workload:
+    """A workload from its TOML table; paths in it are relative to `base_dir` (the
+    directory of the file it came from; None: the working directory)."""
     t = Table(data, where)
-    t.reject_unknown(
-        ("name", "algorithm", "models", "batch", "reward_function", "async_one_step_off", "rl",
-         "rollout_engine")
-    )  # fmt: skip
+    t.reject_unknown(_WORKLOAD_KEYS)
     algo_name = t.get_str("algorithm")
     try:
         algorithm = Algorithm(algo_name)
@@ -272,7 +396,7 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         ) from None
     models_t = t.table("models")
     models = {
-        parse_role(role, models_t.where): get_model(models_t.get_str(role))
+        parse_role(role, models_t.where): resolve_model(models_t.get_str(role), base_dir)
         for role in models_t.data
     }
     bt = t.table("batch")
@@ -288,7 +412,11 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         response_len_median=bt.get_int("response_len_median", 0),
         response_len_sigma=bt.get_float("response_len_sigma", 0.6),
     )
-    reward_function = t.get_str("reward_function") if t.has("reward_function") else None
+    reward_function = (
+        resolve_reward_function(t.get_str("reward_function"), base_dir)
+        if t.has("reward_function")
+        else None
+    )
     rl = RLConfig()
     if t.has("rl"):
         rt = t.table("rl")
@@ -305,9 +433,11 @@ def workload_from_dict(data: dict, where: str = "workload") -> Workload:
         models=models,
         batch=batch,
         reward_function=reward_function,
+        reward_workers=t.get_int("reward_workers", 0),
         async_one_step_off=t.get_bool("async_one_step_off", False),
         rollout_engine=_rollout_engine(t.get_str("rollout_engine", "builtin"), where),
         rl=rl,
+        data=_data_spec(t.table("data"), base_dir) if t.has("data") else None,
     )
 
 
@@ -322,7 +452,8 @@ def _rollout_engine(name: str, where: str) -> RolloutEngine:
 
 
 def load_workload(path: str | Path) -> Workload:
-    return load_spec(path, workload_from_dict)
+    base_dir = Path(path).resolve().parent
+    return load_spec(path, lambda data, where: workload_from_dict(data, where, base_dir))
 
 
 def workload_to_dict(w: Workload) -> dict[str, Any]:
@@ -351,6 +482,15 @@ def workload_to_dict(w: Workload) -> dict[str, Any]:
         out["reward_function"] = w.reward_function
     if w.rollout_engine is not RolloutEngine.BUILTIN:  # the default is left out: same hash
         out["rollout_engine"] = w.rollout_engine.value
+    if w.reward_workers:
+        out["reward_workers"] = w.reward_workers
+    if w.data is not None:
+        # Only what is set, with paths resolved, so that the table stands alone.
+        out["data"] = {
+            f.name: str(v) if isinstance(v, Path) else v
+            for f in dataclasses.fields(DataSpec)
+            if (v := getattr(w.data, f.name)) is not None
+        }
     # Only settings that differ from the defaults, so older plans keep their content hash.
     rl = {k: getattr(w.rl, k) for k in _RL_KEYS if getattr(w.rl, k) != getattr(RLConfig(), k)}
     if rl:

@@ -2,7 +2,8 @@
 timeline, and fidelity.
 
 Reads what the executor and `placeflow validate` wrote (manifest.json,
-metrics.jsonl, plan.toml, and fidelity.json and estimate.json when present);
+metrics.jsonl, plan.toml, and validation.jsonl, fidelity.json and
+estimate.json when present);
 computes nothing beyond selecting and drawing. `placeflow report RUN_DIR` calls
 `run_report`.
 
@@ -48,6 +49,7 @@ class RunFiles:
 
     manifest: dict[str, Any]
     lines: list[dict[str, Any]]  # metrics.jsonl, one per step
+    validation: list[dict[str, Any]]  # validation.jsonl, one per evaluation (may be empty)
     set_labels: tuple[str, ...]  # plan.toml's device sets, in plan order (`DeviceSet.label`)
     fidelity: dict[str, Any] | None  # fidelity.json, written by `placeflow validate`
     estimate: dict[str, Any] | None  # estimate.json (`StepEstimate.to_json`), likewise
@@ -69,6 +71,12 @@ def load_run(run_dir: str | Path) -> RunFiles:
     try:
         manifest = json.loads(manifest_path.read_text())
         lines = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
+        val_path = d / "validation.jsonl"
+        validation = (
+            [json.loads(x) for x in val_path.read_text().splitlines() if x.strip()]
+            if val_path.is_file()
+            else []
+        )
         fidelity = _json_or_none(d / "fidelity.json")
         estimate = _json_or_none(d / "estimate.json")
     except json.JSONDecodeError as exc:
@@ -78,8 +86,30 @@ def load_run(run_dir: str | Path) -> RunFiles:
     plan_path = d / "plan.toml"
     labels = tuple(s.label() for s in load_plan(plan_path).sets) if plan_path.is_file() else ()
     return RunFiles(
-        manifest=manifest, lines=lines, set_labels=labels, fidelity=fidelity, estimate=estimate
+        manifest=manifest,
+        lines=lines,
+        validation=validation,
+        set_labels=labels,
+        fidelity=fidelity,
+        estimate=estimate,
     )
+
+
+def validation_figure(validation: list[dict[str, Any]]) -> go.Figure:
+    """The held-out split's scores (greedy responses) against the updates done."""
+    steps = [v["step"] for v in validation]
+    fig = go.Figure(
+        [
+            go.Scatter(x=steps, y=[v[k] for v in validation], name=label, mode="lines+markers")
+            for k, label in (("val/exact_match", "exact answers"), ("val/reward_mean", "reward"))
+        ]
+    )
+    fig.update_layout(
+        title=f"Validation ({validation[0]['val/num_prompts']} held-out prompts, greedy)",
+        xaxis_title="updates done",
+        yaxis_range=[0, 1.05],
+    )
+    return fig
 
 
 def curves_figure(lines: list[dict[str, Any]]) -> go.Figure:
@@ -267,6 +297,13 @@ def run_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
     files = load_run(run_dir)
     header = _header(files)
     figures = [curves_figure(files.lines), phases_figure(files.lines)]
+    if files.validation:
+        first, last_val = files.validation[0], files.validation[-1]
+        header["validation exact"] = (
+            f"{first['val/exact_match']:.3f} after {first['step']} steps -> "
+            f"{last_val['val/exact_match']:.3f} after {last_val['step']}"
+        )
+        figures.insert(0, validation_figure(files.validation))
     step = representative_step(files.lines)
     if step is None:
         header["timeline"] = (

@@ -64,3 +64,12 @@ def test_rehearse_keeps_the_layout_on_cpu_workers():
     for role, par in plan.parallelism.items():
         got = rehearsal.parallelism[role]
         assert (got.train, got.tg, got.pg) == (par.train, par.tg, par.pg)
+
+
+def test_export_is_callable_and_still_the_exporters_package():
+    from placeflow.export import Export, Target
+
+    out = placeflow.export(ROOT / "examples/plans/ppo-7b-colocate-h100x16.toml", "openrlhf")
+    assert isinstance(out, Export) and out.target is Target.OPENRLHF
+    with pytest.raises(SpecError, match="unknown export target 'nemo'"):
+        placeflow.export(ROOT / "examples/plans/ppo-7b-colocate-h100x16.toml", "nemo")

@@ -104,6 +104,19 @@ PATH_CASES: dict[str, list[str]] = {
     "run plan 5000-char name": ["run", "{tmp}/longname.toml"],
     "run plan name of dots": ["run", "{tmp}/dotsname.toml"],
     "run unknown reward_function": ["run", "{tmp}/badreward.toml"],
+    "run reward file missing": ["run", "{tmp}/rewardfile.toml"],
+    "run reward file fails to load": ["run", "{tmp}/brokenreward.toml"],
+    "run data row without answer": ["run", "{tmp}/baddata.toml"],
+    "run data empty file": ["run", "{tmp}/emptydata.toml"],
+    "run data more steps than epochs": [*RUN_ARGS[:1], "{tmp}/epochs.toml", "--steps", "99"],
+    "run chat template with byte tokenizer": ["run", "{tmp}/chat.toml"],
+    "run unknown --logger": [*RUN_ARGS, "--logger", "neptune"],
+    "export unknown target": ["export", "{ex}/plans/ppo-7b-split-h100x16.toml", "--to", "trl"],
+    "export missing plan": ["export", "{tmp}/nope.toml", "--to", "verl"],
+    "export --out under a file": [
+        *["export", "{ex}/plans/ppo-7b-split-h100x16.toml", "--to", "verl"],
+        *["--out", "{tmp}/afile/x.sh"],
+    ],
     "validate --run-dir is a file": [*VAL_ARGS, "--run-dir", "{tmp}/afile"],
     "validate --report under a file": [*VAL_ARGS, "--report", "{tmp}/afile/r.html"],
     "validate missing --profile": ["validate", "{ex}/plans/grpo-tiny-cpu4-colocate.toml"],
@@ -185,6 +198,12 @@ WORKLOAD_CASES: dict[str, tuple[tuple[str, ...], Any]] = {
     "models not a table": (("models",), "tiny-llama"),
     "batch not a table": (("batch",), 16),
     "async not a bool": (("async_one_step_off",), "yes"),
+    "data train missing": (("data", "train"), "nope.jsonl"),
+    "data train wrong suffix": (("data", "train"), "afile"),
+    "data unknown key": (("data", "path"), "x.jsonl"),
+    "data epochs 0": (("data", "epochs"), 0),
+    "reward_workers -1": (("reward_workers",), -1),
+    "model path missing": (("models", "actor"), "models/none/config.json"),
     "unknown top-level key": (("steps",), 3),
 }
 
@@ -248,6 +267,11 @@ def _cases() -> list[Any]:
     return cases
 
 
+def _data_plan(train: str, **data: Any) -> dict[str, Any]:
+    """A plan whose inline workload reads `train` (relative to the plan's folder)."""
+    return {**PLAN, "workload": {**WORKLOAD, "data": {"train": train, **data}}}
+
+
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
     return {
         str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
@@ -269,8 +293,18 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "longname.toml": {**PLAN, "name": "x" * 5000},
         "dotsname.toml": {**PLAN, "name": "../.."},
         "badreward.toml": {**PLAN, "workload": {**WORKLOAD, "reward_function": "nope"}},
+        "rewardfile.toml": {**PLAN, "workload": {**WORKLOAD, "reward_function": "no.py:f"}},
+        "brokenreward.toml": {**PLAN, "workload": {**WORKLOAD, "reward_function": "broken.py:f"}},
+        "baddata.toml": _data_plan("bad.jsonl"),
+        "emptydata.toml": _data_plan("empty.jsonl"),
+        "epochs.toml": _data_plan("good.jsonl", epochs=1),
+        "chat.toml": _data_plan("good.jsonl", chat_template=True),
     }.items():
         (tmp_path / name).write_text(tomli_w.dumps(doc))
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "1+1="}\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "good.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n' * 20)
     readonly = tmp_path / "readonly"
     readonly.mkdir()
     readonly.chmod(0o555)

@@ -59,3 +59,49 @@ def test_simulate_writes_a_report(capsys, tmp_path):
     )
     assert code == 0 and out.exists() and "wrote report" in err
     assert "grpo-tiny-cpu4-split" in out.read_text()
+
+
+@pytest.mark.parametrize("columns", [None, "60", "100"])
+def test_piped_tables_wrap_to_columns_and_cut_nothing(capsys, monkeypatch, columns):
+    """Piped output (pytest captures it): every line within $COLUMNS when it is set, and
+    no cell cut with an ellipsis; every model name and every parameter digit is there."""
+    from placeflow.catalogue import CATALOGUE
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    code, out, _ = run(capsys, "models")
+    assert code == 0 and "…" not in out
+    if columns is not None:
+        assert max(len(line) for line in out.splitlines()) <= int(columns)
+    # Rows from the cells: a row starts where the name cell is filled, and a folded cell
+    # continues on the lines below it, in its column.
+    rows: list[list[str]] = []
+    for line in out.splitlines():
+        if line.startswith("│"):
+            cells = [c.strip() for c in line.split("│")[1:-1]]
+            if cells[0]:
+                rows.append(cells)
+            else:
+                rows[-1] = [a + b for a, b in zip(rows[-1], cells, strict=True)]
+    assert [r[0] for r in rows] == list(CATALOGUE)
+    llama = dict(zip(("name", "params", "layers", "hidden"), rows[0], strict=False))
+    assert llama == {"name": "llama-2-7b", "params": "6.74B", "layers": "32", "hidden": "4096"}
+
+
+def test_run_refuses_a_missing_logger_package(capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a)
+    )
+    code, _, err = run(
+        capsys, "run", "examples/plans/grpo-tiny-cpu4-colocate.toml", "--logger", "wandb"
+    )
+    assert code == 2
+    assert err.strip() == (
+        "placeflow: error: --logger wandb: the 'wandb' package is not installed; "
+        "pip install wandb, or leave wandb out"
+    )

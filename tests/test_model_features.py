@@ -70,3 +70,11 @@ def test_every_over_capacity_set_is_reported_and_no_time_is_given():
     assert data["iteration_s"] is None and data["tokens_per_s"] is None
     assert data["infeasible_reasons"] == list(est.infeasible_reasons)
     assert isinstance(plan.sets[0], DeviceSet)
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-30b-a3b"])
+def test_the_executor_refuses_what_its_engines_do_not_run(name):
+    from placeflow.executor.loop import check_executable
+
+    with pytest.raises(SpecError, match="the executor's engines"):
+        check_executable(_with_model(name))

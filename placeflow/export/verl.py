@@ -1,0 +1,202 @@
+"""A plan as verl hydra overrides of its Megatron PPO trainer (`ppo_megatron_trainer`).
+
+verl (0.9) runs the actor, its rollout, the reference and the critic in one
+global resource pool (`trainer.nnodes` x `trainer.n_gpus_per_node`), the
+rollout colocated with the actor (hybrid engine); a reward model either shares
+that pool or gets a pool of its own (`reward.reward_model.enable_resource_pool`).
+Per role it takes Megatron tensor and pipeline sizes, data parallelism being the
+rest of the pool, and a micro-batch per GPU; the rollout takes its own tensor
+size (placeflow's tg). The mapping:
+
+  plan                          verl override
+  actor's set size              trainer.nnodes, trainer.n_gpus_per_node
+  actor / ref / critic t, p     <role>.megatron.tensor_model_parallel_size, pipeline_...
+  actor tg, pg                  actor_rollout_ref.rollout.tensor_model_parallel_size, pipeline_...
+  micro_batch                   ppo_micro_batch_size_per_gpu, log_prob_micro_batch_size_per_gpu
+  zero >= 1                     megatron.use_distributed_optimizer
+  recompute                     <model>.enable_gradient_checkpointing
+  offload_optimizer             megatron.optimizer_offload
+  reward set of its own         reward.reward_model.enable_resource_pool, nnodes, n_gpus_per_node
+  prompts, samples, lengths     data.train_batch_size, rollout.n, data.max_*_length
+  mini_batches, ppo_epochs      actor.ppo_mini_batch_size (prompts), actor.ppo_epochs
+
+What verl's config cannot say is listed: a critic or reference apart from the
+actor (verl's examples/split_placement does it by changing the trainer's code),
+a generator set of its own, a pool that is not whole nodes, Safe-RLHF.
+"""
+
+from __future__ import annotations
+
+from placeflow.export import Export, Target
+from placeflow.export.common import nodes_of, set_label
+from placeflow.plan import Plan, RoleParallelism
+from placeflow.workload import Algorithm, Role
+
+CONFIG_NAME = "ppo_megatron_trainer"
+COMMAND = ("python3", "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}")
+ADV_ESTIMATOR = {Algorithm.PPO: "gae", Algorithm.GRPO: "grpo", Algorithm.REMAX: "remax"}
+# Where each trained or scoring role's Megatron settings live in verl's config.
+MEGATRON_KEY = {
+    Role.ACTOR: "actor_rollout_ref.actor.megatron",
+    Role.REF: "actor_rollout_ref.ref.megatron",
+    Role.CRITIC: "critic.megatron",
+}
+
+
+def export(plan: Plan) -> Export:
+    w, notes = plan.workload, list[str]()
+    out: dict[str, object] = {}
+    actor_set = plan.set_of(Role.ACTOR)
+    out |= _pool("trainer", plan, actor_set, notes, "the actor's set")
+    for role in (Role.REF, Role.CRITIC):
+        if role in w.models and plan.set_of(role) != actor_set:
+            notes.append(
+                f"{role}: the plan runs it apart ({set_label(plan, role)}); verl's config puts "
+                f"the {role} in the global pool with the actor ({set_label(plan, Role.ACTOR)})"
+            )
+    if plan.generator_set() is not None:
+        notes.append(
+            "the plan generates on a set of its own; verl's hybrid engine generates on the "
+            "actor's devices"
+        )
+    out |= _batch(plan, notes)
+    for role, key in MEGATRON_KEY.items():
+        if role in w.models:
+            out |= _megatron(plan, role, key)
+    # Activation recomputation is per model in verl: the actor's (shared with the ref).
+    out["actor_rollout_ref.model.enable_gradient_checkpointing"] = par_of(
+        plan, Role.ACTOR
+    ).recompute
+    if Role.CRITIC in w.models:
+        out["critic.model.enable_gradient_checkpointing"] = par_of(plan, Role.CRITIC).recompute
+    par = plan.parallelism[Role.ACTOR]
+    out |= {
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": par.tg,
+        "actor_rollout_ref.rollout.pipeline_model_parallel_size": par.pg,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": par.micro_batch,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": par.micro_batch,
+        "actor_rollout_ref.model.path": w.models[Role.ACTOR].name,
+    }
+    if Role.REF in w.models:
+        ref_mb = plan.parallelism[Role.REF].micro_batch
+        out["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = ref_mb
+    if Role.CRITIC in w.models:
+        out["critic.ppo_micro_batch_size_per_gpu"] = plan.parallelism[Role.CRITIC].micro_batch
+        out["critic.model.path"] = w.models[Role.CRITIC].name
+    if Role.REWARD in w.models:
+        out |= _reward(plan, notes)
+    if Role.COST in w.models:
+        notes.append("cost: verl has no cost model (Safe-RLHF's); left out")
+    return Export(
+        target=Target.VERL,
+        plan_name=plan.name,
+        plan_hash=plan.content_hash(),
+        command=COMMAND,
+        arguments=tuple(f"{k}={_value(v)}" for k, v in out.items()),
+        unexpressed=tuple(notes),
+        to_set=(
+            "the model paths hold placeflow's model names; point them at the checkpoints "
+            "(actor_rollout_ref.model.path, critic.model.path, reward.reward_model.model_path), "
+            "and give the data files (data.train_files, data.val_files)",
+        ),
+    )
+
+
+def par_of(plan: Plan, role: Role) -> RoleParallelism:
+    return plan.parallelism[role]
+
+
+def _value(v: object) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _pool(prefix: str, plan: Plan, set_index: int, notes: list[str], what: str) -> dict[str, int]:
+    shape = nodes_of(plan, set_index)
+    s = plan.sets[set_index]
+    if shape is None:
+        notes.append(
+            f"{what} ({s.num_devices} devices from {s.first_device}) is not whole nodes; verl "
+            "sizes pools as nodes x GPUs per node: rounded up to whole nodes"
+        )
+        per_node = plan.pool_of(set_index).gpus_per_node
+        shape = (-(-s.num_devices // per_node), per_node)
+    return {f"{prefix}.nnodes": shape[0], f"{prefix}.n_gpus_per_node": shape[1]}
+
+
+def _batch(plan: Plan, notes: list[str]) -> dict[str, object]:
+    w = plan.workload
+    b, rl = w.batch, w.rl
+    if w.algorithm not in ADV_ESTIMATOR:
+        notes.append(f"{w.algorithm}: verl has no such algorithm; exported as PPO (gae)")
+    if b.prompts_per_step % b.mini_batches:
+        notes.append(
+            f"verl counts a mini-batch in prompts: {b.prompts_per_step} prompts do not split "
+            f"into {b.mini_batches} mini-batches; rounded down"
+        )
+    out: dict[str, object] = {
+        "algorithm.adv_estimator": ADV_ESTIMATOR.get(w.algorithm, "gae"),
+        "algorithm.gamma": rl.gamma,
+        "algorithm.lam": rl.lam,
+        "data.train_batch_size": b.prompts_per_step,
+        "data.max_prompt_length": b.prompt_len,
+        "data.max_response_length": b.response_len,
+        "actor_rollout_ref.rollout.n": b.samples_per_prompt,
+        "actor_rollout_ref.rollout.temperature": rl.temperature,
+        "actor_rollout_ref.rollout.top_p": rl.top_p,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": max(1, b.prompts_per_step // b.mini_batches),
+        "actor_rollout_ref.actor.ppo_epochs": b.ppo_epochs,
+        "actor_rollout_ref.actor.optim.lr": rl.lr,
+        "actor_rollout_ref.actor.clip_ratio": rl.clip_ratio,
+        "actor_rollout_ref.actor.entropy_coeff": rl.entropy_coef,
+    }
+    if w.algorithm is Algorithm.PPO:
+        out |= {
+            "algorithm.use_kl_in_reward": rl.kl_coef > 0,
+            "algorithm.kl_ctrl.kl_coef": rl.kl_coef,
+            "critic.optim.lr": rl.critic_lr,
+            "critic.cliprange_value": rl.value_clip,
+        }
+    else:  # GRPO, ReMax: the k3 KL in the loss, as placeflow's GRPO has it
+        out |= {
+            "actor_rollout_ref.actor.use_kl_loss": rl.kl_coef > 0,
+            "actor_rollout_ref.actor.kl_loss_coef": rl.kl_coef,
+            "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+        }
+    return out
+
+
+def _megatron(plan: Plan, role: Role, key: str) -> dict[str, object]:
+    par = plan.parallelism[role]
+    out: dict[str, object] = {
+        f"{key}.tensor_model_parallel_size": par.train.t,
+        f"{key}.pipeline_model_parallel_size": par.train.p,
+    }
+    if role is not Role.REF:  # the trained roles' optimizer
+        out[f"{key}.use_distributed_optimizer"] = par.zero >= 1
+        out[f"{key}.optimizer_offload"] = par.offload_optimizer
+    return out
+
+
+def _reward(plan: Plan, notes: list[str]) -> dict[str, object]:
+    """The reward model: in the global pool with the actor, or in a pool of its own."""
+    par = plan.parallelism[Role.REWARD]
+    out: dict[str, object] = {
+        "reward.reward_model.enable": True,
+        "reward.reward_model.model_path": plan.workload.models[Role.REWARD].name,
+        "reward.reward_model.rollout.tensor_model_parallel_size": par.train.t,
+    }
+    reward_set = plan.set_of(Role.REWARD)
+    if reward_set == plan.set_of(Role.ACTOR):
+        return out | {"reward.reward_model.enable_resource_pool": False}
+    if plan.sets[reward_set].roles != (Role.REWARD,):
+        notes.append(
+            f"reward: the plan shares its devices with other roles "
+            f"({set_label(plan, Role.REWARD)}); verl gives a reward model the actor's pool or "
+            "one of its own: its own is used"
+        )
+    return (
+        out
+        | {"reward.reward_model.enable_resource_pool": True}
+        | _pool("reward.reward_model", plan, reward_set, notes, "the reward model's set")
+    )
