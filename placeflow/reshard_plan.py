@@ -372,8 +372,16 @@ def _group_transfer(model: TinyLlama, gen: GenLayout, ranks: list[int]) -> Group
     return GroupTransfer(ranks=tuple(ranks), slots=tuple(slots))
 
 
+def _gen_shard_bytes(model: TinyLlama, gen: GenLayout, rank: int) -> int:
+    return model.dtype_bytes * sum(
+        p.numel_of(ranges)
+        for p in model.params()
+        if (ranges := gen_shard(model, p, gen, rank)) is not None
+    )
+
+
 def _rank_transfer(
-    model: TinyLlama, gen: GenLayout, group: GroupTransfer, rank: int
+    model: TinyLlama, gen: GenLayout, group: GroupTransfer, rank: int, gen_bytes: int
 ) -> RankTransfer:
     me, size, b = group.ranks.index(rank), len(group.ranks), model.dtype_bytes
     sharded = replicated = wire = bucket = 0
@@ -387,11 +395,6 @@ def _rank_transfer(
                 replicated += numel * b
             else:
                 sharded += numel * b
-    gen_bytes = b * sum(
-        p.numel_of(ranges)
-        for p in model.params()
-        if (ranges := gen_shard(model, p, gen, rank)) is not None
-    )
     return RankTransfer(
         rank=rank,
         received_sharded_bytes=sharded,
@@ -408,9 +411,15 @@ def plan_reshard(model: TinyLlama, gen: GenLayout) -> ReshardPlan:
     model.check_layout(gen.train)
     groups = tuple(_group_transfer(model, gen, g) for g in gen.micro_dp_groups())
     by_rank = {}
+    # A generation shard depends only on the rank's (gen pp, gen tp) coordinates,
+    # which every micro-DP group repeats: sized once per coordinate pair.
+    gen_bytes: dict[tuple[int, int], int] = {}
     for group in groups:
         for rank in group.ranks:
-            by_rank[rank] = _rank_transfer(model, gen, group, rank)
+            coords = gen.coords(rank)[1:]
+            if coords not in gen_bytes:
+                gen_bytes[coords] = _gen_shard_bytes(model, gen, rank)
+            by_rank[rank] = _rank_transfer(model, gen, group, rank, gen_bytes[coords])
     return ReshardPlan(
         model=model,
         gen=gen,

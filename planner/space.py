@@ -6,7 +6,12 @@
   critic+reward), hybrid (any other partition).
 - A set gets either whole nodes of one pool, or a power-of-two divisor of a
   node. Power-of-two sizes divide one another, so sub-node sets always pack
-  into the nodes left over (first-fit decreasing is then exact).
+  into the nodes left over (first-fit decreasing is then exact). Whole-node
+  counts are k nodes with k a sum of at most two powers of two (1, 2, 3, 4,
+  5, 6, 8, 9, 10, 12, 16, 17, 18, 20, 24, 32, ...; a step of at most 1/4 of
+  the count) or the whole pool: about 2·log2(N)²/2 counts rather than N, which
+  keeps the cost table small on clusters of hundreds of nodes. "Optimal" is
+  optimal within this space.
 - A role's parallelism on n GPUs: tensor t a power of two within a node that
   divides n and the heads (and agrees with the KV heads), pipeline p a power
   of two up to 8 dividing the layers with p·t | n, d = n/(p·t); ZeRO 1 or 3
@@ -86,15 +91,24 @@ def enumerate_placements(roles: tuple[Role, ...]) -> list[Placement]:
     return out
 
 
+MAX_NODE_COUNT_BITS = 2
+
+
 def candidate_counts(pool: PoolSpec) -> list[int]:
-    """GPU counts a set may take in `pool`: power-of-two divisors of a node, or whole nodes."""
+    """GPU counts a set may take in `pool`: power-of-two divisors of a node, or k whole
+    nodes with k a sum of at most MAX_NODE_COUNT_BITS powers of two, or the whole pool."""
     per_node = pool.gpus_per_node
     sub = [
         c
         for c in (1 << i for i in range(per_node.bit_length()))
         if c < per_node and per_node % c == 0
     ]
-    return sub + [k * per_node for k in range(1, pool.num_nodes + 1)]
+    nodes = [
+        k
+        for k in range(1, pool.num_nodes + 1)
+        if k.bit_count() <= MAX_NODE_COUNT_BITS or k == pool.num_nodes
+    ]
+    return sub + [k * per_node for k in nodes]
 
 
 def _powers_of_two(limit: int) -> list[int]:

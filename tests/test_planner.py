@@ -81,6 +81,10 @@ def test_placement_enumeration_counts_and_kinds():
 def test_candidate_counts_respect_node_boundaries():
     pool = cluster(3, 8).pools[0]
     assert candidate_counts(pool) == [1, 2, 4, 8, 16, 24]
+    # Whole-node counts: k nodes with at most two binary digits 1 in k, and the whole pool.
+    big = cluster(15, 8).pools[0]
+    nodes = [1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 15]
+    assert candidate_counts(big) == [1, 2, 4] + [8 * k for k in nodes]
 
 
 def test_parallelism_options_respect_divisibility():
