@@ -46,8 +46,9 @@ from placeflow.workload import Role
 
 MIB = 1 << 20
 _CHUNK = 256
-# Positive weights for the filter of `pareto_indices` (fixed, so results are repeatable).
-_WEIGHTS = np.random.default_rng(0).uniform(0.05, 1.0, size=(48, 8))
+# Positive weights for the filter of `pareto_indices`: rounds of a few weight vectors
+# each (fixed, so that results are repeatable).
+_WEIGHTS = np.random.default_rng(0).uniform(0.05, 1.0, size=(4, 12, 8))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,21 +68,26 @@ def pareto_indices(points: np.ndarray) -> np.ndarray:
     rows one is kept.
 
     First a cheap filter: a row minimising a weighted sum with positive weights is
-    on the front, so a few such rows (`_WEIGHTS`) remove most dominated rows at
-    once. Then the survivors, lexicographically sorted (a row can only be dominated
-    by an earlier one), are checked in chunks against the front so far and against
-    their own chunk (dominance is transitive, so a row dominated by a dropped row is
-    dominated by a kept one too).
+    on the front, so a few such rows (`_WEIGHTS`, round by round among the rows
+    left) remove most dominated rows at once. Then the survivors, lexicographically
+    sorted (a row can only be dominated by an earlier one), are checked in chunks
+    against the front so far and against their own chunk (dominance is transitive,
+    so a row dominated by a dropped row is dominated by a kept one too).
     """
     if len(points) == 0:
         return np.zeros(0, dtype=np.int64)
     low = points.min(axis=0)
     scaled = (points - low) / (points.max(axis=0) - low + 1)
-    weights = _WEIGHTS[: len(_WEIGHTS), : points.shape[1]]
-    anchors = points[np.unique(np.argmin(scaled @ weights.T, axis=0))]
-    no_worse = (anchors[:, None, :] <= points[None, :, :]).all(axis=2)
-    better = (anchors[:, None, :] < points[None, :, :]).any(axis=2)
-    survivors = np.flatnonzero(~(no_worse & better).any(axis=0))
+    survivors = np.arange(len(points))
+    for weights in _WEIGHTS:
+        if len(survivors) <= _CHUNK:
+            break
+        rows = points[survivors]
+        sums = scaled[survivors] @ weights[:, : points.shape[1]].T
+        dominated = np.zeros(len(rows), dtype=bool)
+        for anchor in rows[np.unique(np.argmin(sums, axis=0))]:
+            dominated |= (rows >= anchor).all(axis=1) & (rows != anchor).any(axis=1)
+        survivors = survivors[~dominated]
     unique, first = np.unique(points[survivors], axis=0, return_index=True)
     first = survivors[first]
     front = np.empty((0, points.shape[1]), dtype=points.dtype)

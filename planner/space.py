@@ -17,16 +17,22 @@
   of two up to 8 dividing the layers with p·t | n, d = n/(p·t); ZeRO 1 or 3
   for trained roles; micro-batches of 1, 4 or 16 samples; for the actor a
   generation tensor size tg | t (generation pipeline pg = 1: a single decode
-  batch gains no time from pipelining, see simulator.compute).
+  batch gains no time from pipelining, see simulator.compute). Trained roles
+  also choose the memory savers users otherwise set by hand: activation
+  recomputation on or off, and (on GPU pools) the Adam state offloaded to host
+  memory outside the update, priced by the simulator from the host link
+  (`simulator.calls.train_cost`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
 from placeflow.cluster import PoolSpec
+from placeflow.hardware import DeviceKind
 from placeflow.layout import TrainLayout
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
@@ -132,17 +138,28 @@ def parallelism_options(
                 if role is Role.ACTOR
                 else [1]
             )
-            for zero in (1, 3) if trained else (1,):
-                for mb in MICRO_BATCHES:
-                    for tg in tgs:
-                        out.append(
-                            RoleParallelism(
-                                train=layout,
-                                tg=tg,
-                                pg=1,
-                                micro_batch=mb,
-                                zero=zero,
-                                recompute=trained,
-                            )
-                        )
+            for zero, mb, tg, savers in itertools.product(
+                (1, 3) if trained else (1,), MICRO_BATCHES, tgs, _memory_savers(role, pool)
+            ):
+                recompute, offload = savers
+                out.append(
+                    RoleParallelism(
+                        train=layout,
+                        tg=tg,
+                        pg=1,
+                        micro_batch=mb,
+                        zero=zero,
+                        recompute=recompute,
+                        offload_optimizer=offload,
+                    )
+                )
     return out
+
+
+def _memory_savers(role: Role, pool: PoolSpec) -> list[tuple[bool, bool]]:
+    """(recompute, offload_optimizer) pairs a role may use: both on or off for trained
+    roles (offload on GPU pools only, see `Plan`), neither for forward-only roles."""
+    if role not in (Role.ACTOR, Role.CRITIC):
+        return [(False, False)]
+    offloads = (False, True) if pool.gpu.kind is DeviceKind.CUDA else (False,)
+    return [(r, o) for r in (True, False) for o in offloads]

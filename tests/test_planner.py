@@ -176,11 +176,21 @@ SMALL_MODELS = ["tiny-llama", "tiny-llama-m", "smollm2-135m", "qwen2.5-0.5b"]
 
 
 def truncated(table: CostTable, keep: int = 3) -> CostTable:
-    """At most `keep` options per role and count, one of them generating apart if any does."""
+    """At most `keep` options per role and count, with (where the table has them) one
+    generating apart, one without recomputation and one offloading the optimizer."""
     options = {}
     for key, opts in table.options.items():
-        apart = [o for o in opts if o.gen_apart][:1]
-        options[key] = [o for o in opts if not o.gen_apart][: keep - len(apart)] + apart
+        picks = [
+            next((o for o in opts if wanted(o)), None)
+            for wanted in (
+                lambda o: o.gen_apart,
+                lambda o: not o.par.recompute,
+                lambda o: o.par.offload_optimizer,
+            )
+        ]
+        chosen = list(dict.fromkeys(o for o in picks if o is not None))
+        rest = [o for o in opts if o not in chosen]
+        options[key] = chosen + rest[: max(0, keep - len(chosen))]
     return dataclasses.replace(table, options=options)
 
 
