@@ -42,7 +42,7 @@ from placeflow.workload import Workload
 
 TABLE_SHARE = 0.4  # of the time limit, at most, for the cost table
 SOLVE_SHARE = 0.9  # by then the per-placement solves should be done
-MIN_ROW_S = 2.0  # every placement's solve gets at least this long, even past SOLVE_SHARE
+MIN_ROW_S = 5.0  # every placement's solve gets at least this long, even past SOLVE_SHARE
 
 
 @dataclass(frozen=True, kw_only=True)
