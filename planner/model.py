@@ -11,7 +11,9 @@ of the GPUs used (in hundredths of a cent):
 - throughput: minimise T·(N_max + 1) + N  (the fastest plan; among equally fast
   ones, the fewest GPUs)
 - cost:       minimise R·T                 (price per token = R·T / W; W is fixed)
-- gpus:       minimise N  subject to  T <= W / target_tokens_per_s
+- gpus:       minimise N·(T_max + 1) + T  subject to  T <= W / target_tokens_per_s
+              (the fewest GPUs; among plans with as few, the fastest; T_max the
+              largest step the model allows, three times its stage horizon)
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from placeflow.planner.constraints.generator_memory import add_generator_memory
 from placeflow.planner.constraints.gpus import add_gpu_budget, gpus_used
 from placeflow.planner.constraints.stages import add_stages
 from placeflow.planner.constraints.structure import add_structure
-from placeflow.planner.costtable import CostTable
+from placeflow.planner.costtable import NUM_STAGES, CostTable
 from placeflow.planner.setfront import SetFronts
 from placeflow.planner.space import Placement
 from placeflow.planner.variables import Variables, make_variables
@@ -98,6 +100,6 @@ def build_model(
         if not target_tokens_per_s or target_tokens_per_s <= 0:
             raise SpecError("objective gpus needs --target-tokens-per-s, a positive number")
         model.add(step <= table.to_units(tokens_per_step / target_tokens_per_s))
-        goal = gpus
+        goal = gpus * (NUM_STAGES * horizon + 1) + step
     model.minimize(goal)
     return BuiltModel(model=model, variables=v, step=step, objective=goal)
