@@ -370,6 +370,11 @@ def test_cli_plan_json_and_out(tmp_path, capsys):
         "tokens_per_s",
     } <= set(data["best"])
     assert len(data["per_placement"]) == 15
+    # Every row is proven (a plan, or infeasible for a reason), so the search is optimal.
+    assert data["status"] == "optimal"
+    for row in data["per_placement"]:
+        assert row["status"] in ("optimal", "infeasible")
+        assert ("plan_hash" in row) == (row["status"] == "optimal"), row
     code = main(["simulate", str(out), "--json"])
     sim = json.loads(capsys.readouterr().out)
     assert code == 0 and sim["feasible"]
