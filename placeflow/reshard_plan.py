@@ -349,10 +349,13 @@ class ReshardPlan:
 
 def stage_order(model: TinyLlama, gen: GenLayout, rank: int) -> list[ParamSpec]:
     """The pieces `rank` sends, vocab weight first so that the stages' slots line up."""
+    pp = gen.train.coords(rank)[0]
     sent = [
         (p.sharding is not Sharding.VOCAB, i, p)
         for i, p in enumerate(model.params())
-        if transfer_piece(model, p, gen, rank) is not None
+        # Another stage's parameters send nothing (transfer_piece is None): skip them cheaply.
+        if p.stage(model.num_layers, gen.train.p) == pp
+        and transfer_piece(model, p, gen, rank) is not None
     ]
     # Sort on (vocab first, canonical index); the index keeps the sort off ParamSpec.
     return [p for *_, p in sorted(sent, key=lambda e: (e[0], e[1]))]
