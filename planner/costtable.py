@@ -286,7 +286,8 @@ def build_cost_table(
 ) -> CostTable:
     """Cost every role's options on every candidate count of every pool.
 
-    `deadline` (a `time.perf_counter()` value) stops the build after the count it
+    `deadline` (a `time.process_time()` value: CPU time, so that the machine's load
+    does not change the table) stops the build after the count it
     is on; the counts are costed coarse to fine, so the table spans every pool's
     sizes. `progress(done, total)` is called after each count.
     """
@@ -300,7 +301,7 @@ def build_cost_table(
     ]
     work = [(pool, n) for _, _, pool, n in sorted(ranked, key=lambda r: r[:2])]
     for done, (pool, n) in enumerate(work):
-        if deadline is not None and done and time.perf_counter() > deadline:
+        if deadline is not None and done and time.process_time() > deadline:
             return CostTable(options=options, shortfall=shortfall, complete=False)
         for role in wl.roles:
             opts, short, reason = _options_for(wl, role, pool, n, cms[pool.profile])

@@ -127,14 +127,16 @@ def plan_search(
 ) -> PlannerResult:
     """Search placements, GPU counts and parallelism; raises Infeasible or SolverTimeout.
 
-    The time limit covers the search: the cost table gets at most TABLE_SHARE of
-    it (coarse to fine, see `build_cost_table`), the per-placement solves share
-    what is left up to SOLVE_SHARE, each at least MIN_ROW_S (so that no row is
-    lost to the clock; a row cut short keeps its best plan with status
-    feasible). The status is optimal only when the table is complete and every
+    The time limit is CPU time of this process, not wall time, so that the load
+    of a shared machine slows the search but does not change its result: the
+    cost table gets at most TABLE_SHARE of it (coarse to fine, see
+    `build_cost_table`), the per-placement solves share what is left up to
+    SOLVE_SHARE, each at least MIN_ROW_S of CP-SAT's deterministic time (so
+    that no row is lost to the clock; a row cut short keeps its best plan with
+    status feasible). The status is optimal only when the table is complete and every
     row is proven (optimal, or infeasible for a reason about the workload).
     """
-    start = time.perf_counter()
+    start, wall_start = time.process_time(), time.perf_counter()
     table = with_generators(
         build_cost_table(
             workload,
@@ -158,7 +160,7 @@ def plan_search(
     for i, placement in enumerate(placements):
         if progress:
             progress(i, len(placements))
-        left = (solve_deadline - time.perf_counter()) / (len(placements) - i)
+        left = (solve_deadline - time.process_time()) / (len(placements) - i)
         row, sol = _solve_row(
             placement,
             table,
@@ -187,7 +189,7 @@ def plan_search(
     return PlannerResult(
         status=Status.OPTIMAL if proven else Status.FEASIBLE,
         objective=objective,
-        solve_s=time.perf_counter() - start,
+        solve_s=time.perf_counter() - wall_start,
         best=ranked[0],
         ranked=tuple(ranked[:top_k]),
         per_placement=tuple(results),
