@@ -63,6 +63,15 @@ class SetOption:
     gen_apart: bool  # the actor is in the set and leaves generation to a generator set
 
 
+def _small_front(points: np.ndarray) -> np.ndarray:
+    """`pareto_indices` of a few rows, all pairs at once (of equal rows the first is kept)."""
+    no_worse = (points[:, None, :] <= points[None, :, :]).all(axis=2)  # [i, j]: i <= j
+    equal = no_worse & no_worse.T
+    dominated = (no_worse & ~equal).any(axis=0)
+    repeated = np.triu(equal, 1).any(axis=0)
+    return np.flatnonzero(~dominated & ~repeated)
+
+
 def pareto_indices(points: np.ndarray) -> np.ndarray:
     """Indices of the rows no other row dominates (<= everywhere, < somewhere); of equal
     rows one is kept.
@@ -74,8 +83,8 @@ def pareto_indices(points: np.ndarray) -> np.ndarray:
     against the front so far and against their own chunk (dominance is transitive,
     so a row dominated by a dropped row is dominated by a kept one too).
     """
-    if len(points) == 0:
-        return np.zeros(0, dtype=np.int64)
+    if len(points) <= _CHUNK:
+        return _small_front(points)
     low = points.min(axis=0)
     scaled = (points - low) / (points.max(axis=0) - low + 1)
     survivors = np.arange(len(points))
@@ -150,6 +159,37 @@ def _combine(head: _Partial | None, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     return choice, crit
 
 
+def _last_role(
+    head: _Partial | None, rows: np.ndarray, capacity_mib: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The choices of a whole set that fit (5), not dominated in (L_0, L_1, L_2) by another
+    choice with the same last-role option: for each option of the last role, only the
+    stage front of the partial choices that fit beside it can be part of the set's
+    front. Options of the last role that admit the same partial choices share that
+    front, so it is computed once per distinct set of fitting choices.
+    """
+    if head is None:
+        fits = rows[:, 3] + rows[:, 4] <= capacity_mib  # (5)
+        return np.flatnonzero(fits)[:, None], rows[fits]
+    res, tr = head.crit[:, 3], head.crit[:, 4]
+    # fit[a, p]: partial choice p fits beside option a of the last role (5).
+    fit = res[None, :] + rows[:, 3:4] + np.maximum(tr[None, :], rows[:, 4:5]) <= capacity_mib
+    masks, which = np.unique(fit, axis=0, return_inverse=True)
+    fronts = []
+    for mask in masks:
+        inside = np.flatnonzero(mask)
+        fronts.append(inside[pareto_indices(head.crit[inside, :NUM_STAGES])])
+    pairs = [(p, a) for a in range(len(rows)) for p in fronts[which.reshape(-1)[a]]]
+    if not pairs:
+        empty = np.zeros((0, head.choice.shape[1] + 1), dtype=np.int64)
+        return empty, np.zeros((0, NUM_STAGES + 3), dtype=np.int64)
+    ps, options = np.array(pairs).T
+    crit = head.crit[ps] + rows[options]
+    crit[:, 4] = np.maximum(head.crit[ps, 4], rows[options, 4])
+    crit[:, 5] = rows[options, 5]  # A: only the actor, which comes last, sets it
+    return np.concatenate([head.choice[ps], options[:, None]], axis=1), crit
+
+
 class SetFronts:
     """The set options of every (roles, pool, count), computed on first use and kept.
 
@@ -163,10 +203,14 @@ class SetFronts:
         self._capacity_mib = {p.name: p.gpu.memory_bytes // MIB for p in cluster.pools}
         self._partial: dict[tuple[tuple[Role, ...], str, int], _Partial | None] = {}
         self._options: dict[tuple[tuple[Role, ...], str, int], list[SetOption]] = {}
+        self._role_rows: dict[tuple[Role, str, int], np.ndarray | None] = {}
 
     def _rows(self, role: Role, pool: str, n: int) -> np.ndarray | None:
-        opts = self.table.options.get((role, pool, n))
-        return _role_rows(opts, self.table) if opts else None
+        key = (role, pool, n)
+        if key not in self._role_rows:
+            opts = self.table.options.get(key)
+            self._role_rows[key] = _role_rows(opts, self.table) if opts else None
+        return self._role_rows[key]
 
     def _prefix(self, order: tuple[Role, ...], pool: str, n: int) -> _Partial | None:
         """The 5-criteria front of partial choices over the roles `order`."""
@@ -220,9 +264,7 @@ class SetFronts:
         head = self._prefix(order[:-1], pool, n) if len(order) > 1 else None
         if rows is None or (head is None and len(order) > 1):
             return []
-        choice, crit = _combine(head, rows)
-        fits = crit[:, 3] + crit[:, 4] <= self._capacity_mib[pool]  # (5)
-        choice, crit = choice[fits], crit[fits]
+        choice, crit = _last_role(head, rows, self._capacity_mib[pool])
         out = []
         for a in (0, 1):
             group = np.flatnonzero(crit[:, 5] == a)
