@@ -29,15 +29,16 @@ import time
 from pathlib import Path
 
 from placeflow.catalogue import CATALOGUE
-from placeflow.cluster import load_cluster
+from placeflow.cluster import ClusterSpec, load_cluster
 from placeflow.planner import Infeasible, Status, plan_search
 from placeflow.profiles.registry import fitted_cost_model
-from placeflow.workload import load_workload
+from placeflow.workload import Workload, load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_one(num_gpus: int, model: str, time_limit_s: float) -> dict[str, object]:
+def ppo_on_a100(num_gpus: int, model: str) -> tuple[ClusterSpec, Workload]:
+    """PPO with four roles of `model` on `num_gpus` A100-80GB in nodes of 8."""
     base = load_cluster(ROOT / "examples/clusters/a100x128.toml")
     cluster = dataclasses.replace(
         base,
@@ -48,6 +49,11 @@ def run_one(num_gpus: int, model: str, time_limit_s: float) -> dict[str, object]
     wl = dataclasses.replace(
         wl, name=f"ppo-{model}", models={r: CATALOGUE[model] for r in wl.roles}
     )
+    return cluster, wl
+
+
+def run_one(num_gpus: int, model: str, time_limit_s: float) -> dict[str, object]:
+    cluster, wl = ppo_on_a100(num_gpus, model)
     costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
     row: dict[str, object] = {
         "num_gpus": num_gpus,
