@@ -104,7 +104,7 @@ def pareto_indices(points: np.ndarray) -> np.ndarray:
     for start in range(0, len(unique), _CHUNK):
         chunk = unique[start : start + _CHUNK]
         by_front = (front[:, None, :] <= chunk[None, :, :]).all(axis=2).any(axis=0)
-        within = (chunk[:, None, :] <= chunk[None, :, :]).all(axis=2)
+        within = np.all(chunk[:, None, :] <= chunk[None, :, :], axis=2)
         np.fill_diagonal(within, False)  # rows are distinct: <= everywhere is dominance
         keep = ~(by_front | within.any(axis=0))
         front = np.concatenate([front, chunk[keep]])
