@@ -222,9 +222,15 @@ def _solve_row(
             fronts=fronts,
         )
     except Infeasible as exc:
-        row = PlacementResult(
-            placement=placement, status=Status.INFEASIBLE, best=None, reason=str(exc)
-        )
+        if not table.complete:  # not proven: a count the table skipped might fit
+            reason = f"no plan among the GPU counts costed within the time limit: {exc}"
+            row = PlacementResult(
+                placement=placement, status=Status.FEASIBLE, best=None, reason=reason
+            )
+        else:
+            row = PlacementResult(
+                placement=placement, status=Status.INFEASIBLE, best=None, reason=str(exc)
+            )
         return row, None
     except SolverTimeout as exc:
         row = PlacementResult(
