@@ -2,12 +2,18 @@
 
 For each model size (all four roles the same model) and each cluster size
 (A100-80GB nodes of 8, the HybridFlow testbed), runs the whole search
-(`plan_search`: cost table, per-placement CP-SAT solves, the global solve,
-validation and re-scoring) with the default 60 s time limit and records the
-wall time, the status and the best plan. Writes
-benchmarks/results/planner_speed.json.
+(`plan_search`: cost table, set options, one CP-SAT solve per placement,
+validation and re-scoring) with the default 60 s time limit, each in a fresh
+process (so that no cache of an earlier row helps a later one), and records the
+wall time, the process CPU time, the machine's load average before the row, the
+status, how many placement rows are proven (optimal or infeasible) and the best
+plan. Writes benchmarks/results/planner_speed.json.
 
-    python benchmarks/planner_speed.py [--sizes 16,64,128,512,1024] [--models llama-2-7b,...]
+The machine is shared: the wall time depends on its load, the CPU time much
+less (CP-SAT runs one worker per placement solve by default; see
+`planner.solve`), so both are recorded.
+
+    python benchmarks/planner_speed.py [--sizes 16,64,128,256,512,1024] [--models llama-2-7b,...]
 """
 
 from __future__ import annotations
@@ -15,14 +21,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from placeflow.catalogue import CATALOGUE
 from placeflow.cluster import ClusterSpec, load_cluster
-from placeflow.planner import Infeasible, plan_search
+from placeflow.planner import Infeasible, Status, plan_search
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.workload import Workload, load_workload
 
@@ -47,45 +55,61 @@ def ppo_problem(num_gpus: int, model: str) -> tuple[ClusterSpec, Workload]:
 def run_one(num_gpus: int, model: str, time_limit_s: float) -> dict[str, object]:
     cluster, wl = ppo_problem(num_gpus, model)
     costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
-    t0 = time.perf_counter()
+    row: dict[str, object] = {
+        "num_gpus": num_gpus,
+        "model": model,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         result = plan_search(cluster, wl, costs, time_limit_s=time_limit_s)
     except Infeasible as exc:
-        wall_s = time.perf_counter() - t0
-        return {
-            "num_gpus": num_gpus,
-            "model": model,
-            "wall_s": round(wall_s, 2),
-            "status": "infeasible",
-            "reason": str(exc),
-        }
-    wall_s = time.perf_counter() - t0
+        row.update(wall_s=round(time.perf_counter() - t0, 2), status="infeasible", reason=str(exc))
+        return row
+    row.update(
+        wall_s=round(time.perf_counter() - t0, 2),
+        cpu_s=round(time.process_time() - c0, 2),
+        status=result.status.value,
+        rows=len(result.per_placement),
+        rows_proven=sum(r.status is not Status.FEASIBLE for r in result.per_placement),
+        rows_with_plan=sum(r.best is not None for r in result.per_placement),
+    )
     best = result.best
-    return {
-        "num_gpus": num_gpus,
-        "model": model,
-        "wall_s": round(wall_s, 2),
-        "status": result.status.value,
-        "best_kind": best.kind.value,
-        "best_gpus_per_set": [s.num_devices for s in best.plan.sets],
-        "best_tokens_per_s": round(best.estimate.tokens_per_s),
-    }
+    row.update(
+        best_kind=best.kind.value,
+        best_gpus_per_set=[s.num_devices for s in best.plan.sets],
+        best_savers={
+            role.value: {"recompute": par.recompute, "offload_optimizer": par.offload_optimizer}
+            for role, par in best.plan.parallelism.items()
+            if role.value in ("actor", "critic")
+        },
+        best_tokens_per_s=round(best.estimate.tokens_per_s),
+    )
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="16,64,128,512,1024")
+    parser.add_argument("--sizes", default="16,64,128,256,512,1024")
     parser.add_argument("--models", default="llama-2-7b,llama-2-13b,codellama-34b,llama-2-70b")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--append", action="store_true", help="keep rows already in the file")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # "N,model": one row, as JSON
     args = parser.parse_args()
     fitted_cost_model("a100-80gb")  # fit once, outside the timings
+    if args.one:
+        n, model = args.one.split(",")
+        print(json.dumps(run_one(int(n), model, args.time_limit)))
+        return
     out = ROOT / "benchmarks/results/planner_speed.json"
     previous = json.loads(out.read_text())["rows"] if args.append and out.exists() else []
     rows = list(previous)
     for model in args.models.split(","):
         for n in (int(x) for x in args.sizes.split(",")):
-            row = run_one(n, model, args.time_limit)
+            one = [sys.executable, __file__, "--one", f"{n},{model}"]
+            one += ["--time-limit", str(args.time_limit)]
+            done = subprocess.run(one, check=True, capture_output=True, text=True)
+            row = json.loads(done.stdout.strip().splitlines()[-1])
             print(json.dumps(row), flush=True)
             rows.append(row)
     out.write_text(
@@ -96,7 +120,7 @@ def main() -> None:
                 "workload": "examples/workloads/ppo-llama2-7b.toml with the model swapped",
                 "time_limit_s": args.time_limit,
                 "python": sys.version.split()[0],
-                "machine": platform.machine(),
+                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",
                 "date": time.strftime("%Y-%m-%d"),
                 "rows": rows,
             },

@@ -351,6 +351,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         entry: dict[str, object] = {
             "placement_kind": pr.placement.kind.value,
             "placement": [[r.value for r in s] for s in pr.placement.sets],
+            "status": pr.status.value,
         }
         if pr.best is None:
             entry["infeasible_reason"] = pr.reason

@@ -368,10 +368,13 @@ class ReshardPlan:
 
 def stage_order(model: TinyLlama, gen: GenLayout, rank: int) -> list[ParamSpec]:
     """The pieces `rank` sends, vocab weight first so that the stages' slots line up."""
+    pp = gen.train.coords(rank)[0]
     sent = [
         (p.sharding is not Sharding.VOCAB, i, p)
         for i, p in enumerate(model.params())
-        if transfer_piece(model, p, gen, rank) is not None
+        # Another stage's parameters send nothing (transfer_piece is None): skip them cheaply.
+        if p.stage(model.num_layers, gen.train.p) == pp
+        and transfer_piece(model, p, gen, rank) is not None
     ]
     # Sort on (vocab first, canonical index); the index keeps the sort off ParamSpec.
     return [p for *_, p in sorted(sent, key=lambda e: (e[0], e[1]))]
@@ -391,8 +394,16 @@ def _group_transfer(model: TinyLlama, gen: GenLayout, ranks: list[int]) -> Group
     return GroupTransfer(ranks=tuple(ranks), slots=tuple(slots))
 
 
+def _gen_shard_bytes(model: TinyLlama, gen: GenLayout, rank: int) -> int:
+    return model.dtype_bytes * sum(
+        p.numel_of(ranges)
+        for p in model.params()
+        if (ranges := gen_shard(model, p, gen, rank)) is not None
+    )
+
+
 def _rank_transfer(
-    model: TinyLlama, gen: GenLayout, group: GroupTransfer, rank: int
+    model: TinyLlama, gen: GenLayout, group: GroupTransfer, rank: int, gen_bytes: int
 ) -> RankTransfer:
     me, size, b = group.ranks.index(rank), len(group.ranks), model.dtype_bytes
     sharded = replicated = wire = bucket = 0
@@ -406,11 +417,6 @@ def _rank_transfer(
                 replicated += numel * b
             else:
                 sharded += numel * b
-    gen_bytes = b * sum(
-        p.numel_of(ranges)
-        for p in model.params()
-        if (ranges := gen_shard(model, p, gen, rank)) is not None
-    )
     return RankTransfer(
         rank=rank,
         received_sharded_bytes=sharded,
@@ -427,9 +433,15 @@ def plan_reshard(model: TinyLlama, gen: GenLayout) -> ReshardPlan:
     model.check_layout(gen.train)
     groups = tuple(_group_transfer(model, gen, g) for g in gen.micro_dp_groups())
     by_rank = {}
+    # A generation shard depends only on the rank's (gen pp, gen tp) coordinates,
+    # which every micro-DP group repeats: sized once per coordinate pair.
+    gen_bytes: dict[tuple[int, int], int] = {}
     for group in groups:
         for rank in group.ranks:
-            by_rank[rank] = _rank_transfer(model, gen, group, rank)
+            coords = gen.coords(rank)[1:]
+            if coords not in gen_bytes:
+                gen_bytes[coords] = _gen_shard_bytes(model, gen, rank)
+            by_rank[rank] = _rank_transfer(model, gen, group, rank, gen_bytes[coords])
     return ReshardPlan(
         model=model,
         gen=gen,

@@ -1,11 +1,13 @@
 """placeflow.planner: placement enumeration, a cost table and the CP-SAT model.
 
 `plan_search(cluster, workload, costs, objective=...) -> PlannerResult`.
-Modules: `space` (placements, counts, parallelism), `costtable` (options costed
-with the simulator's phase model), `variables`, `constraints/` (one module per
-constraint family, math in their docstrings), `model` (objectives), `solve`
-(pure solver with explicit status), `solution` (device assignment, Plan),
-`validate` (independent validator), `search` (end to end, re-scored ranking).
+Modules: `space` (placements, counts, parallelism, memory savers), `costtable`
+(options costed with the simulator's phase model), `generators` (the actor's
+generator set), `setfront` (each colocated set's Pareto front of role choices),
+`variables`, `constraints/` (one module per constraint family, math in their
+docstrings), `model` (objectives), `solve` (pure solver with explicit status),
+`solution` (device assignment, Plan), `validate` (independent validator),
+`search` (one solve per placement, re-scored ranking).
 """
 
 from placeflow.planner.model import Objective

@@ -33,6 +33,7 @@ sizes; `CostTable.complete` says whether every count was costed.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -130,9 +131,14 @@ def _stage_times(costs: dict[Phase, calls.CallCost]) -> tuple[float, float, floa
 
 
 def _actor_options(
-    wl: Workload, par: RoleParallelism, pool: PoolSpec, n: int, cm: CostModel
+    wl: Workload, par: RoleParallelism, pool: PoolSpec, cm: CostModel, memo: dict
 ) -> list[tuple[int, dict[Phase, calls.CallCost], float]]:
-    """(kv_seqs, costs incl. reshard, transient bytes) per KV budget for one actor layout."""
+    """(kv_seqs, costs incl. reshard, transient bytes) per KV budget for one actor layout.
+
+    Generation and reshard depend only on the training layout, tg and the KV budget,
+    the other calls not on tg or the budget: each part is costed once per key in
+    `memo` (one count of one pool) rather than once per combination.
+    """
     gen = par.gen_layout()
     per_seq = kv_bytes_per_seq(wl, gen)
     seqs_needed = math.ceil(wl.batch.num_samples / gen.num_replicas)
@@ -141,22 +147,33 @@ def _actor_options(
     )
     out = []
     extra = colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen)
+    rest_key = ("rest", dataclasses.replace(par, tg=1))
+    if rest_key not in memo:
+        memo[rest_key] = role_call_costs(
+            wl, Role.ACTOR, par, cm, first_device=0, gpus_per_node=pool.gpus_per_node
+        )
     for kv_seqs in budgets:
         if kv_seqs < 1:
             continue
-        costs = role_call_costs(
-            wl,
-            Role.ACTOR,
-            par,
-            cm,
-            first_device=0,
-            gpus_per_node=pool.gpus_per_node,
-            gen=gen,
-            kv_seqs=kv_seqs,
-        )
-        if gen.dg > 1:
-            scope = micro_dp_scope(0, pool.gpus_per_node, gen)
-            costs[Phase.RESHARD] = calls.reshard_cost(cm, wl.models[Role.ACTOR], gen, scope)
+        gen_key = ("gen", par.train, par.tg, kv_seqs)
+        if gen_key not in memo:
+            generation = role_call_costs(
+                wl,
+                Role.ACTOR,
+                par,
+                cm,
+                first_device=0,
+                gpus_per_node=pool.gpus_per_node,
+                gen=gen,
+                kv_seqs=kv_seqs,
+            )
+            memo[gen_key] = {p: c for p, c in generation.items() if p in GENERATION_STAGE}
+            if gen.dg > 1:
+                scope = micro_dp_scope(0, pool.gpus_per_node, gen)
+                memo[gen_key][Phase.RESHARD] = calls.reshard_cost(
+                    cm, wl.models[Role.ACTOR], gen, scope
+                )
+        costs = {**memo[rest_key], **memo[gen_key]}
         out.append((kv_seqs, costs, extra + kv_seqs * per_seq))
     return out
 
@@ -169,10 +186,11 @@ def _options_for(
     capacity = pool.gpu.memory_bytes
     found: list[RoleOption] = []
     best_short, best_reason = math.inf, ""
+    memo: dict = {}
     for par in parallelism_options(model, role, n, pool):
         resident = resident_bytes(model, role, par)
         if role is Role.ACTOR:
-            variants = _actor_options(wl, par, pool, n, cm)
+            variants = _actor_options(wl, par, pool, cm, memo)
         else:
             costs = role_call_costs(
                 wl, role, par, cm, first_device=0, gpus_per_node=pool.gpus_per_node
@@ -268,7 +286,8 @@ def build_cost_table(
 ) -> CostTable:
     """Cost every role's options on every candidate count of every pool.
 
-    `deadline` (a `time.perf_counter()` value) stops the build after the count it
+    `deadline` (a `time.process_time()` value: CPU time, so that the machine's load
+    does not change the table) stops the build after the count it
     is on; the counts are costed coarse to fine, so the table spans every pool's
     sizes. `progress(done, total)` is called after each count.
     """
@@ -282,7 +301,7 @@ def build_cost_table(
     ]
     work = [(pool, n) for _, _, pool, n in sorted(ranked, key=lambda r: r[:2])]
     for done, (pool, n) in enumerate(work):
-        if deadline is not None and done and time.perf_counter() > deadline:
+        if deadline is not None and done and time.process_time() > deadline:
             return CostTable(options=options, shortfall=shortfall, complete=False)
         for role in wl.roles:
             opts, short, reason = _options_for(wl, role, pool, n, cms[pool.profile])

@@ -192,13 +192,13 @@ def with_generators(
     """`table` plus the actor's trainer options and the Pareto-optimal generator options.
 
     Only the GPU counts the table costed are considered (a table cut short by its
-    deadline limits these too), and none after `deadline` (time.perf_counter()).
+    deadline limits these too), and none after `deadline` (time.process_time()).
     """
     options = {key: list(opts) for key, opts in table.options.items()}
     costed = {(pool_name, n) for (_, pool_name, n) in table.options}
 
     def counts(pool: PoolSpec) -> list[int]:
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline is not None and time.process_time() > deadline:
             return []
         return [n for n in candidate_counts(pool) if (pool.name, n) in costed]
 

@@ -3,8 +3,11 @@
 1. Cost table of every role's options (`costtable`), with the actor's
    generator-set options (`generators`): each placement's best plan may or may
    not give the actor a generator set apart.
-2. CP-SAT over all placements for the optimum (`solve`), and once per
-   placement for the per-placement table.
+2. One CP-SAT solve per placement over the set options (`setfront`, shared by
+   all placements): the per-placement table. The optimum over all placements
+   is the least of the per-placement optima, so no solve over all placements
+   is needed, and the search is proven optimal exactly when every row is
+   (proven optimal, or proven infeasible with a reason about the workload).
 3. Each resulting plan is checked by the independent validator and re-scored
    by the full simulator; plans are ranked by the objective on the simulator's
    numbers.
@@ -18,11 +21,19 @@ from dataclasses import dataclass
 
 from placeflow.cluster import ClusterSpec
 from placeflow.plan import Plan
-from placeflow.planner.costtable import build_cost_table
+from placeflow.planner.costtable import CostTable, build_cost_table
 from placeflow.planner.generators import with_generators
 from placeflow.planner.model import Objective
+from placeflow.planner.setfront import SetFronts
 from placeflow.planner.solution import solution_to_plan
-from placeflow.planner.solve import Infeasible, Solution, SolverTimeout, Status, solve
+from placeflow.planner.solve import (
+    Infeasible,
+    Solution,
+    SolverTimeout,
+    Status,
+    infeasibility_reason,
+    solve,
+)
 from placeflow.planner.space import Placement, PlacementKind, enumerate_placements
 from placeflow.planner.validate import validate_plan
 from placeflow.profiles.costmodel import CostModel
@@ -30,8 +41,8 @@ from placeflow.simulator import StepEstimate, simulate
 from placeflow.workload import Workload
 
 TABLE_SHARE = 0.4  # of the time limit, at most, for the cost table
-SOLVE_SHARE = 0.8  # by then the per-placement solves stop
-RESCORE_SHARE = 0.1  # kept for re-scoring the global solution with the simulator
+SOLVE_SHARE = 0.9  # by then the per-placement solves should be done
+MIN_ROW_S = 5.0  # every placement's solve gets at least this long, even past SOLVE_SHARE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +63,7 @@ class RankedPlan:
 @dataclass(frozen=True, kw_only=True)
 class PlacementResult:
     placement: Placement
+    status: Status  # optimal or feasible with a plan, infeasible (or feasible) without
     best: RankedPlan | None
     reason: str | None  # why no plan, when best is None
 
@@ -115,12 +127,16 @@ def plan_search(
 ) -> PlannerResult:
     """Search placements, GPU counts and parallelism; raises Infeasible or SolverTimeout.
 
-    The time limit covers the whole search: the cost table gets at most
-    TABLE_SHARE of it (coarse to fine, see `build_cost_table`), the per-placement
-    solves what is left up to SOLVE_SHARE, the seeded global solve and the
-    re-scoring the rest. A search cut short by the limit reports status feasible.
+    The time limit is CPU time of this process, not wall time, so that the load
+    of a shared machine slows the search but does not change its result: the
+    cost table gets at most TABLE_SHARE of it (coarse to fine, see
+    `build_cost_table`), the per-placement solves share what is left up to
+    SOLVE_SHARE, each at least MIN_ROW_S of CP-SAT's deterministic time (so
+    that no row is lost to the clock; a row cut short keeps its best plan with
+    status feasible). The status is optimal only when the table is complete and every
+    row is proven (optimal, or infeasible for a reason about the workload).
     """
-    start = time.perf_counter()
+    start, wall_start = time.process_time(), time.perf_counter()
     table = with_generators(
         build_cost_table(
             workload,
@@ -135,82 +151,91 @@ def plan_search(
         deadline=start + TABLE_SHARE * time_limit_s,
     )
     placements = enumerate_placements(workload.roles)
-    tokens = float(workload.batch.tokens_per_step)
+    if not table.options:
+        raise Infeasible(infeasibility_reason(table, objective, target_tokens_per_s))
+    fronts = SetFronts(table, cluster)
     solve_deadline = start + SOLVE_SHARE * time_limit_s
-    remaining = solve_deadline - time.perf_counter()
-    per_limit = max(0.2, remaining / len(placements))
     results: list[PlacementResult] = []
     solutions: list[Solution] = []
-    bounds_known = True
     for i, placement in enumerate(placements):
         if progress:
             progress(i, len(placements))
-        if i and time.perf_counter() + per_limit > solve_deadline:
-            bounds_known = False
-            reason = f"not solved: the time limit of {time_limit_s:g} s ran out; raise --time-limit"
-            results.append(PlacementResult(placement=placement, best=None, reason=reason))
-            continue
-        try:
-            sol = solve(
-                [placement],
-                table,
-                cluster,
-                objective,
-                tokens_per_step=tokens,
-                target_tokens_per_s=target_tokens_per_s,
-                time_limit_s=per_limit,
-                one_step_off=workload.async_one_step_off,
-            )
-        except Infeasible as exc:
-            results.append(PlacementResult(placement=placement, best=None, reason=str(exc)))
-            continue
-        except SolverTimeout as exc:
-            bounds_known = False
-            results.append(PlacementResult(placement=placement, best=None, reason=str(exc)))
-            continue
-        solutions.append(sol)
-        scored = _rank(solution_to_plan(sol, workload, cluster), sol, costs)
-        results.append(PlacementResult(placement=placement, best=scored, reason=None))
+        left = (solve_deadline - time.process_time()) / (len(placements) - i)
+        row, sol = _solve_row(
+            placement,
+            table,
+            fronts,
+            cluster,
+            workload,
+            costs,
+            objective=objective,
+            target_tokens_per_s=target_tokens_per_s,
+            time_limit_s=max(MIN_ROW_S, left),
+        )
+        results.append(row)
+        if sol is not None:
+            solutions.append(sol)
     if progress:
         progress(len(placements), len(placements))
-    # The whole model chooses the placement. Seeded with the best per-placement solution
-    # and bounded below by the least per-placement bound (exact: the optimum over all
-    # placements is the least of the per-placement optima), it closes the gap at once.
-    seed = min(solutions, key=lambda s: s.objective_value, default=None)
-    try:
-        overall: Solution | None = solve(
-            placements,
-            table,
-            cluster,
-            objective,
-            time_limit_s=max(
-                0.2, (1 - RESCORE_SHARE) * time_limit_s - (time.perf_counter() - start)
-            ),
-            hint=seed,
-            lower_bound=min(s.objective_bound for s in solutions)
-            if seed and bounds_known
-            else None,
-            tokens_per_step=tokens,
-            target_tokens_per_s=target_tokens_per_s,
-            one_step_off=workload.async_one_step_off,
-        )
-    except SolverTimeout:
-        if seed is None:
-            raise
-        overall = None  # out of time: the per-placement plans found are the answer
-    status = overall.status if overall is not None else Status.FEASIBLE
-    if not table.complete or any(s.status is Status.FEASIBLE for s in solutions):
-        status = Status.FEASIBLE
+    if not solutions:
+        timed_out = [r for r in results if r.status is Status.FEASIBLE]
+        if timed_out:
+            raise SolverTimeout(timed_out[0].reason or "")
+        raise Infeasible(infeasibility_reason(table, objective, target_tokens_per_s))
+    proven = table.complete and all(r.status is not Status.FEASIBLE for r in results)
     candidates = [r.best for r in results if r.best is not None]
-    if overall is not None:
-        candidates.insert(0, _rank(solution_to_plan(overall, workload, cluster), overall, costs))
     unique = {c.plan.content_hash(): c for c in candidates}
     ranked = sorted(unique.values(), key=_sort_key(objective, target_tokens_per_s))
     return PlannerResult(
-        status=status,
+        status=Status.OPTIMAL if proven else Status.FEASIBLE,
         objective=objective,
-        solve_s=time.perf_counter() - start,
+        solve_s=time.perf_counter() - wall_start,
         best=ranked[0],
         ranked=tuple(ranked[:top_k]),
         per_placement=tuple(results),
     )
+
+
+def _solve_row(
+    placement: Placement,
+    table: CostTable,
+    fronts: SetFronts,
+    cluster: ClusterSpec,
+    workload: Workload,
+    costs: dict[str, CostModel],
+    *,
+    objective: Objective,
+    target_tokens_per_s: float | None,
+    time_limit_s: float,
+) -> tuple[PlacementResult, Solution | None]:
+    """One placement's row: its best plan and status, or why it has none."""
+    try:
+        sol = solve(
+            [placement],
+            table,
+            cluster,
+            objective,
+            tokens_per_step=float(workload.batch.tokens_per_step),
+            target_tokens_per_s=target_tokens_per_s,
+            time_limit_s=time_limit_s,
+            one_step_off=workload.async_one_step_off,
+            fronts=fronts,
+        )
+    except Infeasible as exc:
+        if not table.complete:  # not proven: a count the table skipped might fit
+            reason = f"no plan among the GPU counts costed within the time limit: {exc}"
+            row = PlacementResult(
+                placement=placement, status=Status.FEASIBLE, best=None, reason=reason
+            )
+        else:
+            row = PlacementResult(
+                placement=placement, status=Status.INFEASIBLE, best=None, reason=str(exc)
+            )
+        return row, None
+    except SolverTimeout as exc:
+        row = PlacementResult(
+            placement=placement, status=Status.FEASIBLE, best=None, reason=str(exc)
+        )
+        return row, None
+    scored = _rank(solution_to_plan(sol, workload, cluster), sol, costs)
+    return PlacementResult(placement=placement, status=sol.status, best=scored, reason=None), sol

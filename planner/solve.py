@@ -18,8 +18,8 @@ from placeflow.errors import SpecError
 from placeflow.planner.costtable import CostTable, RoleOption
 from placeflow.planner.generators import GeneratorOption
 from placeflow.planner.model import Objective, build_model
+from placeflow.planner.setfront import SetFronts
 from placeflow.planner.space import Placement
-from placeflow.planner.variables import Variables
 from placeflow.workload import Role
 
 
@@ -67,15 +67,13 @@ def solve(
     tokens_per_step: float,
     target_tokens_per_s: float | None = None,
     time_limit_s: float = 30.0,
-    num_workers: int = 2,
-    hint: Solution | None = None,
-    lower_bound: int | None = None,
+    num_workers: int = 1,  # the set-option models are small: one worker proves them fastest
     one_step_off: bool = False,
+    fronts: SetFronts | None = None,
 ) -> Solution:
-    """Solve over `placements`. `hint` (a solution over a subset of them) seeds the search;
-    `lower_bound` is a proven bound on the objective (e.g. the least of exact per-placement
-    optima), which lets the solver close the gap at once. `one_step_off`: the workload's
-    asynchronous mode, in which a generator set overlaps training (constraint (8c)).
+    """Solve over `placements`. `one_step_off`: the workload's asynchronous mode, in which
+    a generator set overlaps training (constraint (8c)). `fronts`: the set options of
+    `table` (`planner.setfront`), shared between the solves of one search.
     """
     roles = {r for placement in placements for block in placement.sets for r in block}
     if roles - {key[0] for key in table.options}:
@@ -88,13 +86,12 @@ def solve(
         tokens_per_step=tokens_per_step,
         target_tokens_per_s=target_tokens_per_s,
         one_step_off=one_step_off,
+        fronts=fronts,
     )
-    if hint is not None:
-        _add_hint(built.model, built.variables, placements, table, hint)
-    if lower_bound is not None:
-        built.model.add(built.objective >= lower_bound)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
+    # Deterministic time (CP-SAT's measure of work, about seconds of one core): the
+    # same limit gives the same answer however loaded the machine is.
+    solver.parameters.max_deterministic_time = time_limit_s
     solver.parameters.num_workers = num_workers
     code = solver.solve(built.model)
     if code == cp_model.INFEASIBLE:
@@ -103,19 +100,18 @@ def solve(
         if code == cp_model.MODEL_INVALID:
             raise AssertionError(built.model.validate())
         raise SolverTimeout(
-            f"no plan found within the time limit of {time_limit_s:g} s; raise --time-limit"
+            f"no plan found within the solver's limit of {time_limit_s:g} s of deterministic "
+            "time; raise --time-limit"
         )
     v = built.variables
     p = next(i for i, var in v.x.items() if solver.boolean_value(var))
     placement = placements[p]
-    sets = tuple(
-        SetChoice(roles=placement.sets[j], pool=q, num_gpus=n)
-        for (pp, j, q, n), var in sorted(v.y.items(), key=lambda kv: kv[0][1])
-        if pp == p and solver.boolean_value(var)
-    )
-    options = {
-        key[0]: table.options[key][o] for (key, o), var in v.z.items() if solver.boolean_value(var)
-    }
+    chosen = [
+        next(f for f, var in v.y[(p, j)] if solver.boolean_value(var))
+        for j in range(len(placement.sets))
+    ]
+    sets = tuple(SetChoice(roles=f.roles, pool=f.pool, num_gpus=f.num_gpus) for f in chosen)
+    options = {role: opt for f in chosen for role, opt in zip(f.roles, f.options, strict=True)}
     generator = next((u for u, var in v.generator_terms(table) if solver.boolean_value(var)), None)
     return Solution(
         status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
@@ -128,25 +124,6 @@ def solve(
         objective_value=round(solver.objective_value),
         objective_bound=round(solver.best_objective_bound),
     )
-
-
-def _add_hint(
-    model: cp_model.CpModel,
-    v: Variables,
-    placements: list[Placement],
-    table: CostTable,
-    hint: Solution,
-) -> None:
-    p = placements.index(hint.placement)
-    for i, var in v.x.items():
-        model.add_hint(var, i == p)
-    chosen = {(p, j, s.pool, s.num_gpus) for j, s in enumerate(hint.sets)}
-    for key, var in v.y.items():
-        model.add_hint(var, key in chosen)
-    for (table_key, o), var in v.z.items():
-        model.add_hint(var, table.options[table_key][o] is hint.options.get(table_key[0]))
-    for u, var in v.generator_terms(table):
-        model.add_hint(var, u is hint.generator)
 
 
 def infeasibility_reason(

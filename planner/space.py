@@ -6,22 +6,33 @@
   critic+reward), hybrid (any other partition).
 - A set gets either whole nodes of one pool, or a power-of-two divisor of a
   node. Power-of-two sizes divide one another, so sub-node sets always pack
-  into the nodes left over (first-fit decreasing is then exact).
+  into the nodes left over (first-fit decreasing is then exact). Whole-node
+  counts are k nodes with k a sum of at most two powers of two (1, 2, 3, 4,
+  5, 6, 8, 9, 10, 12, 16, 17, 18, 20, 24, 32, ...; a step of at most 1/4 of
+  the count) or the whole pool: about 2·log2(N)²/2 counts rather than N, which
+  keeps the cost table small on clusters of hundreds of nodes. "Optimal" is
+  optimal within this space.
 - A role's parallelism on n GPUs: tensor t a power of two within a node that
   divides n and the heads (and agrees with the KV heads), pipeline p a power
   of two up to 8 dividing the layers with p·t | n, d = n/(p·t); ZeRO 1 or 3
   for trained roles; micro-batches of 1, 4 or 16 samples; for the actor a
   generation tensor size tg | t (generation pipeline pg = 1: a single decode
-  batch gains no time from pipelining, see simulator.compute).
+  batch gains no time from pipelining, see simulator.compute). Trained roles
+  also choose the memory savers users otherwise set by hand: activation
+  recomputation on or off, and (on GPU pools) the Adam state offloaded to host
+  memory outside the update, priced by the simulator from the host link
+  (`simulator.calls.train_cost`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
 from placeflow.cluster import PoolSpec
+from placeflow.hardware import DeviceKind
 from placeflow.layout import TrainLayout
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
@@ -86,15 +97,24 @@ def enumerate_placements(roles: tuple[Role, ...]) -> list[Placement]:
     return out
 
 
+MAX_NODE_COUNT_BITS = 2
+
+
 def candidate_counts(pool: PoolSpec) -> list[int]:
-    """GPU counts a set may take in `pool`: power-of-two divisors of a node, or whole nodes."""
+    """GPU counts a set may take in `pool`: power-of-two divisors of a node, or k whole
+    nodes with k a sum of at most MAX_NODE_COUNT_BITS powers of two, or the whole pool."""
     per_node = pool.gpus_per_node
     sub = [
         c
         for c in (1 << i for i in range(per_node.bit_length()))
         if c < per_node and per_node % c == 0
     ]
-    return sub + [k * per_node for k in range(1, pool.num_nodes + 1)]
+    nodes = [
+        k
+        for k in range(1, pool.num_nodes + 1)
+        if k.bit_count() <= MAX_NODE_COUNT_BITS or k == pool.num_nodes
+    ]
+    return sub + [k * per_node for k in nodes]
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -118,17 +138,28 @@ def parallelism_options(
                 if role is Role.ACTOR
                 else [1]
             )
-            for zero in (1, 3) if trained else (1,):
-                for mb in MICRO_BATCHES:
-                    for tg in tgs:
-                        out.append(
-                            RoleParallelism(
-                                train=layout,
-                                tg=tg,
-                                pg=1,
-                                micro_batch=mb,
-                                zero=zero,
-                                recompute=trained,
-                            )
-                        )
+            for zero, mb, tg, savers in itertools.product(
+                (1, 3) if trained else (1,), MICRO_BATCHES, tgs, _memory_savers(role, pool)
+            ):
+                recompute, offload = savers
+                out.append(
+                    RoleParallelism(
+                        train=layout,
+                        tg=tg,
+                        pg=1,
+                        micro_batch=mb,
+                        zero=zero,
+                        recompute=recompute,
+                        offload_optimizer=offload,
+                    )
+                )
     return out
+
+
+def _memory_savers(role: Role, pool: PoolSpec) -> list[tuple[bool, bool]]:
+    """(recompute, offload_optimizer) pairs a role may use: both on or off for trained
+    roles (offload on GPU pools only, see `Plan`), neither for forward-only roles."""
+    if role not in (Role.ACTOR, Role.CRITIC):
+        return [(False, False)]
+    offloads = (False, True) if pool.gpu.kind is DeviceKind.CUDA else (False,)
+    return [(r, o) for r in (True, False) for o in offloads]

@@ -81,6 +81,10 @@ def test_placement_enumeration_counts_and_kinds():
 def test_candidate_counts_respect_node_boundaries():
     pool = cluster(3, 8).pools[0]
     assert candidate_counts(pool) == [1, 2, 4, 8, 16, 24]
+    # Whole-node counts: k nodes with at most two binary digits 1 in k, and the whole pool.
+    big = cluster(15, 8).pools[0]
+    nodes = [1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 15]
+    assert candidate_counts(big) == [1, 2, 4] + [8 * k for k in nodes]
 
 
 def test_parallelism_options_respect_divisibility():
@@ -172,11 +176,21 @@ SMALL_MODELS = ["tiny-llama", "tiny-llama-m", "smollm2-135m", "qwen2.5-0.5b"]
 
 
 def truncated(table: CostTable, keep: int = 3) -> CostTable:
-    """At most `keep` options per role and count, one of them generating apart if any does."""
+    """At most `keep` options per role and count, with (where the table has them) one
+    generating apart, one without recomputation and one offloading the optimizer."""
     options = {}
     for key, opts in table.options.items():
-        apart = [o for o in opts if o.gen_apart][:1]
-        options[key] = [o for o in opts if not o.gen_apart][: keep - len(apart)] + apart
+        picks = [
+            next((o for o in opts if wanted(o)), None)
+            for wanted in (
+                lambda o: o.gen_apart,
+                lambda o: not o.par.recompute,
+                lambda o: o.par.offload_optimizer,
+            )
+        ]
+        chosen = list(dict.fromkeys(o for o in picks if o is not None))
+        rest = [o for o in opts if o not in chosen]
+        options[key] = chosen + rest[: max(0, keep - len(chosen))]
     return dataclasses.replace(table, options=options)
 
 
@@ -356,6 +370,11 @@ def test_cli_plan_json_and_out(tmp_path, capsys):
         "tokens_per_s",
     } <= set(data["best"])
     assert len(data["per_placement"]) == 15
+    # Every row is proven (a plan, or infeasible for a reason), so the search is optimal.
+    assert data["status"] == "optimal"
+    for row in data["per_placement"]:
+        assert row["status"] in ("optimal", "infeasible")
+        assert ("plan_hash" in row) == (row["status"] == "optimal"), row
     code = main(["simulate", str(out), "--json"])
     sim = json.loads(capsys.readouterr().out)
     assert code == 0 and sim["feasible"]

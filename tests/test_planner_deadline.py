@@ -69,9 +69,31 @@ def test_a_past_deadline_still_costs_one_count_and_says_incomplete() -> None:
         workload,
         cluster,
         cms,
-        deadline=time.perf_counter(),
+        deadline=time.process_time(),
         progress=lambda d, t: seen.append((d, t)),
     )
     assert not table.complete
     assert len(seen) == 1 and seen[0][1] > 1
     assert {n for (_, _, n) in table.options} == {1}
+
+
+def test_a_search_cut_short_keeps_every_row_and_says_feasible() -> None:
+    """A time limit too short for the whole table: every placement still has its row
+    (a plan or a reason), and the status is feasible, never optimal."""
+    from test_planner import PPO_ROLES, cluster, workload
+
+    from placeflow.catalogue import CATALOGUE
+    from placeflow.planner import Status, plan_search
+
+    h100 = {"h100-sxm": fitted_cost_model("h100-sxm")}
+    wl = workload({r: CATALOGUE["qwen2.5-0.5b"] for r in PPO_ROLES})
+    result = plan_search(cluster(2, 8), wl, h100, time_limit_s=1e-4)
+    assert result.status is Status.FEASIBLE
+    assert len(result.per_placement) == 15
+    for row in result.per_placement:
+        assert (row.best is None) == (row.reason is not None)
+        if row.best is None:  # not proven infeasible: the table was cut short
+            assert row.status is Status.FEASIBLE and "time limit" in (row.reason or "")
+    full = plan_search(cluster(2, 8), wl, h100)
+    assert full.status is Status.OPTIMAL
+    assert all(r.status is not Status.FEASIBLE for r in full.per_placement)

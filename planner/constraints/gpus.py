@@ -1,6 +1,6 @@
 """GPU budget: the sets of the chosen placement fit in each pool.
 
-    (4)  Σ_{P,j,n} n · y[P,j,q,n] + Σ_{u : q'_u = q} m_u · g[u] <= G_q     for every pool q
+    (4)  Σ_{P,j,f : q_f = q} n_f · y[P,j,f] + Σ_{u : q'_u = q} m_u · g[u] <= G_q   for every pool q
 
 (the second sum: the actor's generator set, planner.constraints.generator).
 
@@ -19,7 +19,7 @@ from placeflow.planner.variables import Variables
 
 
 def gpus_used(v: Variables, table: CostTable, pool: str) -> cp_model.LinearExpr:
-    keys = [(n, var) for (_, _, q, n), var in v.y.items() if q == pool]
+    keys = [(f.num_gpus, var) for f, var in v.set_terms() if f.pool == pool]
     keys += [(u.num_gpus, var) for u, var in v.generator_terms(table) if u.pool == pool]
     return cp_model.LinearExpr.weighted_sum([var for _, var in keys], [n for n, _ in keys])
 
