@@ -292,6 +292,13 @@ def _header(files: RunFiles) -> dict[str, str]:
     return header
 
 
+def sample_prompt(prompt: str | list[dict[str, str]]) -> str:
+    """A sample's prompt as text: chat messages (a dataset's chat prompts) as `role: content`."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+
+
 def run_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
     """Write the run's report (default RUN_DIR/report.html) and return its path."""
     files = load_run(run_dir)
@@ -324,7 +331,8 @@ def run_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
                 title=f"Samples of step {last['step']}",
                 columns=("prompt", "response", "reward"),
                 rows=tuple(
-                    (s["prompt"], repr(s["response"]), f"{s['reward']:.3f}") for s in samples
+                    (sample_prompt(s["prompt"]), repr(s["response"]), f"{s['reward']:.3f}")
+                    for s in samples
                 ),
             )
         )

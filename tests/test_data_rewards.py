@@ -407,3 +407,11 @@ def test_chat_template_renders_with_the_model_tokenizer() -> None:
     assert prompt_text(Example(prompt="2+3=", answer="5"), tok, chat_template=False) == "2+3="
     with pytest.raises(SpecError, match="needs a model checkpoint whose tokenizer has a chat"):
         prompt_text(ex, ByteTokenizer(), chat_template=True)
+
+
+def test_report_shows_chat_prompts_as_text() -> None:
+    from placeflow.reports.run import sample_prompt
+
+    assert sample_prompt("1+1=") == "1+1="
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
+    assert sample_prompt(chat) == "system: Be brief.\nuser: 1+1?"
