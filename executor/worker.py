@@ -13,8 +13,24 @@ role's TP, PP and DP groups are subgroups of that world, built from
 placeflow.layout and nothing else. Process groups are created in the order the
 controller calls `setup_role`, which is the same on every worker.
 
+Devices: batches cross the worker boundary on the host (CPU) and every call
+moves its batch onto this worker's device on arrival and its results back to
+the host before they leave, so engines only ever see tensors on their device.
+
 Threads: a CPU "device" is one core's worth of work, so the worker sets torch's
 intra-op threads itself (default 1) instead of inheriting the host's count.
+
+Scheduling priority: Ray starts worker processes at nice 15 (its C++ option
+`worker_niceness`), so that a driver on the same machine stays responsive.
+Here the workers are where all the compute happens, and at nice 15 the
+kernel's CFS gives them a weight of 36 against 1024 for every nice-0 process:
+the driver's polling, Ray's raylet and GCS, anything else on the host. Each
+slice they lose stalls an OpenMP barrier, and on a machine without spare cores
+the same policy update ran 50 % slower in a worker than in a plain process
+(benchmarks/trl_grpo.py, `worker_update` in its results). The actor class is
+therefore declared with `RAY_worker_niceness=0` in its runtime environment,
+the per-process override Ray's own job supervisor uses for job drivers; every
+worker reports its niceness in its identity (workers.json).
 """
 
 from __future__ import annotations
@@ -63,6 +79,7 @@ from placeflow.reshard_plan import (
 from placeflow.workload import Role
 
 E = TypeVar("E")
+HOST = torch.device("cpu")  # where the controller's batches live: they cross to and from it
 
 
 class Axis(StrEnum):
@@ -117,6 +134,7 @@ class WorkerIdentity:
     node_id: str  # the Ray node this worker runs on
     device: str
     num_threads: int
+    niceness: int = 0  # the process's nice value (0: the same priority as the driver)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +185,7 @@ class Worker:
             node_id=ray.get_runtime_context().get_node_id(),
             device=str(self.device),
             num_threads=torch.get_num_threads(),
+            niceness=os.nice(0),
         )
 
     def rendezvous_address(self) -> tuple[str, int]:
@@ -316,6 +335,10 @@ class Worker:
             engine = ScoringEngine(setup, groups, self.device)
         self.engines[role] = engine
 
+    def _arrive(self, batch: Batch) -> Batch:
+        """A batch from the controller, on this worker's device (results go back to HOST)."""
+        return batch.to(self.device)
+
     def _engine(self, role: Role, kind: type[E]) -> E:
         engine = self.engines.get(role)
         if not isinstance(engine, kind):
@@ -332,7 +355,7 @@ class Worker:
         engine = self.engines.get(Role.ACTOR)
         if not isinstance(engine, ActorEngine | GeneratorEngine):
             raise SpecError(f"this worker has no rollout engine for the actor (got {engine!r})")
-        return engine.generate(prompts, params, seed)
+        return engine.generate(prompts, params, seed).to(HOST)
 
     def _sync_plan(self, engine: ActorEngine | GeneratorEngine) -> tuple[WeightSync, DisjointPlan]:
         sync = self.weight_sync
@@ -373,19 +396,19 @@ class Worker:
         engine = self.engines[role]
         if isinstance(engine, CriticEngine | GeneratorEngine):
             raise SpecError(f"{role} on this worker has no logprobs (got {engine!r})")
-        return engine.logprobs(batch, temperature)
+        return engine.logprobs(self._arrive(batch), temperature).to(HOST)
 
     def values(self, role: Role, batch: Batch) -> Batch:
-        return self._engine(role, CriticEngine).values(batch)
+        return self._engine(role, CriticEngine).values(self._arrive(batch)).to(HOST)
 
     def scores(self, role: Role, batch: Batch) -> Batch:
-        return self._engine(role, ScoringEngine).scores(batch)
+        return self._engine(role, ScoringEngine).scores(self._arrive(batch)).to(HOST)
 
     def update(self, role: Role, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
         engine = self.engines[role]
         if not isinstance(engine, ActorEngine | CriticEngine):
             raise SpecError(f"{role} is frozen on this worker; it has no update")
-        return engine.update(batch, cfg)
+        return engine.update(self._arrive(batch), cfg)
 
     def save_state(self, role: Role, path: str) -> None:
         """This rank's trainable state of `role` to `path` (one file per rank and role)."""
@@ -406,4 +429,7 @@ class Worker:
         time.sleep(1e6)
 
 
-WorkerActor = ray.remote(Worker)
+# Ray reads `RAY_<option>` from a worker's environment when it starts the process: this
+# worker's own `worker_niceness`, not the cluster's (see the module docstring).
+WORKER_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
+WorkerActor = ray.remote(runtime_env=WORKER_RUNTIME_ENV)(Worker)

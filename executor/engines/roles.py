@@ -241,7 +241,7 @@ def _forward_stages(
     micros = _micro_batches(batch, micro_batch, count)
     io = _stage_io(model, micros, next(model.parameters()).device)
     outs = pipeline.forward_only(model.pp, len(micros), lambda i, x: fn(micros[i], x), io)
-    return torch.cat(outs[: len(batch)]) if model.pp.is_last else torch.empty(0)
+    return torch.cat(outs[: len(batch)]) if model.pp.is_last else torch.empty(0, device=io.device)
 
 
 class ScoringEngine:
@@ -274,7 +274,7 @@ class ScoringEngine:
             if not last:
                 return values  # this stage's hidden states
             end = width + mb.tensors[RESPONSE_MASK].long().sum(1).clamp(min=1) - 1
-            return values[torch.arange(len(mb)), end]
+            return values[torch.arange(len(mb), device=values.device), end]
 
         scores = _forward_stages(self.model, batch, self.setup.micro_batch, fn)
         return Batch(tensors={"scores": scores})
@@ -326,7 +326,9 @@ class _Trainable:
     def _micro_count(self, num_samples: int) -> int:
         """Micro-batches every DP rank runs for its `num_samples`: the most any rank needs
         (uneven shards differ by a sample; FSDP needs the same count on every rank)."""
-        count = torch.tensor([max(1, -(-num_samples // self.setup.micro_batch))])
+        count = torch.tensor(
+            [max(1, -(-num_samples // self.setup.micro_batch))], device=self.device
+        )
         if self.groups.dp_size > 1:
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.groups.dp_group)
         return int(count.item())

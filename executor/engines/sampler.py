@@ -47,15 +47,15 @@ class Completion:
     logprobs: list[float]  # one per token of token_ids
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, mask) of shape (batch, longest prompt), prompts aligned to the right."""
+def left_pad(
+    prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of shape (batch, longest prompt) on `device`, prompts aligned to the right."""
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        if len(p):
-            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-            mask[i, width - len(p) :] = True
+    rows = [[pad_id] * (width - len(p)) + list(p) for p in prompts]
+    ids = torch.tensor(rows, dtype=torch.long, device=device)  # one host-to-device copy
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    mask = torch.arange(width, device=device)[None, :] >= (width - lens)[:, None]
     return ids, mask
 
 
@@ -98,8 +98,7 @@ class Sampler:
         if any(len(p) == 0 for p in prompts):
             raise SpecError("every prompt needs at least one token")
         device = next(self.model.parameters()).device
-        ids, mask = left_pad(prompts, self.pad_id)
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = left_pad(prompts, self.pad_id, device)
         batch, width = ids.shape
         cache = KVCache.empty(self.model, batch, width + params.max_tokens, device)
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -123,8 +122,8 @@ class Sampler:
             if bool(done.all()) or step + 1 == params.max_tokens:
                 break
             logits = self.model(token[:, None], ~done[:, None], cache=cache)[:, -1]
-        out = []
-        for i in range(batch):
-            n = int(lengths[i])
-            out.append(Completion(tokens[i, :n].tolist(), logps[i, :n].tolist()))
-        return out
+        # One device-to-host copy of each, not one per sample.
+        token_rows, logp_rows = tokens.tolist(), logps.tolist()
+        return [
+            Completion(token_rows[i][:n], logp_rows[i][:n]) for i, n in enumerate(lengths.tolist())
+        ]
