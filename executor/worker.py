@@ -168,6 +168,10 @@ class Worker:
             # Ray exposes this actor's one GPU as device 0 (CUDA_VISIBLE_DEVICES).
             self.device = torch.device("cuda", 0)
             torch.cuda.set_device(self.device)
+            # TF32 for what still runs in fp32 (the optimizer's and the norms' matmuls, an
+            # fp32 model's whole forward): a start-up setting of the process, as trainers set it.
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         else:
             self.device = torch.device("cpu")
         self.spec = spec

@@ -193,3 +193,85 @@ def test_worker_moves_each_batch_onto_its_device_and_results_to_the_host() -> No
     out = worker.logprobs(Role.REF, _batch(), 1.0)
     assert recorder.devices == {torch.device("meta")}
     assert out.tensors["logprobs"].device == HOST
+
+
+# --- mixed precision -------------------------------------------------------------------
+
+BF16_ARCH = Arch(weights=ARCH.weights, compute_dtype=torch.bfloat16)
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    """The operand dtypes of every matmul and attention op run under it."""
+
+    OPS = ("mm", "bmm", "addmm", "_scaled_dot_product", "linear")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: set[torch.dtype] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(name in str(func) for name in self.OPS):
+            # The operands (attention's backward also takes its fp32 log-sum-exp, by design).
+            self.dtypes |= {a.dtype for a in args[:2] if isinstance(a, torch.Tensor)}
+        return func(*args, **(kwargs or {}))
+
+
+def test_arch_takes_the_workload_dtype_and_refuses_fp16() -> None:
+    import dataclasses
+
+    from placeflow.errors import SpecError
+    from placeflow.models import DType
+
+    spec = get_model("tiny-llama")
+    assert Arch.of(spec).compute_dtype == torch.float32  # the test models are fp32
+    assert Arch.of(dataclasses.replace(spec, dtype=DType.BF16)).compute_dtype == torch.bfloat16
+    with pytest.raises(SpecError, match="fp16 needs loss scaling"):
+        Arch.of(dataclasses.replace(spec, dtype=DType.FP16))
+
+
+def test_bf16_training_keeps_fp32_masters_and_computes_in_bf16() -> None:
+    b = _batch()
+    setup = EngineSetup(
+        arch=BF16_ARCH, weights=WeightSource(seed=0), micro_batch=4, optim=OptimConfig(lr=1e-3)
+    )
+    actor = ActorEngine(setup, RoleGroups(tp=SINGLE), CPU, gen=None, rank=0, reshard_plan=None)
+    seen = _MatmulDtypes()
+    with seen:
+        actor.update(b, UpdateConfig())
+    assert seen.dtypes == {torch.bfloat16}  # every matmul and attention, forward and backward
+    assert {p.dtype for p in actor.model.parameters()} == {torch.float32}
+    state = actor.trainer.optimizer.state
+    assert {t.dtype for st in state.values() for k, t in st.items() if k != "step"} == {
+        torch.float32
+    }
+    # The oracle: the same batch's logprobs in fp32 with the same weights, to bf16 accuracy.
+    fp32 = Transformer(ARCH).eval()
+    fp32.load_shards(dict(actor.model.named_parameters()))
+    mixed = actor.logprobs(b, 1.0).tensors["logprobs"]
+    with torch.no_grad():
+        from placeflow.executor.engines.roles import response_logp, response_outputs
+
+        exact = response_logp(response_outputs(fp32, b), b, 1.0)[0]
+    m = b.tensors[RESPONSE_MASK]
+    assert mixed.dtype == torch.float32
+    assert 0 < (mixed - exact)[m].abs().max() < 0.1
+
+
+def test_bf16_frozen_and_rollout_models_hold_bf16_weights() -> None:
+    from placeflow.executor.engines.generator import GeneratorEngine
+
+    setup = EngineSetup(arch=BF16_ARCH, weights=WeightSource(seed=0), micro_batch=4)
+    ref = ScoringEngine(setup, RoleGroups(tp=SINGLE), CPU)
+    gen = GeneratorEngine(setup, SINGLE, CPU)
+    for model in (ref.model, gen.sampler.model):
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    outs = gen.generate(PROMPTS, SamplingParams(max_tokens=4), seed=1)
+    assert outs.tensors["rollout_logprobs"].dtype == torch.float32
+    assert ref.logprobs(outs, 1.0).tensors["logprobs"].dtype == torch.float32
+
+
+def test_fused_adamw_only_where_the_device_has_it() -> None:
+    actor = ActorEngine(
+        _setup(optim=OptimConfig()), RoleGroups(tp=SINGLE), CPU, gen=None, rank=0, reshard_plan=None
+    )
+    assert actor.trainer.optimizer.defaults["fused"] is False  # CPU: torch's default loop

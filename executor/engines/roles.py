@@ -193,13 +193,17 @@ def _micro_batches(batch: Batch, size: int, count: int | None = None) -> list[Ba
     return real + [pad] * (count - len(batch))
 
 
-def _build(setup: EngineSetup, groups: RoleGroups, device: torch.device) -> Transformer:
+def _build(
+    setup: EngineSetup, groups: RoleGroups, device: torch.device, *, frozen: bool = False
+) -> Transformer:
+    """This rank's model: fp32 master weights when trained, the compute dtype when `frozen`."""
     model = Transformer(
         setup.arch,
         tp=groups.tp,
         pp=groups.pp,
         value_head=setup.critic,
         num_values=setup.num_values,
+        dtype=setup.arch.compute_dtype if frozen else torch.float32,
     )
     full = setup.weights.full(setup.arch, critic=setup.critic, num_values=setup.num_values)
     model.to(device).load_full(full)
@@ -249,7 +253,7 @@ class ScoringEngine:
 
     def __init__(self, setup: EngineSetup, groups: RoleGroups, device: torch.device) -> None:
         self.setup = setup
-        self.model = _build(setup, groups, device).eval()
+        self.model = _build(setup, groups, device, frozen=True).eval()
         self.model.requires_grad_(False)
 
     @torch.no_grad()
@@ -399,7 +403,10 @@ class ActorEngine(_Trainable):
         self.rollout: Sampler | None = None
         if gen is not None:
             assert groups.gen_tp is not None
-            rollout_model = Transformer(setup.arch, tp=groups.gen_tp).to(device).eval()
+            rollout_model = Transformer(
+                setup.arch, tp=groups.gen_tp, dtype=setup.arch.compute_dtype
+            ).to(device)
+            rollout_model.eval()
             rollout_model.requires_grad_(False)
             self.rollout = Sampler(rollout_model, pad_id=setup.pad_id)
         self.last_reshard_bytes = 0

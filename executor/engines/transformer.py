@@ -28,6 +28,17 @@ tokens, positions count real tokens only, and a query attends to earlier real
 keys and to itself (so a padding row never takes a softmax over nothing).
 Generation and training run the same code on the same layout, which is what
 makes their logprobs agree.
+
+Precision, as mixed-precision trainers do it: the model's dtype (the
+workload's `ModelSpec.dtype`) is the compute dtype, `Arch.compute_dtype`. A
+trained model keeps fp32 master weights (so its optimizer state is fp32 too)
+and runs its forward under `torch.autocast` in the compute dtype: matmuls and
+attention in bf16, norms, softmax and the residual stream in fp32. A frozen
+model (reference, reward, the rollout copy of the policy) holds its weights in
+the compute dtype itself and needs no autocast. Attention is
+`scaled_dot_product_attention` everywhere (prefill, decode, training), which
+picks the fused kernels the device has. fp16 is refused: it needs loss
+scaling, which nothing here does.
 """
 
 from __future__ import annotations
@@ -48,24 +59,34 @@ from placeflow.executor.engines.tp import (
     gather_from_tp,
     reduce_from_tp,
 )
-from placeflow.models import ModelSpec
+from placeflow.models import DType, ModelSpec
 from placeflow.reshard_plan import Sharding, TinyLlama, split_ranges
+
+
+COMPUTE_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Arch:
-    """Shapes plus the two constants the math needs besides them."""
+    """Shapes, the two constants the math needs besides them, and the compute dtype."""
 
     weights: TinyLlama
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    compute_dtype: torch.dtype = torch.float32  # matmuls and attention (see the docstring)
 
     @classmethod
     def of(cls, spec: ModelSpec) -> Arch:
+        if spec.dtype not in COMPUTE_DTYPES:
+            raise SpecError(
+                f"model {spec.name!r}: dtype {spec.dtype} is not run by the built-in engines "
+                f"(fp16 needs loss scaling); use one of {[str(d) for d in COMPUTE_DTYPES]}"
+            )
         return cls(
             weights=TinyLlama.from_model_spec(spec),
             rope_theta=spec.rope_theta,
             norm_eps=spec.norm_eps,
+            compute_dtype=COMPUTE_DTYPES[spec.dtype],
         )
 
 
@@ -81,7 +102,7 @@ class KVCache:
     @classmethod
     def empty(cls, model: Transformer, batch: int, capacity: int, device: torch.device) -> KVCache:
         shape = (batch, model.local_kv_heads, capacity, model.head_dim)
-        dtype, n = model.dtype, len(model.layers)
+        dtype, n = model.arch.compute_dtype, len(model.layers)
         return cls(
             keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)],
             values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)],
@@ -295,6 +316,26 @@ class Transformer(nn.Module):
         head_from: int = 0,
         hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Logits (batch, seq, vocab) or values (batch, seq) for `ids` (batch, seq); see `_forward`.
+
+        fp32 weights with a lower compute dtype (a trained model's master weights) run
+        under autocast; weights already in the compute dtype run as they are.
+        """
+        compute = self.arch.compute_dtype
+        with torch.autocast(ids.device.type, dtype=compute, enabled=compute != self.dtype):
+            out = self._forward(ids, mask, cache=cache, head_from=head_from, hidden=hidden)
+        # Values and logits leave in fp32 (losses, advantages and log-softmax are fp32).
+        return out if out.dtype == torch.float32 or not self.pp.is_last else out.float()
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        cache: KVCache | None,
+        head_from: int,
+        hidden: torch.Tensor | None,
+    ) -> torch.Tensor:
         """Logits (batch, seq, vocab) or values (batch, seq) for `ids` (batch, seq).
 
         With `cache`, `ids` continue the cached sequence: `mask` covers the new
@@ -319,7 +360,7 @@ class Transformer(nn.Module):
         causal = k_idx <= q_idx
         attn_mask = (causal[None] & key_mask[:, None, :]) | (k_idx == q_idx)[None]
         attn_mask = attn_mask[:, None]  # (b, 1, s, start+s)
-        cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.dtype)
+        cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.arch.compute_dtype)
 
         if self.pp.is_first:
             x = self._embed(ids)
