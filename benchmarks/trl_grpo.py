@@ -599,12 +599,15 @@ def run_update(kind: str, s: Settings, checkpoint: Path, reps: int) -> dict[str,
         call("setup_role", Role.ACTOR, RoleLayout(train=TrainLayout()))
         call("build_engine", Role.ACTOR, setup)
         ident = call("identity")
-        times, stamps = [], []
+        times, stamps, usage = [], [], []
         for _ in range(reps):
+            before = proc_usage(ident.pid)
             t0, e0 = time.perf_counter(), time.time()
             call("update", Role.ACTOR, batch, cfg)
             times.append(time.perf_counter() - t0)
             stamps.append((e0, time.time()))
+            after = proc_usage(ident.pid)
+            usage.append({k: round(after[k] - before[k], 3) for k in before})
     finally:
         if kind != "plain":
             ray.shutdown()
@@ -614,7 +617,25 @@ def run_update(kind: str, s: Settings, checkpoint: Path, reps: int) -> dict[str,
         "windows": stamps,
         "niceness": ident.niceness,
         "torch_threads": ident.num_threads,
+        "usage": usage,  # per update, of the process that ran it (proc_usage)
         "samples": len(batch),
+    }
+
+
+def proc_usage(pid: int) -> dict[str, float]:
+    """What the kernel counted for process `pid` so far: CPU seconds (user, system), minor page
+    faults, and context switches it made (voluntary) or suffered (preempted: involuntary)."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return {
+        "cpu_user_s": int(stat[11]) / tick,  # fields 14-15 of proc(5), counted after ") "
+        "cpu_system_s": int(stat[12]) / tick,
+        "minor_faults": float(stat[7]),
+        "ctx_voluntary": float(status["voluntary_ctxt_switches"]),
+        "ctx_involuntary": float(status["nonvoluntary_ctxt_switches"]),
     }
 
 
