@@ -25,12 +25,24 @@ Scheduling priority: Ray starts worker processes at nice 15 (its C++ option
 Here the workers are where all the compute happens, and at nice 15 the
 kernel's CFS gives them a weight of 36 against 1024 for every nice-0 process:
 the driver's polling, Ray's raylet and GCS, anything else on the host. Each
-slice they lose stalls an OpenMP barrier, and on a machine without spare cores
-the same policy update ran 50 % slower in a worker than in a plain process
-(benchmarks/trl_grpo.py, `worker_update` in its results). The actor class is
+slice they lose stalls the step (and an OpenMP barrier waits for its slowest
+thread). Measured on a shared 2-core machine (benchmarks/trl_grpo.py,
+`worker_update`): the update takes the same CPU seconds in a worker as in a
+plain process, but a nice-15 worker got 36-73 % of a core while it ran, a
+nice-0 one 68-91 % under the same load. The actor class is
 therefore declared with `RAY_worker_niceness=0` in its runtime environment,
 the per-process override Ray's own job supervisor uses for job drivers; every
 worker reports its niceness in its identity (workers.json).
+
+Memory allocator: an update allocates and frees the same large tensors (logits,
+activations, gradients) every micro-batch. glibc serves blocks above its mmap
+threshold (at most 32 MiB) with fresh mappings and returns them on free, so
+each reuse faults every page in again: about 615,000 minor faults and 1.2 of
+5.3 CPU seconds in the kernel per SmolLM2 update (measured, `worker_update`).
+Workers start with glibc told never to mmap and never to trim (`WORKER_ENV`):
+freed memory stays in the heap for the next micro-batch, at the price of a
+resident size that stays at its peak, which a worker holding a model for the
+whole run reaches anyway.
 """
 
 from __future__ import annotations
@@ -433,7 +445,14 @@ class Worker:
         time.sleep(1e6)
 
 
-# Ray reads `RAY_<option>` from a worker's environment when it starts the process: this
-# worker's own `worker_niceness`, not the cluster's (see the module docstring).
-WORKER_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
+# The environment a worker process starts with (see the module docstring). Ray reads
+# `RAY_<option>` from it when it starts the process: this worker's own `worker_niceness`,
+# not the cluster's. glibc reads `MALLOC_*_` at start-up: never mmap a block, never trim
+# the heap, so freed tensor memory is reused instead of handed back and faulted in again.
+WORKER_ENV = {
+    "RAY_worker_niceness": "0",
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(2**62),
+}
+WORKER_RUNTIME_ENV = {"env_vars": WORKER_ENV}
 WorkerActor = ray.remote(runtime_env=WORKER_RUNTIME_ENV)(Worker)

@@ -62,7 +62,6 @@ from placeflow.executor.engines.tp import (
 from placeflow.models import DType, ModelSpec
 from placeflow.reshard_plan import Sharding, TinyLlama, split_ranges
 
-
 COMPUTE_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16}
 
 
