@@ -275,3 +275,23 @@ def test_fused_adamw_only_where_the_device_has_it() -> None:
         _setup(optim=OptimConfig()), RoleGroups(tp=SINGLE), CPU, gen=None, rank=0, reshard_plan=None
     )
     assert actor.trainer.optimizer.defaults["fused"] is False  # CPU: torch's default loop
+
+
+def test_colocated_reshard_without_a_gather_hands_over_views() -> None:
+    """tg = t (dg = 1, one GPU): the generation shards are the training shards, not copies."""
+    from placeflow.executor.reshard import MemoryMeter, reshard_colocated
+    from placeflow.layout import GenLayout, TrainLayout
+    from placeflow.reshard_plan import plan_reshard
+
+    model = Transformer(ARCH)
+    model.load_shards(random_full(ARCH, seed=4))
+    shards = {k: v.detach() for k, v in model.named_parameters()}
+    plan = plan_reshard(ARCH.weights, GenLayout(train=TrainLayout()))
+    meter = MemoryMeter()
+    weights, received = reshard_colocated(plan, 0, shards, None, meter)
+    assert received == 0 and meter.peak_bytes == 0
+    assert weights.keys() == shards.keys()
+    assert all(weights[k].data_ptr() == shards[k].data_ptr() for k in shards)
+    rollout = Transformer(BF16_ARCH, dtype=torch.bfloat16)
+    rollout.load_shards(weights)  # the one copy: fp32 masters cast into bf16 weights
+    assert all(p.dtype == torch.bfloat16 for p in rollout.parameters())
