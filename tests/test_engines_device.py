@@ -295,3 +295,39 @@ def test_colocated_reshard_without_a_gather_hands_over_views() -> None:
     rollout = Transformer(BF16_ARCH, dtype=torch.bfloat16)
     rollout.load_shards(weights)  # the one copy: fp32 masters cast into bf16 weights
     assert all(p.dtype == torch.bfloat16 for p in rollout.parameters())
+
+
+# --- static KV cache (the CUDA-graph decode's eager twin) -----------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_decode_equals_the_growing_cache(temperature: float) -> None:
+    """The fixed-shape step a CUDA graph replays gives the eager decode's tokens and logprobs."""
+    from placeflow.executor.engines.sampler import DecodeMode, default_decode
+
+    model = Transformer(ARCH).eval()
+    model.load_shards(random_full(ARCH, seed=5))
+    params = SamplingParams(temperature=temperature, max_tokens=7, stop_ids=(3,))
+    dynamic = Sampler(model, pad_id=0, decode=DecodeMode.DYNAMIC).generate(PROMPTS, params, 9)
+    static = Sampler(model, pad_id=0, decode=DecodeMode.STATIC).generate(PROMPTS, params, 9)
+    assert [c.token_ids for c in static] == [c.token_ids for c in dynamic]
+    for s, d in zip(static, dynamic, strict=True):
+        assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(d.logprobs), atol=1e-5)
+    assert default_decode(model) is DecodeMode.DYNAMIC  # graphs only on CUDA
+    assert (
+        trapped(Sampler(model, pad_id=0, decode=DecodeMode.STATIC).generate, PROMPTS, params, 9)
+        == static
+    )  # and it makes its tensors on the model's device
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graph_decode_equals_eager_on_cuda() -> None:
+    from placeflow.executor.engines.sampler import DecodeMode
+
+    model = Transformer(ARCH).to("cuda").eval()
+    model.load_shards({k: v.cuda() for k, v in random_full(ARCH, seed=5).items()})
+    params = SamplingParams(temperature=0.0, max_tokens=7)
+    eager = Sampler(model, pad_id=0, decode=DecodeMode.DYNAMIC).generate(PROMPTS, params, 9)
+    graph = Sampler(model, pad_id=0, decode=DecodeMode.GRAPH).generate(PROMPTS, params, 9)
+    assert [c.token_ids for c in graph] == [c.token_ids for c in eager]

@@ -161,10 +161,11 @@ class Layer(nn.Module):
         cache: KVCache | None,
         index: int,
         start: int,
+        slot: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # Called as a module (not a method of the model) so that FSDP2's per-layer
         # hooks gather this layer's weights around it.
-        x = x + self._attention(x, cos, sin, attn_mask, cache, index, start)
+        x = x + self._attention(x, cos, sin, attn_mask, cache, index, start, slot)
         return x + self._mlp(x)
 
     def _attention(
@@ -176,6 +177,7 @@ class Layer(nn.Module):
         cache: KVCache | None,
         index: int,
         start: int,
+        slot: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, s, _ = x.shape
         h = rms_norm(x, self.input_norm, self.eps)
@@ -192,7 +194,11 @@ class Layer(nn.Module):
         v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        if cache is not None:
+        if cache is not None and slot is not None:  # fixed shapes: the whole capacity
+            cache.keys[index].index_copy_(2, slot, k)
+            cache.values[index].index_copy_(2, slot, v)
+            k, v = cache.keys[index], cache.values[index]
+        elif cache is not None:
             cache.keys[index][:, :, start : start + s] = k
             cache.values[index][:, :, start : start + s] = v
             k = cache.keys[index][:, :, : start + s]
@@ -372,8 +378,35 @@ class Transformer(nn.Module):
             cache.length = start + s
         if not self.pp.is_last:
             return x
+        return self._head(x[:, head_from:])
+
+    def decode_static(
+        self, token: torch.Tensor, live: torch.Tensor, cache: KVCache, slot: torch.Tensor
+    ) -> torch.Tensor:
+        """One decode step with fixed shapes: logits (batch, vocab) for `token` (batch, 1).
+
+        The token goes to cache slot `slot` (a one-element tensor on the device, read
+        when the step runs, so that a captured CUDA graph replays at the next slot once
+        it is advanced) and attention runs over the whole capacity, masked to the real
+        keys so far and the token itself: the result of `forward(token, live,
+        cache=cache)` with no shape that changes from step to step. `live` (batch, 1)
+        marks real tokens. Whole-model (one pipeline stage) language models only.
+        """
+        assert self.pp.is_first and self.pp.is_last and self.value_head is None
+        cache.mask.index_copy_(1, slot, live)
+        k_idx = torch.arange(cache.mask.shape[1], device=token.device)[None, :]
+        attn_mask = (cache.mask | (k_idx == slot))[:, None, None, :]  # (b, 1, 1, capacity)
+        positions = (cache.mask.long().cumsum(-1) - 1).clamp(min=0).index_select(1, slot)
+        cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.arch.compute_dtype)
+        x = self._embed(token)
+        for i, layer in enumerate(self.layers.values()):
+            x = layer(x, cos, sin, attn_mask, cache, i, 0, slot)
+        return self._head(x)[:, -1]
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """The last stage's final norm and head on hidden states (batch, seq, hidden)."""
         assert self.norm is not None
-        x = rms_norm(x[:, head_from:], self.norm, self.arch.norm_eps)
+        x = rms_norm(x, self.norm, self.arch.norm_eps)
         if self.value_head is not None:
             out = x @ self.value_head.t()  # (..., num_values): one value per head
             return out.squeeze(-1) if self.num_values == 1 else out
