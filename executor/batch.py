@@ -155,8 +155,8 @@ class Batch:
         width = max(lengths, default=0)
         firsts = [seqs[0] for seqs in sequences.values() if len(seqs)]
         device = firsts[0].device if firsts else torch.device("cpu")
-        lens = torch.tensor(lengths, dtype=torch.long, device=device)
-        mask = torch.arange(width, device=device)[None, :] < lens[:, None]
+        len_t = torch.tensor(lengths, dtype=torch.long, device=device)
+        mask = torch.arange(width, device=device)[None, :] < len_t[:, None]
         tensors = {k: _pad_stack(seqs, width, pad_value) for k, seqs in sequences.items()}
         tensors[MASK] = mask
         return Batch(
