@@ -11,6 +11,11 @@ Sequence layout. Tensors named in `seq_keys` are laid out [sample, position,
 marks real tokens. `from_sequences` pads variable-length sequences into this
 layout, `unpad` gives them back, `pad_to` widens the padding and `trim` drops
 the positions no sample uses.
+
+Devices. A Batch's tensors may live on any device (the controller's are on
+CPU, a worker's on its GPU); `to` moves them all. What a Batch builds itself
+(a selection index, a mask) is made on the device of the tensors it meets, so
+a Batch on a GPU never mixes in a CPU tensor.
 """
 
 from __future__ import annotations
@@ -67,6 +72,14 @@ class Batch:
             return len(v)
         return 0
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The same samples with every tensor on `device` (tensors already there are shared)."""
+        return Batch(
+            tensors={k: t.to(device) for k, t in self.tensors.items()},
+            meta=self.meta,
+            seq_keys=self.seq_keys,
+        )
+
     # --- samples --------------------------------------------------------------
     def select(self, indices: Sequence[int]) -> Batch:
         """The samples at `indices`, in that order (repeats allowed)."""
@@ -74,9 +87,12 @@ class Batch:
         bad = [i for i in indices if not 0 <= i < n]
         if bad:
             raise IndexError(f"sample indices {bad[:5]} out of range for a batch of {n}")
-        index = torch.as_tensor(list(indices), dtype=torch.long)
+        index = {
+            t.device: torch.as_tensor(list(indices), dtype=torch.long, device=t.device)
+            for t in self.tensors.values()
+        }
         return Batch(
-            tensors={k: t.index_select(0, index) for k, t in self.tensors.items()},
+            tensors={k: t.index_select(0, index[t.device]) for k, t in self.tensors.items()},
             meta={k: tuple(v[i] for i in indices) for k, v in self.meta.items()},
             seq_keys=self.seq_keys,
         )
@@ -137,7 +153,10 @@ class Batch:
         if lengths is None:
             raise ValueError("from_sequences needs at least one named sequence")
         width = max(lengths, default=0)
-        mask = torch.arange(width)[None, :] < torch.tensor(lengths, dtype=torch.long)[:, None]
+        firsts = [seqs[0] for seqs in sequences.values() if len(seqs)]
+        device = firsts[0].device if firsts else torch.device("cpu")
+        len_t = torch.tensor(lengths, dtype=torch.long, device=device)
+        mask = torch.arange(width, device=device)[None, :] < len_t[:, None]
         tensors = {k: _pad_stack(seqs, width, pad_value) for k, seqs in sequences.items()}
         tensors[MASK] = mask
         return Batch(

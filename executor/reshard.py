@@ -155,9 +155,13 @@ def reshard_colocated(
         ranges = gen_shard(model, p, gen, rank)
         if ranges is None:
             continue
-        out[p.name] = meter.hold(torch.empty(p.shard_shape(ranges)))
         # HybridFlow's grouping makes every own training shard part of the generation shard.
         own = train_shard(model, p, gen.train, rank)
+        if own == ranges:  # nothing to gather (tg = t): the training shard itself, no copy
+            out[p.name] = shards[p.name]
+            continue
+        like = shards[p.name] if p.name in shards else next(iter(shards.values()))
+        out[p.name] = meter.hold(like.new_empty(p.shard_shape(ranges)))
         if own is not None:
             _place(out[p.name], p, shards[p.name], own, ranges)
     transfer = plan.group_of(rank)
@@ -184,10 +188,10 @@ def _gather_slot(
     send = own
     if send is None or padded_copy:
         # all-gather needs equal sizes: pad (or send zeros) up to the slot's largest piece
-        send = meter.hold(torch.zeros(padded))
+        send = meter.hold(out[piece.name if piece else next(iter(out))].new_zeros(padded))
         if own is not None:
             send[: own.numel()] = own
-    buf = meter.hold(torch.empty(len(ranks) * padded))
+    buf = meter.hold(send.new_empty(len(ranks) * padded))
     _all_gather(buf, send, group=group)
     for k, (p, numel) in enumerate(zip(slot.pieces, slot.numels, strict=True)):
         if k == me or p is None:

@@ -111,6 +111,8 @@ def write_manifest(run_dir: Path, plan: Plan, cfg: RunConfig) -> None:
         "plan": {"name": plan.name, "content_hash": plan.content_hash()},
         "profile": _profile_entry(plan, cfg.profile),
         "workload": workload_to_dict(plan.workload),
+        # The compute dtype of each role's engines (Arch.compute_dtype, from the model's dtype).
+        "dtype": {role.value: spec.dtype.value for role, spec in plan.workload.models.items()},
         "rehearsal_of": cfg.rehearsal_of,
         "seed": cfg.seed,
         "steps": cfg.steps,
@@ -134,6 +136,7 @@ def write_workers(run_dir: Path, controller: Controller) -> None:
             "node_ip": ident.node_ip,
             "pid": ident.pid,
             "device": ident.device,
+            "niceness": ident.niceness,
         }
         for idents in controller.identities
         for ident in idents

@@ -13,8 +13,36 @@ role's TP, PP and DP groups are subgroups of that world, built from
 placeflow.layout and nothing else. Process groups are created in the order the
 controller calls `setup_role`, which is the same on every worker.
 
+Devices: batches cross the worker boundary on the host (CPU) and every call
+moves its batch onto this worker's device on arrival and its results back to
+the host before they leave, so engines only ever see tensors on their device.
+
 Threads: a CPU "device" is one core's worth of work, so the worker sets torch's
 intra-op threads itself (default 1) instead of inheriting the host's count.
+
+Scheduling priority: Ray starts worker processes at nice 15 (its C++ option
+`worker_niceness`), so that a driver on the same machine stays responsive.
+Here the workers are where all the compute happens, and at nice 15 the
+kernel's CFS gives them a weight of 36 against 1024 for every nice-0 process:
+the driver's polling, Ray's raylet and GCS, anything else on the host. Each
+slice they lose stalls the step (and an OpenMP barrier waits for its slowest
+thread). Measured on a shared 2-core machine (benchmarks/trl_grpo.py,
+`worker_update`): the update takes the same CPU seconds in a worker as in a
+plain process, but a nice-15 worker got 36-73 % of a core while it ran, a
+nice-0 one 68-91 % under the same load. The actor class is
+therefore declared with `RAY_worker_niceness=0` in its runtime environment,
+the per-process override Ray's own job supervisor uses for job drivers; every
+worker reports its niceness in its identity (workers.json).
+
+Memory allocator: an update allocates and frees the same large tensors (logits,
+activations, gradients) every micro-batch. glibc serves blocks above its mmap
+threshold (at most 32 MiB) with fresh mappings and returns them on free, so
+each reuse faults every page in again: about 615,000 minor faults and 1.2 of
+5.3 CPU seconds in the kernel per SmolLM2 update (measured, `worker_update`).
+Workers start with glibc told never to mmap and never to trim (`WORKER_ENV`):
+freed memory stays in the heap for the next micro-batch, at the price of a
+resident size that stays at its peak, which a worker holding a model for the
+whole run reaches anyway.
 """
 
 from __future__ import annotations
@@ -63,6 +91,7 @@ from placeflow.reshard_plan import (
 from placeflow.workload import Role
 
 E = TypeVar("E")
+HOST = torch.device("cpu")  # where the controller's batches live: they cross to and from it
 
 
 class Axis(StrEnum):
@@ -117,6 +146,7 @@ class WorkerIdentity:
     node_id: str  # the Ray node this worker runs on
     device: str
     num_threads: int
+    niceness: int = 0  # the process's nice value (0: the same priority as the driver)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +180,10 @@ class Worker:
             # Ray exposes this actor's one GPU as device 0 (CUDA_VISIBLE_DEVICES).
             self.device = torch.device("cuda", 0)
             torch.cuda.set_device(self.device)
+            # TF32 for what still runs in fp32 (the optimizer's and the norms' matmuls, an
+            # fp32 model's whole forward): a start-up setting of the process, as trainers set it.
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         else:
             self.device = torch.device("cpu")
         self.spec = spec
@@ -167,6 +201,7 @@ class Worker:
             node_id=ray.get_runtime_context().get_node_id(),
             device=str(self.device),
             num_threads=torch.get_num_threads(),
+            niceness=os.nice(0),
         )
 
     def rendezvous_address(self) -> tuple[str, int]:
@@ -316,6 +351,10 @@ class Worker:
             engine = ScoringEngine(setup, groups, self.device)
         self.engines[role] = engine
 
+    def _arrive(self, batch: Batch) -> Batch:
+        """A batch from the controller, on this worker's device (results go back to HOST)."""
+        return batch.to(self.device)
+
     def _engine(self, role: Role, kind: type[E]) -> E:
         engine = self.engines.get(role)
         if not isinstance(engine, kind):
@@ -332,7 +371,7 @@ class Worker:
         engine = self.engines.get(Role.ACTOR)
         if not isinstance(engine, ActorEngine | GeneratorEngine):
             raise SpecError(f"this worker has no rollout engine for the actor (got {engine!r})")
-        return engine.generate(prompts, params, seed)
+        return engine.generate(prompts, params, seed).to(HOST)
 
     def _sync_plan(self, engine: ActorEngine | GeneratorEngine) -> tuple[WeightSync, DisjointPlan]:
         sync = self.weight_sync
@@ -373,19 +412,19 @@ class Worker:
         engine = self.engines[role]
         if isinstance(engine, CriticEngine | GeneratorEngine):
             raise SpecError(f"{role} on this worker has no logprobs (got {engine!r})")
-        return engine.logprobs(batch, temperature)
+        return engine.logprobs(self._arrive(batch), temperature).to(HOST)
 
     def values(self, role: Role, batch: Batch) -> Batch:
-        return self._engine(role, CriticEngine).values(batch)
+        return self._engine(role, CriticEngine).values(self._arrive(batch)).to(HOST)
 
     def scores(self, role: Role, batch: Batch) -> Batch:
-        return self._engine(role, ScoringEngine).scores(batch)
+        return self._engine(role, ScoringEngine).scores(self._arrive(batch)).to(HOST)
 
     def update(self, role: Role, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
         engine = self.engines[role]
         if not isinstance(engine, ActorEngine | CriticEngine):
             raise SpecError(f"{role} is frozen on this worker; it has no update")
-        return engine.update(batch, cfg)
+        return engine.update(self._arrive(batch), cfg)
 
     def save_state(self, role: Role, path: str) -> None:
         """This rank's trainable state of `role` to `path` (one file per rank and role)."""
@@ -406,4 +445,14 @@ class Worker:
         time.sleep(1e6)
 
 
-WorkerActor = ray.remote(Worker)
+# The environment a worker process starts with (see the module docstring). Ray reads
+# `RAY_<option>` from it when it starts the process: this worker's own `worker_niceness`,
+# not the cluster's. glibc reads `MALLOC_*_` at start-up: never mmap a block, never trim
+# the heap, so freed tensor memory is reused instead of handed back and faulted in again.
+WORKER_ENV = {
+    "RAY_worker_niceness": "0",
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(2**62),
+}
+WORKER_RUNTIME_ENV = {"env_vars": WORKER_ENV}
+WorkerActor = ray.remote(runtime_env=WORKER_RUNTIME_ENV)(Worker)

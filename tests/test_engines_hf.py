@@ -61,6 +61,7 @@ def _hf_model(kind: str, *, tied: bool, seed: int, path: Path) -> Any:
         tie_word_embeddings=tied,
         rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
         attn_implementation="eager",
+        dtype="float32",  # the oracle runs in fp32, and the config says so (our compute dtype)
     )
     transformers = _transformers()
     if kind == "llama":

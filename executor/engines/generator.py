@@ -26,7 +26,8 @@ class GeneratorEngine:
 
     def __init__(self, setup: EngineSetup, tp: TPGroup, device: torch.device) -> None:
         self.setup = setup
-        model = Transformer(setup.arch, tp=tp).to(device).eval()
+        model = Transformer(setup.arch, tp=tp, dtype=setup.arch.compute_dtype).to(device)
+        model.eval()
         model.requires_grad_(False)
         full = setup.weights.full(setup.arch, critic=False)
         model.load_shards({k: v.to(device) for k, v in shard_full(full, setup.arch, tp).items()})

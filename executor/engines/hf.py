@@ -119,5 +119,7 @@ def _spec_of_config(config: object, *, name: str) -> ModelSpec:
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config.to_dict()  # type: ignore[attr-defined]
+        # A GGUF's quantised weights are dequantised to fp32 here: that is the model's dtype.
+        cfg["torch_dtype"] = "float32"
         (Path(tmp) / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
         return model_from_hf_config(tmp, name=name)

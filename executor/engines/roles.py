@@ -193,13 +193,17 @@ def _micro_batches(batch: Batch, size: int, count: int | None = None) -> list[Ba
     return real + [pad] * (count - len(batch))
 
 
-def _build(setup: EngineSetup, groups: RoleGroups, device: torch.device) -> Transformer:
+def _build(
+    setup: EngineSetup, groups: RoleGroups, device: torch.device, *, frozen: bool = False
+) -> Transformer:
+    """This rank's model: fp32 master weights when trained, the compute dtype when `frozen`."""
     model = Transformer(
         setup.arch,
         tp=groups.tp,
         pp=groups.pp,
         value_head=setup.critic,
         num_values=setup.num_values,
+        dtype=setup.arch.compute_dtype if frozen else torch.float32,
     )
     full = setup.weights.full(setup.arch, critic=setup.critic, num_values=setup.num_values)
     model.to(device).load_full(full)
@@ -241,7 +245,7 @@ def _forward_stages(
     micros = _micro_batches(batch, micro_batch, count)
     io = _stage_io(model, micros, next(model.parameters()).device)
     outs = pipeline.forward_only(model.pp, len(micros), lambda i, x: fn(micros[i], x), io)
-    return torch.cat(outs[: len(batch)]) if model.pp.is_last else torch.empty(0)
+    return torch.cat(outs[: len(batch)]) if model.pp.is_last else torch.empty(0, device=io.device)
 
 
 class ScoringEngine:
@@ -249,7 +253,7 @@ class ScoringEngine:
 
     def __init__(self, setup: EngineSetup, groups: RoleGroups, device: torch.device) -> None:
         self.setup = setup
-        self.model = _build(setup, groups, device).eval()
+        self.model = _build(setup, groups, device, frozen=True).eval()
         self.model.requires_grad_(False)
 
     @torch.no_grad()
@@ -274,7 +278,7 @@ class ScoringEngine:
             if not last:
                 return values  # this stage's hidden states
             end = width + mb.tensors[RESPONSE_MASK].long().sum(1).clamp(min=1) - 1
-            return values[torch.arange(len(mb)), end]
+            return values[torch.arange(len(mb), device=values.device), end]
 
         scores = _forward_stages(self.model, batch, self.setup.micro_batch, fn)
         return Batch(tensors={"scores": scores})
@@ -326,7 +330,9 @@ class _Trainable:
     def _micro_count(self, num_samples: int) -> int:
         """Micro-batches every DP rank runs for its `num_samples`: the most any rank needs
         (uneven shards differ by a sample; FSDP needs the same count on every rank)."""
-        count = torch.tensor([max(1, -(-num_samples // self.setup.micro_batch))])
+        count = torch.tensor(
+            [max(1, -(-num_samples // self.setup.micro_batch))], device=self.device
+        )
         if self.groups.dp_size > 1:
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.groups.dp_group)
         return int(count.item())
@@ -397,7 +403,10 @@ class ActorEngine(_Trainable):
         self.rollout: Sampler | None = None
         if gen is not None:
             assert groups.gen_tp is not None
-            rollout_model = Transformer(setup.arch, tp=groups.gen_tp).to(device).eval()
+            rollout_model = Transformer(
+                setup.arch, tp=groups.gen_tp, dtype=setup.arch.compute_dtype
+            ).to(device)
+            rollout_model.eval()
             rollout_model.requires_grad_(False)
             self.rollout = Sampler(rollout_model, pad_id=setup.pad_id)
         self.last_reshard_bytes = 0

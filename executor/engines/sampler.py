@@ -11,12 +11,21 @@ verl). Temperature 0 is greedy, with logprobs of the untempered logits. TP
 ranks see identical full logits (vocab-parallel logits are all-gathered) and
 draw from identically seeded generators, so they agree on every token without
 a broadcast.
+
+Decode steps (`DecodeMode`): on CPU each step runs eagerly on a cache that
+grows by one position. At these model sizes a GPU decode step is bound by
+kernel launches, so on CUDA (tg = 1) the step runs with fixed shapes over the
+preallocated cache (`Transformer.decode_static`: the token written at a slot
+held in a device tensor, attention over the whole capacity under a mask),
+captured once per generation as a CUDA graph and replayed. The fixed-shape step
+is tested against the growing cache on CPU; the graph itself needs a GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 
@@ -47,15 +56,15 @@ class Completion:
     logprobs: list[float]  # one per token of token_ids
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, mask) of shape (batch, longest prompt), prompts aligned to the right."""
+def left_pad(
+    prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of shape (batch, longest prompt) on `device`, prompts aligned to the right."""
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        if len(p):
-            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-            mask[i, width - len(p) :] = True
+    rows = [[pad_id] * (width - len(p)) + list(p) for p in prompts]
+    ids = torch.tensor(rows, dtype=torch.long, device=device)  # one host-to-device copy
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    mask = torch.arange(width, device=device)[None, :] >= (width - lens)[:, None]
     return ids, mask
 
 
@@ -82,12 +91,78 @@ def _draw(logp: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> t
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
+class DecodeMode(StrEnum):
+    """How the decode steps run (prefill is one ordinary forward in every mode)."""
+
+    DYNAMIC = "dynamic"  # the cache grows by one position a step (any device, any TP)
+    STATIC = "static"  # fixed shapes over the whole capacity (`Transformer.decode_static`)
+    GRAPH = "graph"  # STATIC captured once as a CUDA graph, replayed every step
+
+
+def default_decode(model: Transformer) -> DecodeMode:
+    """CUDA graphs where they apply (a CUDA device, no TP collectives inside the step);
+    eager decode elsewhere (on CPU the launch cost a graph saves does not exist)."""
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    return DecodeMode.GRAPH if on_cuda and model.tp.size == 1 else DecodeMode.DYNAMIC
+
+
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (token, done) -> logits
+
+
+def _cuda_graph(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """`fn` captured as a CUDA graph (after warm-up runs on a side stream, as torch asks)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # their cache writes land in the slot the first real step rewrites
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+
+    return replay
+
+
 class Sampler:
     """Generates with `model` (this rank's TP shard); every TP rank calls `generate` alike."""
 
-    def __init__(self, model: Transformer, *, pad_id: int) -> None:
+    def __init__(
+        self, model: Transformer, *, pad_id: int, decode: DecodeMode | None = None
+    ) -> None:
         self.model = model
         self.pad_id = pad_id
+        self.decode = decode if decode is not None else default_decode(model)
+        if self.decode is not DecodeMode.DYNAMIC and model.tp.size > 1:
+            raise SpecError(f"{self.decode} decode runs whole-model ranks only (tg = 1)")
+
+    def _decoder(self, cache: KVCache, batch: int, device: torch.device) -> Step:
+        """The decode step for this generation: eager, fixed-shape, or a CUDA graph."""
+        if self.decode is DecodeMode.DYNAMIC:
+            return lambda token, done: self.model(token[:, None], ~done[:, None], cache=cache)[
+                :, -1
+            ]
+        slot = torch.tensor([cache.length], device=device)
+        token_in = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        live_in = torch.zeros((batch, 1), dtype=torch.bool, device=device)
+
+        def step() -> torch.Tensor:
+            return self.model.decode_static(token_in, live_in, cache, slot)
+
+        run = _cuda_graph(step) if self.decode is DecodeMode.GRAPH else step
+
+        def decode(token: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+            token_in.copy_(token[:, None])
+            live_in.copy_(~done[:, None])
+            logits = run()
+            slot.add_(1)
+            return logits
+
+        return decode
 
     @torch.no_grad()
     def generate(
@@ -98,14 +173,14 @@ class Sampler:
         if any(len(p) == 0 for p in prompts):
             raise SpecError("every prompt needs at least one token")
         device = next(self.model.parameters()).device
-        ids, mask = left_pad(prompts, self.pad_id)
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = left_pad(prompts, self.pad_id, device)
         batch, width = ids.shape
         cache = KVCache.empty(self.model, batch, width + params.max_tokens, device)
         gen = torch.Generator(device=device).manual_seed(seed)
         stop = torch.tensor(params.stop_ids or (-1,), device=device)
 
         logits = self.model(ids, mask, cache=cache, head_from=width - 1)[:, -1]
+        decode = self._decoder(cache, batch, device)
         tokens = torch.empty((batch, params.max_tokens), dtype=torch.long, device=device)
         logps = torch.zeros((batch, params.max_tokens), device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -122,9 +197,9 @@ class Sampler:
                 done |= stopped
             if bool(done.all()) or step + 1 == params.max_tokens:
                 break
-            logits = self.model(token[:, None], ~done[:, None], cache=cache)[:, -1]
-        out = []
-        for i in range(batch):
-            n = int(lengths[i])
-            out.append(Completion(tokens[i, :n].tolist(), logps[i, :n].tolist()))
-        return out
+            logits = decode(token, done)
+        # One device-to-host copy of each, not one per sample.
+        token_rows, logp_rows = tokens.tolist(), logps.tolist()
+        return [
+            Completion(token_rows[i][:n], logp_rows[i][:n]) for i, n in enumerate(lengths.tolist())
+        ]

@@ -24,6 +24,10 @@ over DP shards under FSDP, and over the pipeline stages (the last stage's copy
 of a tied embedding not counted: its gradient is the first stage's, added to it
 across the PP group as Megatron's embedding group does).
 
+Precision: the model's weights, gradients and AdamW state are fp32 (master
+weights); its forward runs in `Arch.compute_dtype` under autocast
+(transformer.py). AdamW is torch's fused kernel on CUDA.
+
 Checkpoints are per rank (its local shards and its optimizer state in
 parameter order), which is what makes `--resume` bit-identical: nothing is
 re-gathered or re-split on the way.
@@ -38,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
@@ -77,14 +81,22 @@ class TrainEngine:
         self.fsdp = dp_size > 1 and zero == 3
         if self.fsdp:
             mesh = DeviceMesh.from_group(dp_group, self.device.type)
+            # FSDP2's mixed precision: gather parameters in the compute dtype, reduce
+            # gradients in fp32 into the fp32 shards (fp32: no cast either way).
+            mp = MixedPrecisionPolicy(
+                param_dtype=model.arch.compute_dtype, reduce_dtype=torch.float32
+            )
             for layer in model.layers.values():
-                fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+                fully_shard(layer, mesh=mesh, mp_policy=mp)
+            fully_shard(model, mesh=mesh, mp_policy=mp)
         params = list(model.parameters())
         kwargs: dict[str, Any] = {
             "lr": optim.lr,
             "weight_decay": optim.weight_decay,
             "betas": optim.betas,
+            # One fused kernel for the whole step on a GPU; on CPU torch's default loop,
+            # whose results the tests compare bit for bit.
+            "fused": self.device.type == "cuda",
         }
         self.optimizer: torch.optim.Optimizer
         if dp_size > 1 and zero in (1, 2):

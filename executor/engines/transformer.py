@@ -28,6 +28,17 @@ tokens, positions count real tokens only, and a query attends to earlier real
 keys and to itself (so a padding row never takes a softmax over nothing).
 Generation and training run the same code on the same layout, which is what
 makes their logprobs agree.
+
+Precision, as mixed-precision trainers do it: the model's dtype (the
+workload's `ModelSpec.dtype`) is the compute dtype, `Arch.compute_dtype`. A
+trained model keeps fp32 master weights (so its optimizer state is fp32 too)
+and runs its forward under `torch.autocast` in the compute dtype: matmuls and
+attention in bf16, norms, softmax and the residual stream in fp32. A frozen
+model (reference, reward, the rollout copy of the policy) holds its weights in
+the compute dtype itself and needs no autocast. Attention is
+`scaled_dot_product_attention` everywhere (prefill, decode, training), which
+picks the fused kernels the device has. fp16 is refused: it needs loss
+scaling, which nothing here does.
 """
 
 from __future__ import annotations
@@ -48,24 +59,33 @@ from placeflow.executor.engines.tp import (
     gather_from_tp,
     reduce_from_tp,
 )
-from placeflow.models import ModelSpec
+from placeflow.models import DType, ModelSpec
 from placeflow.reshard_plan import Sharding, TinyLlama, split_ranges
+
+COMPUTE_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Arch:
-    """Shapes plus the two constants the math needs besides them."""
+    """Shapes, the two constants the math needs besides them, and the compute dtype."""
 
     weights: TinyLlama
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    compute_dtype: torch.dtype = torch.float32  # matmuls and attention (see the docstring)
 
     @classmethod
     def of(cls, spec: ModelSpec) -> Arch:
+        if spec.dtype not in COMPUTE_DTYPES:
+            raise SpecError(
+                f"model {spec.name!r}: dtype {spec.dtype} is not run by the built-in engines "
+                f"(fp16 needs loss scaling); use one of {[str(d) for d in COMPUTE_DTYPES]}"
+            )
         return cls(
             weights=TinyLlama.from_model_spec(spec),
             rope_theta=spec.rope_theta,
             norm_eps=spec.norm_eps,
+            compute_dtype=COMPUTE_DTYPES[spec.dtype],
         )
 
 
@@ -81,7 +101,7 @@ class KVCache:
     @classmethod
     def empty(cls, model: Transformer, batch: int, capacity: int, device: torch.device) -> KVCache:
         shape = (batch, model.local_kv_heads, capacity, model.head_dim)
-        dtype, n = model.dtype, len(model.layers)
+        dtype, n = model.arch.compute_dtype, len(model.layers)
         return cls(
             keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)],
             values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)],
@@ -141,10 +161,11 @@ class Layer(nn.Module):
         cache: KVCache | None,
         index: int,
         start: int,
+        slot: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # Called as a module (not a method of the model) so that FSDP2's per-layer
         # hooks gather this layer's weights around it.
-        x = x + self._attention(x, cos, sin, attn_mask, cache, index, start)
+        x = x + self._attention(x, cos, sin, attn_mask, cache, index, start, slot)
         return x + self._mlp(x)
 
     def _attention(
@@ -156,6 +177,7 @@ class Layer(nn.Module):
         cache: KVCache | None,
         index: int,
         start: int,
+        slot: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, s, _ = x.shape
         h = rms_norm(x, self.input_norm, self.eps)
@@ -172,7 +194,11 @@ class Layer(nn.Module):
         v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        if cache is not None:
+        if cache is not None and slot is not None:  # fixed shapes: the whole capacity
+            cache.keys[index].index_copy_(2, slot, k)
+            cache.values[index].index_copy_(2, slot, v)
+            k, v = cache.keys[index], cache.values[index]
+        elif cache is not None:
             cache.keys[index][:, :, start : start + s] = k
             cache.values[index][:, :, start : start + s] = v
             k = cache.keys[index][:, :, : start + s]
@@ -295,6 +321,26 @@ class Transformer(nn.Module):
         head_from: int = 0,
         hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Logits (batch, seq, vocab) or values (batch, seq) for `ids` (batch, seq); see `_forward`.
+
+        fp32 weights with a lower compute dtype (a trained model's master weights) run
+        under autocast; weights already in the compute dtype run as they are.
+        """
+        compute = self.arch.compute_dtype
+        with torch.autocast(ids.device.type, dtype=compute, enabled=compute != self.dtype):
+            out = self._forward(ids, mask, cache=cache, head_from=head_from, hidden=hidden)
+        # Values and logits leave in fp32 (losses, advantages and log-softmax are fp32).
+        return out if out.dtype == torch.float32 or not self.pp.is_last else out.float()
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        cache: KVCache | None,
+        head_from: int,
+        hidden: torch.Tensor | None,
+    ) -> torch.Tensor:
         """Logits (batch, seq, vocab) or values (batch, seq) for `ids` (batch, seq).
 
         With `cache`, `ids` continue the cached sequence: `mask` covers the new
@@ -319,7 +365,7 @@ class Transformer(nn.Module):
         causal = k_idx <= q_idx
         attn_mask = (causal[None] & key_mask[:, None, :]) | (k_idx == q_idx)[None]
         attn_mask = attn_mask[:, None]  # (b, 1, s, start+s)
-        cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.dtype)
+        cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.arch.compute_dtype)
 
         if self.pp.is_first:
             x = self._embed(ids)
@@ -332,8 +378,35 @@ class Transformer(nn.Module):
             cache.length = start + s
         if not self.pp.is_last:
             return x
+        return self._head(x[:, head_from:])
+
+    def decode_static(
+        self, token: torch.Tensor, live: torch.Tensor, cache: KVCache, slot: torch.Tensor
+    ) -> torch.Tensor:
+        """One decode step with fixed shapes: logits (batch, vocab) for `token` (batch, 1).
+
+        The token goes to cache slot `slot` (a one-element tensor on the device, read
+        when the step runs, so that a captured CUDA graph replays at the next slot once
+        it is advanced) and attention runs over the whole capacity, masked to the real
+        keys so far and the token itself: the result of `forward(token, live,
+        cache=cache)` with no shape that changes from step to step. `live` (batch, 1)
+        marks real tokens. Whole-model (one pipeline stage) language models only.
+        """
+        assert self.pp.is_first and self.pp.is_last and self.value_head is None
+        cache.mask.index_copy_(1, slot, live)
+        k_idx = torch.arange(cache.mask.shape[1], device=token.device)[None, :]
+        attn_mask = (cache.mask | (k_idx == slot))[:, None, None, :]  # (b, 1, 1, capacity)
+        positions = (cache.mask.long().cumsum(-1) - 1).clamp(min=0).index_select(1, slot)
+        cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.arch.compute_dtype)
+        x = self._embed(token)
+        for i, layer in enumerate(self.layers.values()):
+            x = layer(x, cos, sin, attn_mask, cache, i, 0, slot)
+        return self._head(x)[:, -1]
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """The last stage's final norm and head on hidden states (batch, seq, hidden)."""
         assert self.norm is not None
-        x = rms_norm(x[:, head_from:], self.norm, self.arch.norm_eps)
+        x = rms_norm(x, self.norm, self.arch.norm_eps)
         if self.value_head is not None:
             out = x @ self.value_head.t()  # (..., num_values): one value per head
             return out.squeeze(-1) if self.num_values == 1 else out

@@ -1,0 +1,164 @@
+"""Benchmark: one GRPO step of a 0.9B Llama-shaped model on one GPU, measured and simulated.
+
+The plan is `examples/plans/grpo-llama-0.9b-h100x1.toml` (issue 20): actor and
+reference colocated on one GPU, 32 prompts x 4 samples x up to 128 response
+tokens. The script
+
+1. measures the GPU's dense bf16 matmul peak on the spot (8192^3 `torch.mm`,
+   CUDA events, median of repeats): the denominator of every MFU below;
+2. runs the plan with `placeflow.executor.run.run_plan` for `--warmup` +
+   `--steps` steps in a fresh local Ray instance (one GPU) and keeps the
+   measured steps;
+3. simulates the same plan with the plan's device profile.
+
+Per phase it reports measured and simulated seconds, tokens/s, and, for the
+model calls, achieved TFLOP/s and MFU from the standard counts (forward
+2·N per token, update 6·N per token; `ModelSpec.flops_per_token_forward`).
+Results go to benchmarks/results/gpu_step.json with the command, the device
+and the fields `device`, `mfu_update`, `step_s` and `simulated_step_s`.
+
+Without a CUDA device it says so and exits with status 2: it measures a GPU,
+there is nothing to fall back to. Run from the repository root (the plan names
+its model by a path relative to it):
+
+    python benchmarks/gpu_step.py [--steps 3] [--warmup 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "examples/plans/grpo-llama-0.9b-h100x1.toml"
+RESULT = ROOT / "benchmarks/results/gpu_step.json"
+MATMUL_N = 8192
+
+
+def require_cuda() -> None:
+    if not torch.cuda.is_available():
+        print(
+            f"gpu_step.py measures a GPU, and torch {torch.__version__} sees no CUDA device "
+            "here (torch.cuda.is_available() is False); run it on a machine with an NVIDIA GPU "
+            "and a CUDA build of torch",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
+def matmul_peak_tflops(repeats: int = 20) -> float:
+    """Median dense bf16 TFLOP/s of an N^3 matmul on the current GPU (CUDA events)."""
+    a = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    for _ in range(3):
+        torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.mm(a, b)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * MATMUL_N**3 / statistics.median(times) / 1e12
+
+
+def phase_flops(plan: Any, tokens: float) -> dict[str, float]:
+    """FLOPs of a step's model calls for `tokens` (prompt + response) tokens."""
+    from placeflow.workload import Role
+
+    models = plan.workload.models
+    fwd = {role: spec.flops_per_token_forward() for role, spec in models.items()}
+    out = {"actor_update": 3 * fwd[Role.ACTOR] * tokens}  # forward + backward = 3 forwards
+    if Role.REF in models:
+        out["ref_logprob"] = fwd[Role.REF] * tokens
+    return out
+
+
+def run(plan: Any, steps: int, warmup: int) -> list[Any]:
+    import ray
+
+    from placeflow.executor.run import RunConfig, run_plan
+
+    ray.init(address="local", num_gpus=1, include_dashboard=False)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = RunConfig(steps=warmup + steps, seed=0, progress=False)
+            return run_plan(plan, Path(tmp) / "run", cfg).records[warmup:]
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="measured steps")
+    parser.add_argument("--warmup", type=int, default=1, help="steps run first, not measured")
+    args = parser.parse_args()
+    if args.steps < 1 or args.warmup < 1:
+        raise SystemExit(f"--steps and --warmup must be >= 1, got {args.steps}, {args.warmup}")
+    require_cuda()
+
+    from placeflow.plan import load_plan
+    from placeflow.simulator import simulate
+    from placeflow.simulator.simulate import cost_models_for
+
+    plan = load_plan(PLAN)
+    peak = matmul_peak_tflops()
+    records = run(plan, args.steps, args.warmup)
+    estimate = simulate(plan, cost_models_for(plan))
+    simulated = estimate.phase_totals_s()
+
+    step_s = statistics.mean(r.metrics["step_time_s"] for r in records)
+    tokens = statistics.mean(r.metrics["tokens_per_s"] * r.metrics["step_time_s"] for r in records)
+    flops = phase_flops(plan, tokens)
+    phases: dict[str, dict[str, float | None]] = {}
+    for name in sorted({k for r in records for k in r.phases}):
+        measured = statistics.mean(r.phases.get(name, 0.0) for r in records)
+        tflops = flops[name] / measured / 1e12 if name in flops and measured > 0 else None
+        phases[name] = {
+            "measured_s": round(measured, 4),
+            "simulated_s": round(simulated[name], 4) if name in simulated else None,
+            "tokens_per_s": round(tokens / measured, 1) if measured > 0 else None,
+            "tflops": round(tflops, 1) if tflops is not None else None,
+            "mfu": round(tflops / peak, 4) if tflops is not None else None,
+        }
+    update = phases.get("actor_update", {})
+    report = {
+        "command": "python " + " ".join(["benchmarks/gpu_step.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "placeflow_commit": subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
+        "plan": str(PLAN.relative_to(ROOT)),
+        "profile": estimate.profile_name,
+        "settings": {"steps": args.steps, "warmup": args.warmup},
+        "matmul_peak_tflops": round(peak, 1),
+        "step_s": round(step_s, 4),
+        "simulated_step_s": round(estimate.iteration_s, 4),
+        "step_error": round(estimate.iteration_s / step_s - 1, 4),
+        "tokens_per_step": round(tokens),
+        "tokens_per_s": round(tokens / step_s, 1),
+        "mfu_update": update.get("mfu"),
+        "phases": phases,
+        "steps": [{"metrics": r.metrics, "phases": r.phases} for r in records],
+    }
+    RESULT.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "steps"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
