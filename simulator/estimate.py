@@ -56,7 +56,6 @@ class StepEstimate:
     plan_hash: str
     profile_name: str
     feasible: bool
-    infeasible_reason: str | None  # every one of `infeasible_reasons`, joined by '; '
     iteration_s: float
     tokens_per_s: float
     samples_per_s: float
@@ -64,6 +63,11 @@ class StepEstimate:
     sets: tuple[SetEstimate, ...]
     notes: tuple[str, ...] = ()
     infeasible_reasons: tuple[str, ...] = ()  # every problem: each over-capacity set, ...
+
+    @property
+    def infeasible_reason(self) -> str | None:
+        """Every one of `infeasible_reasons`, joined by '; ' (None when there is none)."""
+        return "; ".join(self.infeasible_reasons) or None
 
     @property
     def peak_memory_bytes(self) -> float:

@@ -299,7 +299,6 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
             sorted({_cm(plan, cms, i).profile_name for i in range(len(plan.sets))})
         ),
         feasible=feasible,
-        infeasible_reason="; ".join(problems) if problems else None,
         infeasible_reasons=tuple(problems),
         iteration_s=iteration_s,
         tokens_per_s=tokens / iteration_s if feasible else 0.0,

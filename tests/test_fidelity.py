@@ -114,7 +114,6 @@ def _estimate(phases: tuple[PhaseInterval, ...], iteration_s: float) -> StepEsti
         plan_hash="0",
         profile_name="cpu",
         feasible=True,
-        infeasible_reason=None,
         iteration_s=iteration_s,
         tokens_per_s=1.0,
         samples_per_s=1.0,

@@ -103,7 +103,9 @@ def test_simulate_report_is_self_contained(estimate: StepEstimate, tmp_path: Pat
 
 
 def test_infeasible_estimate_is_flagged(estimate: StepEstimate, tmp_path: Path) -> None:
-    bad = dataclasses.replace(estimate, feasible=False, infeasible_reason="actor OOM in generate")
+    bad = dataclasses.replace(
+        estimate, feasible=False, infeasible_reasons=("actor OOM in generate",)
+    )
     text = simulate_report(bad, tmp_path / "bad.html").read_text(encoding="utf-8")
     assert 'class="bad">Infeasible: actor OOM in generate' in text
 

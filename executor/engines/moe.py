@@ -44,31 +44,28 @@ class EPGroup:
 SINGLE_EP = EPGroup()
 
 
+def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group: Any) -> torch.Tensor:
+    """Rows of `x` sent `send[r]` to rank r, rows received `recv[r]` from rank r."""
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    dist.all_to_all_single(
+        out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group
+    )
+    return out
+
+
 class _AllToAll(torch.autograd.Function):
-    """`all_to_all_single` with autograd: the backward sends gradients back the same way."""
+    """`_all_to_all` with autograd: the backward sends gradients back the same way."""
 
     @staticmethod
     def forward(
         ctx: Any, x: torch.Tensor, send: list[int], recv: list[int], group: Any
     ) -> torch.Tensor:
         ctx.send, ctx.recv, ctx.group = send, recv, group
-        out = x.new_empty((sum(recv), *x.shape[1:]))
-        dist.all_to_all_single(
-            out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group
-        )
-        return out
+        return _all_to_all(x, send, recv, group)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        back = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
-        dist.all_to_all_single(
-            back,
-            grad.contiguous(),
-            output_split_sizes=ctx.send,
-            input_split_sizes=ctx.recv,
-            group=ctx.group,
-        )
-        return back, None, None, None
+        return _all_to_all(grad, ctx.recv, ctx.send, ctx.group), None, None, None
 
 
 def _exchange_counts(send: torch.Tensor, ep: EPGroup) -> torch.Tensor:
@@ -145,14 +142,7 @@ class MoEMLP(nn.Module):
             recv = _exchange_counts(send, self.ep)
             send_l, recv_l = send.tolist(), recv.tolist()
             arrived = _AllToAll.apply(dispatched, send_l, recv_l, self.ep.group)
-            ids = torch.empty(sum(recv_l), dtype=flat.dtype)
-            dist.all_to_all_single(
-                ids,
-                flat[order].contiguous(),
-                output_split_sizes=recv_l,
-                input_split_sizes=send_l,
-                group=self.ep.group,
-            )
+            ids = _all_to_all(flat[order], send_l, recv_l, self.ep.group)
             computed = self._experts(arrived, ids - self.first)
             done = _AllToAll.apply(computed, recv_l, send_l, self.ep.group)
         gate = weights.reshape(-1)[order].unsqueeze(-1)
