@@ -221,7 +221,9 @@ def test_shipped_gpu_profile_loads_with_provenance(name: str) -> None:
     measured = {"measured"} if name == "h100-sxm" else set()
     assert set(profile.sources()) == {"imported", "datasheet"} | measured
     assert any(e.params.get("scope") == Scope.INTER.value for e in profile.entries)
-    assert path.stat().st_size < 2_000_000
+    # Datasheet entries cover every catalogue model's shapes; the bound keeps the
+    # shipped files a download, not a dataset (about 2 MB with the Qwen3 family).
+    assert path.stat().st_size < 3_000_000
     if measured:
         # The measurement's own provenance travels with the file.
         record = profile.grid["measured"]
