@@ -38,15 +38,31 @@ def _positive(name: str, value: int) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainLayout:
-    """Training parallelism: pipeline p, tensor t, data d (ZeRO sharding over d)."""
+    """Training parallelism: pipeline p, tensor t, data d (ZeRO sharding over d).
+
+    Expert parallelism e (mixture-of-experts models only) is carved out of the
+    data-parallel axis, as Megatron-core does with expert tensor parallelism
+    equal to t: the e consecutive data-parallel replicas at one (pp, tp)
+    position form an expert-parallel group, each member holding
+    num_experts / e of every MoE layer's experts (its tp-th slice of each);
+    expert weights are then replicated d / e times (the expert-data-parallel
+    groups, which all-reduce expert gradients). Dense weights stay replicated d
+    times. e = 1 is a dense layout.
+    """
 
     p: int = 1
     t: int = 1
     d: int = 1
+    e: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("p", "t", "d"):
+        for name in ("p", "t", "d", "e"):
             _positive(f"training {name}", getattr(self, name))
+        if self.d % self.e:
+            raise SpecError(
+                f"expert parallel e={self.e} must divide data parallel d={self.d} "
+                "(expert-parallel groups are carved out of the data-parallel replicas)"
+            )
 
     @property
     def world_size(self) -> int:
@@ -86,6 +102,33 @@ class TrainLayout:
             for dp in range(self.d)
             for tp in range(self.t)
         ]
+
+    @property
+    def expert_dp(self) -> int:
+        """How many times each expert shard is replicated: d / e."""
+        return self.d // self.e
+
+    def ep_groups(self) -> list[list[int]]:
+        """Expert-parallel groups: e consecutive dp replicas at one (pp, tp) (the all-to-all)."""
+        return [
+            [self.rank(pp=pp, tp=tp, dp=block * self.e + j) for j in range(self.e)]
+            for block in range(self.expert_dp)
+            for pp in range(self.p)
+            for tp in range(self.t)
+        ]
+
+    def expert_dp_groups(self) -> list[list[int]]:
+        """Ranks holding the same expert shard (they all-reduce its gradients)."""
+        return [
+            [self.rank(pp=pp, tp=tp, dp=block * self.e + j) for block in range(self.expert_dp)]
+            for j in range(self.e)
+            for pp in range(self.p)
+            for tp in range(self.t)
+        ]
+
+    def ep_rank(self, rank: int) -> int:
+        """The rank's index in its expert-parallel group (which experts it holds)."""
+        return self.coords(rank)[2] % self.e
 
 
 @dataclass(frozen=True, kw_only=True)

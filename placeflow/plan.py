@@ -20,6 +20,7 @@ num_devices = 16
 p = 1
 t = 4
 d = 4
+e = 1                 # expert parallel (MoE models; divides d and the expert count)
 tg = 2                # generation tensor parallelism (actor only)
 pg = 1
 micro_batch = 8       # samples per micro-batch (forward and training)
@@ -260,6 +261,17 @@ def _validate_role(plan: Plan, role: Role) -> None:
         )
     _check_tp(where, par.train.t, model, pool)
     _check_tp_groups_in_nodes(where, s, pool, par.train.tp_groups())
+    if par.train.e > 1:
+        if model.moe is None:
+            raise SpecError(
+                f"{where}: expert parallel e={par.train.e} needs a mixture-of-experts model; "
+                f"{model.name!r} is dense (use e = 1)"
+            )
+        if model.moe.num_experts % par.train.e:
+            raise SpecError(
+                f"{where}: expert parallel e={par.train.e} must divide the "
+                f"{model.moe.num_experts} experts of {model.name!r}"
+            )
     if model.num_layers % par.train.p:
         raise SpecError(
             f"{where}: pipeline p={par.train.p} must divide the {model.num_layers} layers"
@@ -282,13 +294,26 @@ def _validate_role(plan: Plan, role: Role) -> None:
 
 # --- TOML --------------------------------------------------------------------
 
-_PAR_KEYS = ("p", "t", "d", "tg", "pg", "micro_batch", "zero", "recompute", "offload_optimizer")
+_PAR_KEYS = (
+    "p",
+    "t",
+    "d",
+    "e",
+    "tg",
+    "pg",
+    "micro_batch",
+    "zero",
+    "recompute",
+    "offload_optimizer",
+)
 
 
 def _parallelism_from_table(t: Table) -> RoleParallelism:
     t.reject_unknown(_PAR_KEYS)
     return RoleParallelism(
-        train=TrainLayout(p=t.get_int("p", 1), t=t.get_int("t", 1), d=t.get_int("d", 1)),
+        train=TrainLayout(
+            p=t.get_int("p", 1), t=t.get_int("t", 1), d=t.get_int("d", 1), e=t.get_int("e", 1)
+        ),
         tg=t.get_int("tg", 1),
         pg=t.get_int("pg", 1),
         micro_batch=t.get_int("micro_batch", 1),
@@ -363,6 +388,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     for role in plan.workload.roles:
         par = plan.parallelism[role]
         row: dict[str, Any] = {"p": par.train.p, "t": par.train.t, "d": par.train.d}
+        if par.train.e > 1:
+            row["e"] = par.train.e
         if role is Role.ACTOR:
             row.update(tg=par.tg, pg=par.pg)
         row.update(micro_batch=par.micro_batch, zero=par.zero, recompute=par.recompute)

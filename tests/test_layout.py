@@ -64,3 +64,28 @@ def test_rank_order_keeps_replicas_contiguous():
 def test_invalid_generation_layout():
     with pytest.raises(SpecError, match="tg=3 must divide training t=4"):
         GenLayout(train=TrainLayout(t=4), tg=3)
+
+
+# --- expert parallelism ---------------------------------------------------------
+
+
+def test_expert_groups_partition_ranks_and_cross_at_one_position() -> None:
+    layout = TrainLayout(p=2, t=2, d=4, e=2)
+    ep, edp = layout.ep_groups(), layout.expert_dp_groups()
+    for groups, size in ((ep, 2), (edp, 2)):
+        assert sorted(r for g in groups for r in g) == list(range(layout.world_size))
+        assert all(len(g) == size for g in groups)
+    # An EP group and an expert-DP group share exactly one rank.
+    assert all(len(set(a) & set(b)) <= 1 for a in ep for b in edp)
+    for group in ep:
+        coords = [layout.coords(r) for r in group]
+        assert len({(pp, tp) for pp, tp, _ in coords}) == 1  # same model shard position
+        assert sorted(layout.ep_rank(r) for r in group) == [0, 1]
+    for group in edp:
+        assert len({layout.ep_rank(r) for r in group}) == 1  # same experts
+
+
+def test_expert_parallel_must_divide_data_parallel() -> None:
+    with pytest.raises(SpecError, match="e=3 must divide data parallel d=4"):
+        TrainLayout(d=4, e=3)
+    assert TrainLayout(d=4, e=4).expert_dp == 1

@@ -78,3 +78,26 @@ def test_the_executor_refuses_what_its_engines_do_not_run(name):
 
     with pytest.raises(SpecError, match="the executor's engines"):
         check_executable(_with_model(name))
+
+
+def _with_parallelism(plan, role, **train):
+    par = plan.parallelism[role]
+    layout = dataclasses.replace(par.train, **train)
+    parallelism = dict(plan.parallelism)
+    parallelism[role] = dataclasses.replace(par, train=layout)
+    return dataclasses.replace(plan, parallelism=parallelism)
+
+
+def test_expert_parallel_is_a_plan_axis_for_moe_models_only(tmp_path):
+    from placeflow.plan import plan_to_dict, save_plan
+
+    plan = _with_model("qwen3-30b-a3b")
+    actor = next(iter(plan.parallelism))
+    d = plan.parallelism[actor].train.d
+    moe = _with_parallelism(plan, actor, e=d)
+    assert plan_to_dict(moe)["parallelism"][actor.value]["e"] == d
+    assert load_plan(save_plan(moe, tmp_path / "moe.toml")).parallelism[actor].train.e == d
+    with pytest.raises(SpecError, match="needs a mixture-of-experts model"):
+        _with_parallelism(_with_model("qwen3-8b"), actor, e=d)
+    with pytest.raises(SpecError, match="must divide data parallel"):
+        _with_parallelism(plan, actor, e=d + 1)
