@@ -89,9 +89,9 @@ def _price_per_mtoken(plan: Plan, estimate: StepEstimate) -> float | None:
 
 
 def _rank(plan: Plan, solution: Solution, costs: dict[str, CostModel]) -> RankedPlan:
-    problems = validate_plan(plan, costs)
-    assert not problems, f"the solver returned a plan the validator rejects: {problems}"
     estimate = simulate(plan, costs)
+    problems = validate_plan(plan, estimate=estimate)
+    assert not problems, f"the solver returned a plan the validator rejects: {problems}"
     return RankedPlan(
         plan=plan,
         kind=solution.placement.kind,

@@ -4,7 +4,9 @@ It re-derives from the plan alone: device counts per pool within the
 cluster, sets disjoint and inside their pools, divisibility (p·t·d equals the
 set's devices, t divides the heads, p the layers, tg divides t, TP inside a
 node) — through `Plan`'s own validation — and memory per device in every
-phase through the simulator's memory model.
+phase from the plan's simulation (the simulator's memory model, not the
+solver's linearised one). The caller passes the estimate it already made, so
+a plan is simulated once.
 
 A generator set apart (the actor generating on devices of its own) is checked
 the same way — it counts in its pool, holds the actor alone, tg divides its
@@ -19,12 +21,23 @@ from pathlib import Path
 
 from placeflow.plan import Plan, plan_from_dict, plan_to_dict
 from placeflow.profiles.costmodel import CostModel
-from placeflow.simulator import simulate
+from placeflow.simulator import StepEstimate, simulate
 from placeflow.workload import Role
 
 
-def validate_plan(plan: Plan, costs: CostModel | dict[str, CostModel]) -> list[str]:
-    """Problems found (empty when the plan is sound)."""
+def validate_plan(
+    plan: Plan,
+    costs: CostModel | dict[str, CostModel] | None = None,
+    *,
+    estimate: StepEstimate | None = None,
+) -> list[str]:
+    """Problems found (empty when the plan is sound).
+
+    Memory is read from `estimate` when given (the plan's own simulation);
+    otherwise the plan is simulated with `costs`.
+    """
+    if estimate is None and costs is None:
+        raise ValueError("validate_plan needs the plan's estimate or cost models to simulate it")
     problems = []
     for pool in plan.cluster.pools:
         used = sum(s.num_devices for s in plan.sets if s.pool == pool.name)
@@ -37,7 +50,9 @@ def validate_plan(plan: Plan, costs: CostModel | dict[str, CostModel]) -> list[s
         problems.append(str(exc))
         return problems
     problems.extend(_generator_problems(plan))
-    estimate = simulate(plan, costs)
+    if estimate is None:
+        assert costs is not None
+        estimate = simulate(plan, costs)
     if not estimate.feasible:
         problems.append(f"memory: {estimate.infeasible_reason}")
     return problems

@@ -397,3 +397,32 @@ def test_heterogeneous_cluster_puts_each_set_on_one_pool():
         for s in plan.sets:
             pool = plan.cluster.pool(s.pool)
             assert s.first_device + s.num_devices <= pool.num_gpus
+
+
+def test_each_ranked_plan_is_simulated_once_and_validated_from_that(h100, monkeypatch):
+    import placeflow.planner.search as search_mod
+    import placeflow.planner.validate as validate_mod
+
+    calls = {"search": 0, "validate": 0}
+
+    def counting(key, real):
+        def wrapped(*args, **kwargs):
+            calls[key] += 1
+            return real(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(search_mod, "simulate", counting("search", search_mod.simulate))
+    monkeypatch.setattr(validate_mod, "simulate", counting("validate", validate_mod.simulate))
+    wl = workload({r: CATALOGUE["qwen2.5-0.5b"] for r in PPO_ROLES})
+    result = plan_search(cluster(1, 8), wl, h100, time_limit_s=30)
+    planned = sum(1 for row in result.per_placement if row.best is not None)
+    assert planned >= len(result.ranked) and calls == {"search": planned, "validate": 0}
+    # The validator still finds a memory problem in the estimate it is handed.
+    best = result.best
+    short = dataclasses.replace(
+        best.estimate, feasible=False, infeasible_reasons=("set #1 over by 1 GiB",)
+    )
+    assert any(
+        p.startswith("memory:") for p in validate_mod.validate_plan(best.plan, estimate=short)
+    )
