@@ -53,6 +53,7 @@ from placeflow.fsio import atomic_write_text
 from placeflow.hardware import DeviceKind
 from placeflow.plan import Plan, save_plan
 from placeflow.profiles.registry import available_profiles
+from placeflow.workload import Role
 
 log = logging.getLogger(__name__)
 _PACKAGES = ("placeflow", "torch", "ray", "transformers", "ortools", "numpy")
@@ -96,20 +97,30 @@ def versions() -> dict[str, str]:
     return out
 
 
-def _profile_entry(plan: Plan, name: str | None) -> dict[str, Any]:
-    name = name or plan.cluster.pools[0].gpu.name
+def _profile_entry(name: str) -> dict[str, Any]:
+    """A profile by name (the shipped registry) or file path, with its file's hash."""
     ref = available_profiles().get(name)
-    if ref is None:
+    path = ref.path if ref is not None else Path(name)
+    if not path.is_file():
         return {"name": name, "sha256": None}
-    return {"name": name, "sha256": hashlib.sha256(ref.path.read_bytes()).hexdigest()[:16]}
+    return {"name": name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}
+
+
+def _profiles_used(plan: Plan, override: str | None) -> dict[str, dict[str, Any]]:
+    """The profile each pool the plan's sets use is priced with (the override for all)."""
+    used = {plan.sets[i].pool: plan.pool_of(i).profile for i in range(len(plan.sets))}
+    return {pool: _profile_entry(override or name) for pool, name in used.items()}
 
 
 def write_manifest(run_dir: Path, plan: Plan, cfg: RunConfig) -> None:
     from placeflow.workload import workload_to_dict
 
+    profiles = _profiles_used(plan, cfg.profile)
     manifest = {
         "plan": {"name": plan.name, "content_hash": plan.content_hash()},
-        "profile": _profile_entry(plan, cfg.profile),
+        # The actor's pool's profile, and every used pool's (heterogeneous clusters).
+        "profile": profiles[plan.sets[plan.set_of(Role.ACTOR)].pool],
+        "profiles": profiles,
         "workload": workload_to_dict(plan.workload),
         # The compute dtype of each role's engines (Arch.compute_dtype, from the model's dtype).
         "dtype": {role.value: spec.dtype.value for role, spec in plan.workload.models.items()},

@@ -287,3 +287,17 @@ def test_megatron_tp_path_trains_like_the_native_one(ray_cluster: None, tmp_path
     assert b.metrics["logprob_diff_max"] < 1e-3
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert manifest["tp_impl"] == "megatron"
+
+
+def test_manifest_names_the_profile_each_used_pool_is_priced_with(tmp_path: Path) -> None:
+    from placeflow.executor.run import write_manifest
+
+    plan = _plan("ppo-7b-colocate-h100x16")
+    # The pool prices its H100s with the A100 profile: the manifest must say so,
+    # not name the pool's GPU.
+    pool = dataclasses.replace(plan.cluster.pools[0], profile="a100-80gb")
+    plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, pools=(pool,)))
+    write_manifest(tmp_path, plan, RunConfig(steps=1, progress=False))
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["profile"]["name"] == "a100-80gb" and manifest["profile"]["sha256"]
+    assert manifest["profiles"] == {pool.name: manifest["profile"]}
