@@ -13,20 +13,9 @@ and `placeflow.export` are also modules (the plan spec, the exporters) that
 answer a call with the API's verb (`placeflow.modcall`).
 """
 
-from pathlib import Path as _Path
-
 __version__ = "0.1.0"
 
-# Installed, the top-level folders of the repository (profiles/, simulator/, ...)
-# become subpackages of placeflow (pyproject's package-dir). Imported straight
-# from a source checkout instead, which happens whenever the repository root is
-# on sys.path (Ray puts the driver's working directory on its workers' paths),
-# the same folders are found by searching the repository root as well.
-_root = _Path(__file__).resolve().parent.parent
-if (_root / "pyproject.toml").is_file() and (_root / "profiles" / "costmodel.py").is_file():
-    __path__.append(str(_root))
-
-from placeflow import export, plan  # noqa: E402  (modules callable as the API's verbs)
-from placeflow.api import Validation, rehearse, run, simulate, validate  # noqa: E402
+from placeflow import export, plan  # modules callable as the API's verbs
+from placeflow.api import Validation, rehearse, run, simulate, validate
 
 __all__ = ["Validation", "export", "plan", "rehearse", "run", "simulate", "validate"]
