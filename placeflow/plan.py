@@ -54,6 +54,7 @@ from placeflow.cluster import (
     load_cluster,
 )
 from placeflow.errors import SpecError
+from placeflow.frozen import frozen
 from placeflow.hardware import DeviceKind
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.modcall import answer_calls
@@ -124,6 +125,7 @@ class Plan:
     parallelism: Mapping[Role, RoleParallelism] = field(hash=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "parallelism", frozen(self.parallelism))
         _validate(self)
 
     # --- lookups ------------------------------------------------------------

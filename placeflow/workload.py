@@ -34,6 +34,7 @@ a `file.py:function` reward) is relative to the workload file, as a plan's
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import Any
 
 from placeflow.catalogue import CATALOGUE, get_model
 from placeflow.errors import SpecError
+from placeflow.frozen import frozen
 from placeflow.models import ModelSpec
 from placeflow.tomlio import Table, load_spec
 
@@ -248,7 +250,7 @@ _DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSpec))
 class Workload:
     name: str
     algorithm: Algorithm
-    models: dict[Role, ModelSpec] = field(hash=False)
+    models: Mapping[Role, ModelSpec] = field(hash=False)
     batch: BatchSpec
     reward_function: str | None = None
     # Ray tasks that score a step's responses with the reward function (0: on the driver).
@@ -271,6 +273,7 @@ class Workload:
         return not (self.algorithm in (Algorithm.GRPO, Algorithm.REMAX) and single_step)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "models", frozen(self.models))
         required, optional = ROLES[self.algorithm]
         roles = set(self.models)
         missing = required - roles

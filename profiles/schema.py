@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from placeflow.errors import ProfileSchemaError
+from placeflow.frozen import FrozenMap
 
 SCHEMA = "placeflow-profile"
 SCHEMA_VERSION = 1
@@ -170,7 +171,8 @@ class Entry:
     source: Source
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "params", _check_params(self.op, self.params, "entry"))
+        params: FrozenMap[str, int | str] = FrozenMap(_check_params(self.op, self.params, "entry"))
+        object.__setattr__(self, "params", params)
         if not (self.median_s > 0 and self.p10_s > 0 and self.p90_s > 0):
             raise ProfileSchemaError(
                 f"entry {self.op} {dict(self.params)}: times must be positive, got median "
