@@ -176,19 +176,27 @@ def all_to_all_bytes(model: ModelSpec, tokens: int) -> int:
 def _expert_gemms_s(
     cm: CostModel, model: ModelSpec, t: int, e: int, tokens: int, *, backward: bool
 ) -> float:
-    """The routed experts' GEMMs of one rank (module docstring), forward or backward."""
+    """The routed experts' GEMMs of one rank (module docstring), forward or backward.
+
+    The rank's g = a/e expert GEMMs run as one grouped GEMM (Megatron's grouped
+    GEMM, vLLM's fused MoE kernel), priced as one GEMM whose weight dimension
+    is the g weights side by side: (rows, n, g·k) forward, (rows, k, g·n) and
+    (k, g·n, rows) backward; the same FLOPs and weight bytes as the g GEMMs,
+    with one launch.
+    """
     moe = model.moe
     assert moe is not None
     routed = e * tokens  # tokens whose routes the rank's EP group exchanges
     touched = active_experts(moe.num_experts, moe.experts_per_token, routed)
     rows = max(1, math.ceil(routed * moe.experts_per_token / touched))
+    group = max(1, round(touched / e))
     time_s = 0.0
     for n, k in _mlp_gemm_shapes(model.hidden_size, moe.expert_ffn_hidden_size, t):
         if backward:
-            time_s += cm.gemm_s(rows, k, n) + cm.gemm_s(k, n, rows)
+            time_s += cm.gemm_s(rows, k, group * n) + cm.gemm_s(k, group * n, rows)
         else:
-            time_s += cm.gemm_s(rows, n, k)
-    return time_s * touched / e
+            time_s += cm.gemm_s(rows, n, group * k)
+    return time_s
 
 
 def _moe_mlp_s(
