@@ -1,0 +1,224 @@
+"""Mixture of experts and latent attention in the simulator, against hand-computed oracles.
+
+A recording cost model stands in for a profile: every GEMM costs its FLOPs at
+1 PFLOP/s and every other op nothing, and the collectives it is asked for are
+kept, so that a layer's time is its GEMM FLOPs and its collectives can be read
+back and compared with the numbers worked out by hand below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+
+from placeflow.catalogue import CATALOGUE
+from placeflow.layout import GenLayout, TrainLayout
+from placeflow.models import ModelSpec, MoESpec
+from placeflow.plan import RoleParallelism, load_plan
+from placeflow.profiles import ops
+from placeflow.profiles.registry import fitted_cost_model
+from placeflow.profiles.schema import CollectiveKind, Scope
+from placeflow.simulator import calls, compute, memory, simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOPS_PER_S = 1e15
+
+
+class RecordingCostModel:
+    """GEMM time = FLOPs / 1 PFLOP/s; other ops free; collectives recorded."""
+
+    device_kind = "cuda"
+    host_local = False
+
+    def __init__(self) -> None:
+        self.memo: dict = {}
+        self.gemms: list[tuple[int, int, int]] = []
+        self.collectives: list[tuple[CollectiveKind, int, int]] = []
+
+    def gemm_s(self, m: int, n: int, k: int) -> float:
+        self.gemms.append((m, n, k))
+        return 2.0 * m * n * k / FLOPS_PER_S
+
+    def collective_s(self, kind: CollectiveKind, num_bytes: int, world: int, scope: Scope) -> float:
+        if world > 1 and num_bytes > 0:
+            self.collectives.append((kind, int(num_bytes), world))
+        return 0.0
+
+    def attn_prefill_s(self, *args, **kwargs) -> float:
+        return 0.0
+
+    def attn_decode_s(self, *args, **kwargs) -> float:
+        return 0.0
+
+    def elementwise_s(self, kind: str, num_bytes: int) -> float:
+        return 0.0
+
+    def optimizer_s(self, num_params: int) -> float:
+        return 0.0
+
+
+H, E, K, F_E, F_S = 64, 4, 2, 96, 32
+
+TINY_MOE = ModelSpec(
+    name="tiny-moe",
+    num_layers=2,
+    hidden_size=H,
+    num_heads=4,
+    num_kv_heads=2,
+    ffn_hidden_size=128,
+    vocab_size=256,
+    moe=MoESpec(
+        num_experts=E, experts_per_token=K, expert_ffn_hidden_size=F_E, shared_ffn_hidden_size=F_S
+    ),
+)
+
+
+def test_one_routed_layer_forward_flops_and_all_to_all_by_hand():
+    cm = RecordingCostModel()
+    tokens, e = 32, 2
+    time_s = compute.layer_forward_kernels_s(cm, TINY_MOE, 1, 1, tokens, e=e)
+    q, kv_each = 4 * 16, 2 * 16  # heads x head_dim, kv_heads x head_dim
+    attention = 2 * tokens * H * (q + 2 * kv_each) + 2 * tokens * q * H
+    router = 2 * tokens * E * H
+    # e ranks send 32 tokens x 2 routes each to 4 experts: 32 rows per expert, and this
+    # rank holds 2 experts: 64 rows through gate+up (2 F_E) and down (F_E).
+    experts = 2 * (tokens * K) * 3 * H * F_E
+    shared = 2 * tokens * 3 * H * F_S
+    assert time_s * FLOPS_PER_S == pytest.approx(attention + router + experts + shared)
+    a2a = [c for c in cm.collectives if c[0] is CollectiveKind.ALL_TO_ALL]
+    # Dispatch and combine: each rank's buffer is tokens x top-k x hidden x 2 bytes.
+    assert a2a == [(CollectiveKind.ALL_TO_ALL, tokens * K * H * 2, e)]
+    assert len(cm.collectives) == 1  # priced once, paid twice (dispatch and combine)
+    assert compute.all_to_all_bytes(TINY_MOE, tokens) == tokens * K * H * 2
+
+
+def test_backward_runs_every_gemm_twice_and_the_all_to_alls_again():
+    fwd_cm, bwd_cm = RecordingCostModel(), RecordingCostModel()
+    tokens = 64
+    fwd = compute.layer_forward_kernels_s(fwd_cm, TINY_MOE, 1, 1, tokens, e=2)
+    bwd = compute.layer_backward_s(bwd_cm, TINY_MOE, 1, 1, tokens, e=2)
+    assert bwd == pytest.approx(2 * fwd)
+    assert {c[0] for c in bwd_cm.collectives} == {CollectiveKind.ALL_TO_ALL}
+
+
+def test_all_to_all_moves_all_but_its_own_share_of_the_buffer():
+    params = {"kind": "all_to_all", "world_size": 8, "scope": "intra", "num_bytes": 8 << 20}
+    assert ops.bytes_moved(ops.Op.COLLECTIVE, params, 2) == (8 << 20) * 7 / 8
+
+
+def test_one_expert_at_ep1_is_the_dense_mlp_of_the_same_size():
+    dense = dataclasses.replace(TINY_MOE, name="dense", moe=None, ffn_hidden_size=F_E)
+    one = dataclasses.replace(
+        TINY_MOE,
+        name="one-expert",
+        moe=MoESpec(num_experts=1, experts_per_token=1, expert_ffn_hidden_size=F_E),
+    )
+    for t in (1, 2):
+        a, b = RecordingCostModel(), RecordingCostModel()
+        dense_s = compute.layer_forward_kernels_s(a, dense, t, 2, 16)
+        moe_s = compute.layer_forward_kernels_s(b, one, t, 2, 16)
+        router_s = 2 * 32 * 1 * H / FLOPS_PER_S
+        assert moe_s == pytest.approx(dense_s + router_s)
+        assert sorted(b.gemms) == sorted([*a.gemms, (32, 1, H)])
+    # Parameters and training state: the router's h weights per layer apart.
+    assert one.num_params() == dense.num_params() + 2 * H
+    lay = TrainLayout(d=4)
+    extra = 2 * H * (4 + 12 / 4)  # ZeRO-1 over d = 4
+    assert memory.training_state_bytes_per_gpu(one, lay, 1, value_head=False) == pytest.approx(
+        memory.training_state_bytes_per_gpu(dense, lay, 1, value_head=False) + extra
+    )
+
+
+def test_expected_distinct_experts_match_brute_force():
+    # Every token picks a uniform top-k subset; enumerate all choices of 2 tokens.
+    subsets = list(itertools.combinations(range(E), K))
+    mean = sum(len(set(a) | set(b)) for a in subsets for b in subsets) / len(subsets) ** 2
+    assert compute.active_experts(E, K, 2) == pytest.approx(mean)
+    assert compute.active_experts(E, K, 1) == pytest.approx(K)
+    assert compute.active_experts(128, 8, 10_000) == pytest.approx(128)
+
+
+def test_a_small_decode_batch_reads_only_the_experts_it_touches():
+    model = CATALOGUE["qwen3-30b-a3b"]
+    cm = RecordingCostModel()
+    compute.layer_forward_kernels_s(cm, model, 1, 1, 1, decode_kv_len=64)
+    moe = model.moe
+    assert moe is not None
+    # One token touches k = 8 of 128 experts: the grouped GEMM reads 8 experts' weights.
+    gate_up = [g for g in cm.gemms if g[1] == 2 * moe.expert_ffn_hidden_size]
+    assert gate_up == [(1, 2 * moe.expert_ffn_hidden_size, 8 * model.hidden_size)]
+
+
+def test_expert_memory_and_zero_groups_by_hand():
+    model = CATALOGUE["qwen3-30b-a3b"]
+    moe = model.moe
+    assert moe is not None
+    experts = model.num_moe_layers * moe.num_experts * 3 * model.hidden_size * 768
+    dense = model.num_params() - experts
+    lay = TrainLayout(t=2, d=16, e=4)
+    want = dense / 2 * (2 + 2 + 12 / 16) + experts / 8 * (2 + 2 + 12 / 4)
+    got = memory.training_state_bytes_per_gpu(model, lay, 1, value_head=False)
+    assert got == pytest.approx(want)
+    assert memory.weight_bytes_per_gpu(model, 2, 1, value_head=False, e=4) == pytest.approx(
+        (dense / 2 + experts / 8) * 2
+    )
+
+
+def test_gradients_reduce_dense_over_d_and_experts_over_d_over_e():
+    model = TINY_MOE
+    cm = RecordingCostModel()
+    par = RoleParallelism(train=TrainLayout(d=8, e=4), zero=1)
+    calls.train_cost(cm, model, par, 64, 16, 1, 1, Scope.INTRA, value_head=False)
+    experts = memory.expert_params(model)
+    dense = model.num_params() - experts
+    rs = [c for c in cm.collectives if c[0] is CollectiveKind.REDUCE_SCATTER]
+    assert sorted(rs, key=lambda c: c[2]) == [
+        (CollectiveKind.REDUCE_SCATTER, (experts // 4) * 2, 2),
+        (CollectiveKind.REDUCE_SCATTER, dense * 2, 8),
+    ]
+
+
+def test_latent_attention_caches_the_latent_on_every_tp_rank():
+    model = CATALOGUE["deepseek-v3"]
+    assert memory.kv_bytes_per_token_per_gpu(model, 8, 1) == 61 * (512 + 64) * 2
+    assert memory.kv_bytes_per_token_per_gpu(model, 8, 4) == 61 * (512 + 64) * 2 / 4
+    cm = RecordingCostModel()
+    compute.layer_forward_kernels_s(cm, model, 8, 1, 4)
+    h, heads = 7168, 128 // 8
+    # q down, q up, kv down, kv up, o: the projections of MLA on one of 8 TP ranks.
+    projections = [(4, 1536, h), (4, heads * 192, 1536), (4, 576, h), (4, heads * 256, 512)]
+    assert cm.gemms[:5] == [*projections, (4, h, heads * 128)]
+
+
+def test_colocated_moe_reshard_gathers_the_generation_shard():
+    model = CATALOGUE["qwen3-30b-a3b"]
+    gen = GenLayout(train=TrainLayout(t=2, d=16, e=4), tg=2)
+    cm = RecordingCostModel()
+    cost = calls.reshard_cost(cm, model, gen, Scope.INTRA)
+    gen_shard = model.num_bytes() / 2
+    train_shard = memory.weight_bytes_per_gpu(model, 2, 1, value_head=False, e=4)
+    assert cost.transient_bytes == pytest.approx(gen_shard - train_shard)
+    (gather,) = cm.collectives
+    assert gather == (CollectiveKind.ALL_GATHER, int(gen_shard), round(gen_shard / train_shard))
+
+
+@pytest.mark.parametrize(
+    "name", ["nemo-rl-v0.6-qwen3-30b-a3b-on", "nemo-rl-v0.6-qwen3-235b-a22b-1off"]
+)
+def test_published_moe_plans_simulate(name):
+    plan = load_plan(ROOT / "examples" / "published" / f"{name}.toml")
+    est = simulate(plan, fitted_cost_model("h100-sxm"))
+    assert est.feasible, est.infeasible_reason
+    assert math.isfinite(est.iteration_s) and est.iteration_s > 0
+    assert plan.parallelism[next(iter(plan.parallelism))].train.e > 1
+
+
+def test_all_to_all_across_nodes_costs_more_than_inside_one():
+    cm = fitted_cost_model("h100-sxm")
+    intra = cm.collective_s(CollectiveKind.ALL_TO_ALL, 64 << 20, 8, Scope.INTRA)
+    inter = cm.collective_s(CollectiveKind.ALL_TO_ALL, 64 << 20, 8, Scope.INTER)
+    assert 0 < intra < inter
