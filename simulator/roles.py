@@ -55,6 +55,21 @@ def micro_dp_scope(first_device: int, gpus_per_node: int, gen: GenLayout) -> Sco
     return span_scope(first_device, gpus_per_node, gen.micro_dp_groups())
 
 
+def reshard_scope(first_device: int, gpus_per_node: int, gen: GenLayout) -> Scope:
+    """Scope of a colocated reshard: its micro-DP groups, and with expert parallelism
+    also the expert-parallel groups the experts are gathered from."""
+    scope = micro_dp_scope(first_device, gpus_per_node, gen)
+    if gen.train.e > 1 and ep_scope(first_device, gpus_per_node, gen.train) is Scope.INTER:
+        return Scope.INTER
+    return scope
+
+
+def needs_reshard(gen: GenLayout) -> bool:
+    """A colocated actor reshards when generation replicas regroup training shards (dg > 1)
+    or when its training ranks hold only 1/e of the experts."""
+    return gen.dg > 1 or gen.train.e > 1
+
+
 def train_seq_len(workload: Workload) -> int:
     """Tokens per sample in forward and training calls: prompt plus mean response."""
     return workload.batch.prompt_len + max(1, round(LengthModel.of(workload.batch).mean))

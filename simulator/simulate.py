@@ -31,9 +31,9 @@ from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimat
 from placeflow.simulator.lengths import LengthModel
 from placeflow.simulator.roles import (
     colocated_gen_extra_bytes,
-    ep_scope,
     kv_bytes_per_seq,
-    micro_dp_scope,
+    needs_reshard,
+    reshard_scope,
     resident_bytes,
     role_call_costs,
     with_dispatch,
@@ -194,11 +194,10 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         scope = Scope.INTRA if same_node else Scope.INTER
         cost = calls.weight_sync_cost(cm, actor, par.tg, par.pg, scope)
         phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
-    elif gen.dg > 1 or gen.train.e > 1:
-        first, per_node = plan.sets[actor_set].first_device, plan.pool_of(actor_set).gpus_per_node
-        scope = micro_dp_scope(first, per_node, gen)
-        if gen.train.e > 1 and ep_scope(first, per_node, gen.train) is Scope.INTER:
-            scope = Scope.INTER  # experts come from the expert-parallel peers too
+    elif needs_reshard(gen):
+        scope = reshard_scope(
+            plan.sets[actor_set].first_device, plan.pool_of(actor_set).gpus_per_node, gen
+        )
         cost = calls.reshard_cost(cm, actor, gen, scope)
         phase, sets = Phase.RESHARD, (actor_set,)
     else:

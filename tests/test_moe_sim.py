@@ -222,3 +222,58 @@ def test_all_to_all_across_nodes_costs_more_than_inside_one():
     intra = cm.collective_s(CollectiveKind.ALL_TO_ALL, 64 << 20, 8, Scope.INTRA)
     inter = cm.collective_s(CollectiveKind.ALL_TO_ALL, 64 << 20, 8, Scope.INTER)
     assert 0 < intra < inter
+
+
+def test_the_planner_searches_expert_parallelism_for_moe_roles_only():
+    import dataclasses as dc
+
+    from placeflow.cluster import PoolSpec
+    from placeflow.hardware import HARDWARE
+    from placeflow.planner.space import expert_parallel_options, parallelism_options
+    from placeflow.workload import Role
+
+    pool = PoolSpec(name="h100", gpu=HARDWARE["h100-sxm"], num_nodes=2, gpus_per_node=8)
+    moe = CATALOGUE["qwen3-30b-a3b"]  # 128 experts
+    assert expert_parallel_options(moe, 16) == [1, 2, 4, 8, 16]
+    assert expert_parallel_options(moe, 12) == [1, 2, 4]
+    few = dc.replace(moe, moe=dc.replace(moe.moe, num_experts=6, experts_per_token=2))
+    assert expert_parallel_options(few, 8) == [1, 2]
+    assert expert_parallel_options(CATALOGUE["qwen3-8b"], 16) == [1]
+    options = parallelism_options(moe, Role.ACTOR, 16, pool)
+    seen = {(o.train.t, o.train.p, o.train.e) for o in options}
+    # Every (t, p) layout comes with every e that divides its d and the experts.
+    for t, p, _ in seen:
+        d = 16 // (t * p)
+        assert {e for tt, pp, e in seen if (tt, pp) == (t, p)} == {
+            e for e in (1, 2, 4, 8, 16) if d % e == 0
+        }
+    dense = parallelism_options(CATALOGUE["qwen3-8b"], Role.ACTOR, 16, pool)
+    assert {o.train.e for o in dense} == {1}
+
+
+def test_a_moe_search_returns_a_plan_the_simulator_accepts():
+    from placeflow.cluster import ClusterSpec, PoolSpec
+    from placeflow.hardware import HARDWARE
+    from placeflow.planner import Status, plan_search
+    from placeflow.planner.costtable import build_cost_table
+    from placeflow.workload import Algorithm, BatchSpec, Role, Workload
+
+    model = CATALOGUE["qwen3-30b-a3b"]
+    pool = PoolSpec(name="h100", gpu=HARDWARE["h100-sxm"], num_nodes=2, gpus_per_node=8)
+    cl = ClusterSpec(name="c", pools=(pool,))
+    wl = Workload(
+        name="w",
+        algorithm=Algorithm.GRPO,
+        models={Role.ACTOR: model, Role.REF: model},
+        batch=BatchSpec(
+            prompts_per_step=64, samples_per_prompt=2, prompt_len=256, response_len=256
+        ),
+        reward_function="arith",
+    )
+    costs = {"h100-sxm": fitted_cost_model("h100-sxm")}
+    table = build_cost_table(wl, cl, costs)
+    kept_e = {o.par.train.e for opts in table.options.values() for o in opts}
+    assert kept_e > {1}  # expert-parallel layouts survive the Pareto pruning
+    result = plan_search(cl, wl, costs, time_limit_s=30)
+    assert result.status is Status.OPTIMAL
+    assert result.best.estimate.feasible
