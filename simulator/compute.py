@@ -50,10 +50,14 @@ routing, expert parallelism e and expert TP = t (Megatron-core's ETP = TP):
   sliced by t.
 
 Generation keeps e = 1 inside a replica: the experts are spread over its tg
-ranks (vLLM's expert parallelism with EP = TP inside one replica) or sliced
-by tg; both put the same weight bytes and FLOPs on each rank in expectation,
-and the token exchange is the TP all-reduce already priced, so the two are
-priced alike.
+ranks or sliced by tg. vLLM's `--enable-expert-parallel` sets EP = TP x DP
+(docs.vllm.ai, "Expert Parallel Deployment"); placeflow's generation replicas
+are independent engines (DP = 1 each), so EP = tg. Spread or sliced, each rank
+holds M/(tg·pg) and runs the same FLOPs in expectation, and the token
+exchange (vLLM's default all-gather / reduce-scatter backend) moves what the
+TP all-reduce already priced moves, so the two are priced alike. An engine
+spanning the dg replicas of a training replica (EP = tg·dg) would hold fewer
+expert bytes per rank; that layout is not modelled.
 
 Multi-head latent attention (`ModelSpec.mla`, DeepSeek-V3) is priced as its
 projections plus standard attention: q down (m, q_lora, h) and kv down
