@@ -277,3 +277,24 @@ def test_a_moe_search_returns_a_plan_the_simulator_accepts():
     result = plan_search(cl, wl, costs, time_limit_s=30)
     assert result.status is Status.OPTIMAL
     assert result.best.estimate.feasible
+
+
+def test_the_profiler_times_an_all_to_all_over_gloo():
+    from placeflow.procs import free_port
+    from placeflow.profiles.collectives import CollectiveJob, run_world
+
+    job = CollectiveJob(
+        device="cpu",
+        dtype="fp32",
+        world_size=2,
+        port=free_port(),
+        kinds=(CollectiveKind.ALL_TO_ALL,),
+        sizes_bytes=(4096,),
+        warmup=1,
+        repeats=3,
+        point_budget_s=0.1,
+        init_timeout_s=30.0,
+    )
+    (timing,) = run_world(job, stall_timeout_s=120.0)
+    assert timing.kind is CollectiveKind.ALL_TO_ALL and timing.num_bytes == 4096
+    assert timing.timing.median_s > 0
