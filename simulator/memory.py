@@ -51,7 +51,7 @@ def shard_params(
     experts = expert_params(model)
     dense = model.num_params(value_head=value_head) - experts
     mp = layout.t * layout.p
-    parts = ((dense / mp, layout.d),)
+    parts: tuple[tuple[float, int], ...] = ((dense / mp, layout.d),)
     if experts:
         parts += ((experts / (mp * layout.e), layout.expert_dp),)
     return parts
