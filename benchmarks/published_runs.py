@@ -83,6 +83,12 @@ RECIPE = (
     "https://github.com/NVIDIA-NeMo/RL/blob/main/examples/configs/recipes/llm/performance/"
     "grpo-llama3.1-8b-instruct-2n8g.yaml (+ async-grpo-llama3.1-8b-instruct-2n8g.yaml)"
 )
+MOE_RECIPES = (
+    "https://github.com/NVIDIA-NeMo/RL/tree/v0.6.0/examples/configs/recipes/llm/performance/ "
+    "grpo-qwen3-30ba3b-4n8g.yaml, grpo-qwen3-30ba3b-4n8g-async-1off.yaml, "
+    "grpo-qwen3-235b-16n8g.yaml, grpo-qwen3-235b-32n8g-async-1off.yaml, "
+    "grpo-deepseek-v3-32n8g.yaml, grpo-deepseek-v3-64n8g-async-1off.yaml"
+)
 PROMPT_LEN = 128
 MAX_SEQ = 4096
 SIGMA = 0.6
@@ -289,6 +295,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "profile": "h100-sxm",
         "recipe": RECIPE,
+        "moe_recipes": MOE_RECIPES,
         "assumptions": __doc__.split("What placeflow cannot express")[1].split("    python")[0],
         "median_abs_step_error": errors[len(errors) // 2],
         "rows": rows,
