@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,6 +250,27 @@ def plan_dict(run: PublishedRun) -> dict[str, Any]:
     }
 
 
+def annotate(path: Path, run: PublishedRun) -> None:
+    """Say in the plan file which published row it stands for and how it departs from it."""
+    if not run.published_layout:
+        return
+    notes = [
+        f"Published row: {run.source}: {run.model}, {run.num_gpus} H100, "
+        f"{'1-step off' if run.off_policy else 'on-policy'}, step {run.step_s} s.",
+        f"Published layout: {run.published_layout}.",
+        f"This plan: {run.layout_note}. Context parallelism is not modelled (folded into d); "
+        "expert TP equals t and e is carved out of d (placeflow.layout.TrainLayout).",
+    ]
+    if run.actor.get("offload_optimizer"):
+        notes.append(
+            "The actor's Adam state is offloaded outside its update, as NeMo RL moves the "
+            "optimizer state to the host before generation."
+        )
+    comment = "".join(f"# {line}\n" for note in notes for line in textwrap.wrap(note, 96))
+    header, body = path.read_text(encoding="utf-8").split("\n", 1)
+    path.write_text(f"{header}\n{comment}{body}", encoding="utf-8")
+
+
 def simulate_row(run: PublishedRun) -> dict[str, Any]:
     """Write the row's plan, simulate it and compare; a row placeflow cannot express
     is returned with its reason and no figures."""
@@ -266,6 +288,7 @@ def simulate_row(run: PublishedRun) -> dict[str, Any]:
         return row | {"plan": None, "simulated_step_s": None, "step_rel_error": None}
     path = OUT_DIR / f"{run.name}.toml"
     save_plan(plan_from_dict(plan_dict(run), run.name, OUT_DIR), path)
+    annotate(path, run)
     plan = load_plan(path)
     est = simulate(plan, cost_models_for(plan, "h100-sxm"))
     tokens = run.prompts * run.samples * run.avg_seq_len
