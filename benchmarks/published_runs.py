@@ -41,7 +41,9 @@ gives each GPU the same expert bytes (E/(e·t) = E/EP_published); pipeline
 stages must divide the layers (Qwen3-235B has 94: PP 8 becomes 2 with t = 8);
 generation TP stays inside a node and must divide t, so vLLM TP 16 becomes
 tg 8 x pg 2; the colocated rows offload the actor's optimizer state during
-generation (NeMo RL moves it to the host before refit). DeepSeek-V3's 61
+generation (NeMo RL's `offload_before_refit` in
+`nemo_rl/models/policy/workers/megatron_policy_worker.py` moves the
+optimizer and gradient buffers to the host). DeepSeek-V3's 61
 layers (a prime) admit no pipeline split in a placeflow plan, and without one
 its 1.34 TB of weights fit no generation layout of at most 8 GPUs per replica
 (tg <= node): those rows are listed, not simulated.
