@@ -214,7 +214,12 @@ def test_published_moe_plans_simulate(name):
     est = simulate(plan, fitted_cost_model("h100-sxm"))
     assert est.feasible, est.infeasible_reason
     assert math.isfinite(est.iteration_s) and est.iteration_s > 0
-    assert plan.parallelism[next(iter(plan.parallelism))].train.e > 1
+    actor = plan.parallelism[next(iter(plan.parallelism))]
+    assert actor.train.e > 1
+    if plan.generator_set() is None:
+        # dg = 1 (tg x pg = t x p), yet each rank holds 1/e of the experts: a reshard.
+        assert actor.gen_layout().dg == 1
+        assert est.phase_totals_s()["reshard"] > 0
 
 
 def test_all_to_all_across_nodes_costs_more_than_inside_one():
