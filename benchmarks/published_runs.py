@@ -24,9 +24,29 @@ mean response equals the row's published average sequence length);
 sequence packing and dynamic batching; Megatron's precision-aware optimizer
 and fp32-logit deferral; vLLM's prefix caching and chunked prefill; the
 published tokens/s/GPU averages 5 steps (the page says it does not exactly
-match its own formula), so the step time is the figure compared. MoE rows
-(DeepSeek V3, Qwen3-235B, Qwen3-30B-A3B) need expert parallelism, which
-placeflow does not model, and are left out; GB200 rows have no profile.
+match its own formula), so the step time is the figure compared; GB200 rows
+have no measured profile and are left out.
+
+MoE rows (v0.6, H100 BF16; recipes `grpo-qwen3-30ba3b-4n8g.yaml`,
+`grpo-qwen3-235b-16n8g.yaml`, their `-async-1off` variants and
+`grpo-deepseek-v3-32n8g.yaml`, read at tag v0.6.0): Qwen3-30B-A3B 64 x 32
+rollouts, 4 optimizer steps of 512; Qwen3-235B 16 x 32 and DeepSeek-V3
+32 x 16 rollouts, one optimizer step of 512; micro-batch 1 with recomputation;
+a reference model with the actor's layout; 1-step-off rows put the generator
+on its own half of the GPUs (`colocated.resources` in the recipes). Layout
+approximations, per row in `RUNS` and the results: context parallelism is not
+modelled (CP 2 is folded into d); placeflow's expert TP equals t and e is
+carved out of d, so the published EP with expert TP 1 becomes the e that
+gives each GPU the same expert bytes (E/(e·t) = E/EP_published); pipeline
+stages must divide the layers (Qwen3-235B has 94: PP 8 becomes 2 with t = 8);
+generation TP stays inside a node and must divide t, so vLLM TP 16 becomes
+tg 8 x pg 2; the colocated rows offload the actor's optimizer state during
+generation (NeMo RL's `offload_before_refit` in
+`nemo_rl/models/policy/workers/megatron_policy_worker.py` moves the
+optimizer and gradient buffers to the host). DeepSeek-V3's 61
+layers (a prime) admit no pipeline split in a placeflow plan, and without one
+its 1.34 TB of weights fit no generation layout of at most 8 GPUs per replica
+(tg <= node): those rows are listed, not simulated.
 
     python benchmarks/published_runs.py
 """
@@ -35,6 +55,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +74,10 @@ SUMMARY_V04 = (
     "https://github.com/NVIDIA-NeMo/RL/blob/r0.4.0/docs/about/performance-summary.md "
     "(Nemo RL v0.4, GRPO, DGX-H100, BF16)"
 )
+SUMMARY_V06 = (
+    "https://github.com/NVIDIA-NeMo/RL/blob/v0.6.0/docs/about/performance-summary.md "
+    "(NeMo RL v0.6, H100 BF16 Benchmarks)"
+)
 SUMMARY_V05 = (
     "https://docs.nvidia.com/nemo/rl/0.5.0/about/performance-summary.html "
     "(Nemo RL v0.5, H100 BF16 Benchmarks)"
@@ -61,6 +86,12 @@ RECIPE = (
     "https://github.com/NVIDIA-NeMo/RL/blob/main/examples/configs/recipes/llm/performance/"
     "grpo-llama3.1-8b-instruct-2n8g.yaml (+ async-grpo-llama3.1-8b-instruct-2n8g.yaml)"
 )
+MOE_RECIPES = (
+    "https://github.com/NVIDIA-NeMo/RL/tree/v0.6.0/examples/configs/recipes/llm/performance/ "
+    "grpo-qwen3-30ba3b-4n8g.yaml, grpo-qwen3-30ba3b-4n8g-async-1off.yaml, "
+    "grpo-qwen3-235b-16n8g.yaml, grpo-qwen3-235b-32n8g-async-1off.yaml, "
+    "grpo-deepseek-v3-32n8g.yaml, grpo-deepseek-v3-64n8g-async-1off.yaml"
+)
 PROMPT_LEN = 128
 MAX_SEQ = 4096
 SIGMA = 0.6
@@ -68,7 +99,11 @@ SIGMA = 0.6
 
 @dataclass(frozen=True, kw_only=True)
 class PublishedRun:
-    """One row of a published table (figures as printed) and its source."""
+    """One row of a published table (figures as printed), its source, and the plan's layout.
+
+    `actor` is the actor's parallelism in the plan (the reference model copies
+    its training layout); `layout_note` says where it departs from the row.
+    """
 
     name: str
     source: str
@@ -76,31 +111,85 @@ class PublishedRun:
     off_policy: bool
     num_gpus: int
     avg_seq_len: int  # G-Average Seq len: prompt + response, mean over the rollouts
-    train_pp: int
     tokens_per_s_per_gpu: float
     step_s: float
+    actor: dict[str, Any]
+    published_layout: str = ""
+    layout_note: str = ""
+    prompts: int = 64
+    samples: int = 32
+    train_batch: int = 512
+    max_seq: int = MAX_SEQ
+    expressible: bool = True
+
+
+def _dense(p: int, d: int) -> dict[str, Any]:
+    return {"p": p, "d": d, "zero": 1, "tg": 1}
 
 
 RUNS = (
     PublishedRun(name="nemo-rl-v0.4-llama3.1-8b-on", source=SUMMARY_V04, model="llama-3.1-8b",
-                 off_policy=False, num_gpus=16, avg_seq_len=1060, train_pp=2,
+                 off_policy=False, num_gpus=16, avg_seq_len=1060, actor=_dense(2, 8),
                  tokens_per_s_per_gpu=1562, step_s=97.7),
     PublishedRun(name="nemo-rl-v0.4-llama3.1-8b-1off", source=SUMMARY_V04, model="llama-3.1-8b",
-                 off_policy=True, num_gpus=16, avg_seq_len=1129, train_pp=2,
+                 off_policy=True, num_gpus=16, avg_seq_len=1129, actor=_dense(2, 4),
                  tokens_per_s_per_gpu=2161, step_s=74.6),
     PublishedRun(name="nemo-rl-v0.5-llama3.1-8b-on", source=SUMMARY_V05, model="llama-3.1-8b",
-                 off_policy=False, num_gpus=16, avg_seq_len=1019, train_pp=2,
+                 off_policy=False, num_gpus=16, avg_seq_len=1019, actor=_dense(2, 8),
                  tokens_per_s_per_gpu=1581, step_s=92.8),
     PublishedRun(name="nemo-rl-v0.5-llama3.1-8b-1off", source=SUMMARY_V05, model="llama-3.1-8b",
-                 off_policy=True, num_gpus=16, avg_seq_len=1123, train_pp=1,
+                 off_policy=True, num_gpus=16, avg_seq_len=1123, actor=_dense(1, 8),
                  tokens_per_s_per_gpu=2478, step_s=64.8),
+    PublishedRun(name="nemo-rl-v0.6-qwen3-30b-a3b-on", source=SUMMARY_V06, model="qwen3-30b-a3b",
+                 off_policy=False, num_gpus=32, avg_seq_len=3203,
+                 tokens_per_s_per_gpu=1102, step_s=192, prompts=64, samples=32,
+                 published_layout="G [TP 2, PP 1]; T [TP 1, CP 1, EP 8, PP 1]",
+                 layout_note="t = 2 (generation tg = 2 must divide t), e = 4: 16 experts per "
+                             "GPU as with EP 8 at expert TP 1",
+                 actor={"p": 1, "t": 2, "d": 16, "e": 4, "zero": 1, "tg": 2,
+                        "offload_optimizer": True}),
+    PublishedRun(name="nemo-rl-v0.6-qwen3-30b-a3b-1off", source=SUMMARY_V06,
+                 model="qwen3-30b-a3b", off_policy=True, num_gpus=32, avg_seq_len=3201,
+                 tokens_per_s_per_gpu=1414, step_s=152, prompts=64, samples=32,
+                 published_layout="G [TP 2, PP 1] on 16 GPUs; T [TP 1, CP 1, EP 8, PP 2] on 16",
+                 layout_note="as published",
+                 actor={"p": 2, "t": 1, "d": 8, "e": 8, "zero": 1, "tg": 2}),
+    PublishedRun(name="nemo-rl-v0.6-qwen3-235b-a22b-on", source=SUMMARY_V06,
+                 model="qwen3-235b-a22b", off_policy=False, num_gpus=128, avg_seq_len=5698,
+                 tokens_per_s_per_gpu=58.9, step_s=395, prompts=16, samples=32, max_seq=8192,
+                 published_layout="G [TP 16, PP 1]; T [TP 2, CP 2, EP 16, PP 8]",
+                 layout_note="PP 8 must divide 94 layers: p = 2, t = 8, d = 8 (CP folded into "
+                             "d), e = 8 (8 experts per GPU as published); generation tg 8 x pg 2",
+                 actor={"p": 2, "t": 8, "d": 8, "e": 8, "zero": 1, "tg": 8, "pg": 2,
+                        "offload_optimizer": True}),
+    PublishedRun(name="nemo-rl-v0.6-qwen3-235b-a22b-1off", source=SUMMARY_V06,
+                 model="qwen3-235b-a22b", off_policy=True, num_gpus=256, avg_seq_len=5721,
+                 tokens_per_s_per_gpu=58.7, step_s=231, prompts=16, samples=32, max_seq=8192,
+                 published_layout="G [TP 8, PP 1] on 128 GPUs; T [TP 4, CP 1, EP 16, PP 8] on 128",
+                 layout_note="PP 8 must divide 94 layers: p = 2, t = 8, d = 8, e = 8 (8 experts "
+                             "per GPU as published); generation as published",
+                 actor={"p": 2, "t": 8, "d": 8, "e": 8, "zero": 1, "tg": 8}),
+    PublishedRun(name="nemo-rl-v0.6-deepseek-v3-on", source=SUMMARY_V06, model="deepseek-v3",
+                 off_policy=False, num_gpus=256, avg_seq_len=701, tokens_per_s_per_gpu=12.1,
+                 step_s=134, prompts=32, samples=16, max_seq=1536, expressible=False,
+                 published_layout="G [TP 32, PP 1]; T [TP 1, CP 1, EP 16, PP 16]",
+                 layout_note="not expressible: p must divide 61 layers (NeMo RL uses stages of "
+                             "3, 14 x 4 and 2), and generation needs tg x pg >= 17 GPUs with "
+                             "tg <= 8",
+                 actor={}),
+    PublishedRun(name="nemo-rl-v0.6-deepseek-v3-1off", source=SUMMARY_V06, model="deepseek-v3",
+                 off_policy=True, num_gpus=512, avg_seq_len=710, tokens_per_s_per_gpu=12.8,
+                 step_s=64.1, prompts=32, samples=16, max_seq=1536, expressible=False,
+                 published_layout="G [TP 32, PP 1] on 256 GPUs; T [TP 1, EP 16, PP 16] on 256",
+                 layout_note="not expressible: as the on-policy row",
+                 actor={}),
 )  # fmt: skip
 
 
-def response_median(avg_seq_len: int) -> int:
+def response_median(avg_seq_len: int, max_seq: int = MAX_SEQ) -> int:
     """The lognormal median whose truncated mean response gives `avg_seq_len` in all."""
     target = avg_seq_len - PROMPT_LEN
-    response_len = MAX_SEQ - PROMPT_LEN
+    response_len = max_seq - PROMPT_LEN
 
     def mean(median: int) -> float:
         return LengthModel.of(
@@ -117,6 +206,7 @@ def response_median(avg_seq_len: int) -> int:
 
 
 def plan_dict(run: PublishedRun) -> dict[str, Any]:
+    rollouts = run.prompts * run.samples
     workload = {
         "name": run.name,
         "algorithm": "grpo",
@@ -125,20 +215,19 @@ def plan_dict(run: PublishedRun) -> dict[str, Any]:
         "async_one_step_off": run.off_policy,
         "models": {"actor": run.model, "ref": run.model},
         "batch": {
-            "prompts_per_step": 64,
-            "samples_per_prompt": 32,
+            "prompts_per_step": run.prompts,
+            "samples_per_prompt": run.samples,
             "prompt_len": PROMPT_LEN,
-            "response_len": MAX_SEQ - PROMPT_LEN,
-            "mini_batches": 2048 // 512,
+            "response_len": run.max_seq - PROMPT_LEN,
+            "mini_batches": rollouts // run.train_batch,
             "response_len_dist": "lognormal",
-            "response_len_median": response_median(run.avg_seq_len),
+            "response_len_median": response_median(run.avg_seq_len, run.max_seq),
             "response_len_sigma": SIGMA,
         },
     }
     train_gpus = run.num_gpus // 2 if run.off_policy else run.num_gpus
-    actor = {"p": run.train_pp, "d": train_gpus // run.train_pp, "micro_batch": 1, "zero": 1,
-             "recompute": True, "tg": 1}  # fmt: skip
-    ref = {"p": run.train_pp, "d": train_gpus // run.train_pp, "micro_batch": 2}
+    actor = {"micro_batch": 1, "recompute": True, **run.actor}
+    ref = {k: actor[k] for k in ("p", "t", "d", "e") if k in actor} | {"micro_batch": 2}
     sets: list[dict[str, Any]] = [
         {"roles": ["actor", "ref"], "pool": "h100", "first_device": 0, "num_devices": train_gpus}
     ]
@@ -147,12 +236,73 @@ def plan_dict(run: PublishedRun) -> dict[str, Any]:
             {"roles": ["actor"], "pool": "h100", "first_device": train_gpus,
              "num_devices": run.num_gpus - train_gpus, "generator": True}
         )  # fmt: skip
+    cluster = {
+        "name": f"h100x{run.num_gpus}",
+        "pools": [
+            {"name": "h100", "gpu": "h100-sxm", "num_nodes": run.num_gpus // 8,
+             "gpus_per_node": 8, "price_per_gpu_hour": 2.49}
+        ],
+    }  # fmt: skip
     return {
         "name": run.name,
         "workload": workload,
-        "cluster": "../clusters/h100x16.toml",
+        "cluster": cluster,
         "sets": sets,
         "parallelism": {"actor": actor, "ref": ref},
+    }
+
+
+def annotate(path: Path, run: PublishedRun) -> None:
+    """Say in the plan file which published row it stands for and how it departs from it."""
+    if not run.published_layout:
+        return
+    notes = [
+        f"Published row: {run.source}: {run.model}, {run.num_gpus} H100, "
+        f"{'1-step off' if run.off_policy else 'on-policy'}, step {run.step_s} s.",
+        f"Published layout: {run.published_layout}.",
+        f"This plan: {run.layout_note}. Context parallelism is not modelled (folded into d); "
+        "expert TP equals t and e is carved out of d (placeflow.layout.TrainLayout).",
+    ]
+    if run.actor.get("offload_optimizer"):
+        notes.append(
+            "The actor's Adam state is offloaded outside its update, as NeMo RL moves the "
+            "optimizer state to the host before generation."
+        )
+    comment = "".join(f"# {line}\n" for note in notes for line in textwrap.wrap(note, 96))
+    header, body = path.read_text(encoding="utf-8").split("\n", 1)
+    path.write_text(f"{header}\n{comment}{body}", encoding="utf-8")
+
+
+def simulate_row(run: PublishedRun) -> dict[str, Any]:
+    """Write the row's plan, simulate it and compare; a row placeflow cannot express
+    is returned with its reason and no figures."""
+    row: dict[str, Any] = {
+        "name": run.name,
+        "source": run.source,
+        "model": run.model,
+        "num_gpus": run.num_gpus,
+        "published_layout": run.published_layout,
+        "layout_note": run.layout_note,
+        "published_step_s": run.step_s,
+        "published_tokens_per_s_per_gpu": run.tokens_per_s_per_gpu,
+    }
+    if not run.expressible:
+        return row | {"plan": None, "simulated_step_s": None, "step_rel_error": None}
+    path = OUT_DIR / f"{run.name}.toml"
+    save_plan(plan_from_dict(plan_dict(run), run.name, OUT_DIR), path)
+    annotate(path, run)
+    plan = load_plan(path)
+    est = simulate(plan, cost_models_for(plan, "h100-sxm"))
+    tokens = run.prompts * run.samples * run.avg_seq_len
+    step_s = est.iteration_s
+    return row | {
+        "plan": str(path.relative_to(ROOT)),
+        "simulated_step_s": step_s,
+        "step_rel_error": (step_s - run.step_s) / run.step_s if est.feasible else None,
+        "simulated_tokens_per_s_per_gpu": tokens / step_s / run.num_gpus if step_s else None,
+        "simulated_phases_s": est.phase_totals_s(),
+        "feasible": est.feasible,
+        "infeasible_reason": est.infeasible_reason,
     }
 
 
@@ -160,49 +310,35 @@ def main() -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     rows = []
     for run in RUNS:
-        path = OUT_DIR / f"{run.name}.toml"
-        save_plan(plan_from_dict(plan_dict(run), run.name, OUT_DIR), path)
-        plan = load_plan(path)
-        est = simulate(plan, cost_models_for(plan, "h100-sxm"))
-        tokens = 2048 * run.avg_seq_len
-        phases = est.phase_totals_s()
-        rows.append(
-            {
-                "name": run.name,
-                "source": run.source,
-                "plan": str(path.relative_to(ROOT)),
-                "published_step_s": run.step_s,
-                "simulated_step_s": est.iteration_s,
-                "step_rel_error": (est.iteration_s - run.step_s) / run.step_s,
-                "published_tokens_per_s_per_gpu": run.tokens_per_s_per_gpu,
-                "simulated_tokens_per_s_per_gpu": tokens / est.iteration_s / run.num_gpus,
-                "simulated_phases_s": phases,
-                "feasible": est.feasible,
-                "infeasible_reason": est.infeasible_reason,
-            }
-        )
-        print(f"{run.name}: published {run.step_s} s, simulated {est.iteration_s:.1f} s",
+        row = simulate_row(run)
+        rows.append(row)
+        print(f"{run.name}: published {run.step_s} s, simulated {row['simulated_step_s']}",
               file=sys.stderr)  # fmt: skip
-    errors = sorted(abs(r["step_rel_error"]) for r in rows)
+    errors = sorted(abs(r["step_rel_error"]) for r in rows if r["step_rel_error"] is not None)
     report = {
         "command": "python benchmarks/published_runs.py",
         "date": time.strftime("%Y-%m-%d"),
         "profile": "h100-sxm",
         "recipe": RECIPE,
+        "moe_recipes": MOE_RECIPES,
         "assumptions": __doc__.split("What placeflow cannot express")[1].split("    python")[0],
         "median_abs_step_error": errors[len(errors) // 2],
         "rows": rows,
     }
     RESULTS.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print("| run | published step s | simulated step s | error | published tok/s/GPU "
-          "| simulated tok/s/GPU | generate s | actor_update s |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| run | GPUs | published step s | simulated step s | error | generate s "
+          "| actor_update s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
+        if r["plan"] is None:
+            print(f"| {r['name']} | {r['num_gpus']} | {r['published_step_s']} | "
+                  f"not expressible | | | |")  # fmt: skip
+            continue
         ph = r["simulated_phases_s"]
+        err = "infeasible" if r["step_rel_error"] is None else f"{r['step_rel_error']:+.0%}"
         print(
-            f"| {r['name']} | {r['published_step_s']} | {r['simulated_step_s']:.1f} | "
-            f"{r['step_rel_error']:+.0%} | {r['published_tokens_per_s_per_gpu']:,} | "
-            f"{r['simulated_tokens_per_s_per_gpu']:,.0f} | {ph.get('generate', 0):.1f} | "
+            f"| {r['name']} | {r['num_gpus']} | {r['published_step_s']} | "
+            f"{r['simulated_step_s']:.1f} | {err} | {ph.get('generate', 0):.1f} | "
             f"{ph.get('actor_update', 0):.1f} |"
         )
 

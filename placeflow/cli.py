@@ -276,6 +276,7 @@ def _placement_json(result: object) -> dict[str, object]:
                 "p": par.train.p,
                 "t": par.train.t,
                 "d": par.train.d,
+                **({"e": par.train.e} if par.train.e > 1 else {}),  # MoE expert parallel
                 **({"tg": par.tg, "pg": par.pg} if role.value == "actor" else {}),
                 "micro_batch": par.micro_batch,
                 "zero": par.zero,

@@ -53,7 +53,8 @@ from placeflow.simulator import calls
 from placeflow.simulator.roles import (
     colocated_gen_extra_bytes,
     kv_bytes_per_seq,
-    micro_dp_scope,
+    needs_reshard,
+    reshard_scope,
     resident_bytes,
     role_call_costs,
 )
@@ -168,8 +169,8 @@ def _actor_options(
                 kv_seqs=kv_seqs,
             )
             memo[gen_key] = {p: c for p, c in generation.items() if p in GENERATION_STAGE}
-            if gen.dg > 1:
-                scope = micro_dp_scope(0, pool.gpus_per_node, gen)
+            if needs_reshard(gen):
+                scope = reshard_scope(0, pool.gpus_per_node, gen)
                 memo[gen_key][Phase.RESHARD] = calls.reshard_cost(
                     cm, wl.models[Role.ACTOR], gen, scope
                 )
@@ -209,7 +210,8 @@ def _options_for(
                     best_short = short
                     best_reason = (
                         f"{n} x {pool.name} with p={par.train.p} t={par.train.t} "
-                        f"d={par.train.d} zero={par.zero} micro_batch={par.micro_batch}"
+                        f"d={par.train.d} e={par.train.e} zero={par.zero} "
+                        f"micro_batch={par.micro_batch}"
                     )
                 continue
             found.append(

@@ -17,7 +17,12 @@
   of two up to 8 dividing the layers with p·t | n, d = n/(p·t); ZeRO 1 or 3
   for trained roles; micro-batches of 1, 4 or 16 samples; for the actor a
   generation tensor size tg | t (generation pipeline pg = 1: a single decode
-  batch gains no time from pipelining, see simulator.compute). Trained roles
+  batch gains no time from pipelining, see simulator.compute). A
+  mixture-of-experts model also chooses its expert parallelism e, a power of
+  two dividing d and the experts (`expert_parallel_options`; e = 1 for dense
+  models); an EP group spans e·t·p consecutive devices, and the simulator
+  prices its all-to-all across nodes when that exceeds a node, so groups
+  inside a node win where they fit. Trained roles
   also choose the memory savers users otherwise set by hand: activation
   recomputation on or off, and (on GPU pools) the Adam state offloaded to host
   memory outside the update, priced by the simulator from the host link
@@ -132,14 +137,19 @@ def parallelism_options(
         for p in _powers_of_two(MAX_PIPELINE):
             if n % (p * t) or model.num_layers % p:
                 continue
-            layout = TrainLayout(p=p, t=t, d=n // (p * t))
+            d = n // (p * t)
+            layouts = [TrainLayout(p=p, t=t, d=d, e=e) for e in expert_parallel_options(model, d)]
             tgs = (
                 [tg for tg in _powers_of_two(t) if t % tg == 0 and model.supports_tp(tg)]
                 if role is Role.ACTOR
                 else [1]
             )
-            for zero, mb, tg, savers in itertools.product(
-                (1, 3) if trained else (1,), MICRO_BATCHES, tgs, _memory_savers(role, pool)
+            for layout, zero, mb, tg, savers in itertools.product(
+                layouts,
+                (1, 3) if trained else (1,),
+                MICRO_BATCHES,
+                tgs,
+                _memory_savers(role, pool),
             ):
                 recompute, offload = savers
                 out.append(
@@ -154,6 +164,15 @@ def parallelism_options(
                     )
                 )
     return out
+
+
+def expert_parallel_options(model: ModelSpec, d: int) -> list[int]:
+    """Expert-parallel sizes e for `model` with data parallelism d: powers of two that
+    divide d and the experts (the plan's rule); [1] for a dense model."""
+    if model.moe is None:
+        return [1]
+    experts = model.moe.num_experts
+    return [e for e in _powers_of_two(d) if d % e == 0 and experts % e == 0]
 
 
 def _memory_savers(role: Role, pool: PoolSpec) -> list[tuple[bool, bool]]:

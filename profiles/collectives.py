@@ -3,8 +3,9 @@
 For each world size the parent spawns `world_size` processes
 (`torch.multiprocessing`, "spawn" start method) that join a process group over
 TCP on 127.0.0.1 (gloo on CPU, NCCL on CUDA with one GPU per rank), then time
-every (kind, size) point: all_reduce, all_gather, reduce_scatter, broadcast and
-send_recv (rank 0 sends to rank 1; the other ranks wait at the barriers). All
+every (kind, size) point: all_reduce, all_gather, reduce_scatter, broadcast,
+all_to_all (the expert-parallel token exchange) and send_recv (rank 0 sends
+to rank 1; the other ranks wait at the barriers). All
 ranks are on one node, so every entry has scope "intra". Sizes follow the
 nccl-tests convention: `num_bytes` is the full logical tensor — the all-reduce
 buffer, the all-gather output, the reduce-scatter input — and each rank holds
@@ -123,12 +124,19 @@ def collective_call(
     shard = numel // job.world_size
     full = torch.zeros(numel, dtype=dtype, device=device)
     part = torch.zeros(shard, dtype=dtype, device=device)
+    part_out = (
+        torch.zeros(numel, dtype=dtype, device=device)
+        if kind is CollectiveKind.ALL_TO_ALL
+        else full
+    )
     calls: dict[CollectiveKind, Callable[[], object]] = {
         CollectiveKind.ALL_REDUCE: lambda: dist.all_reduce(full),
         CollectiveKind.ALL_GATHER: lambda: _all_gather(full, part),
         CollectiveKind.REDUCE_SCATTER: lambda: _reduce_scatter(part, full),
         CollectiveKind.BROADCAST: lambda: dist.broadcast(full, src=0),
         CollectiveKind.SEND_RECV: _send_recv_call(rank, full),
+        # `num_bytes` is each rank's whole send buffer, 1/n of it to every rank (nccl-tests).
+        CollectiveKind.ALL_TO_ALL: lambda: dist.all_to_all_single(part_out, full),
     }
     return calls[kind]
 

@@ -10,6 +10,12 @@ and efficiencies *derived from the same profile's imported measurements*
     compute ops:   t = t0 + max(F / (P * e_c), B / (W_hbm * e_m))
     intra-node:    t = floor(n) + B_bus / W_bus(n)          (per world size n)
     inter-node:    t = t_lat + B_bus / (W_inter * e_link)
+
+The expert-parallel all-to-all (dispatch and combine of routed tokens) is one
+more collective kind: B_bus = (n-1)/n of each rank's send buffer, over the
+all-reduce's NVSwitch bus bandwidth within a node and entirely over the NIC
+across nodes (an upper bound: the share to ranks of the same node stays on
+NVLink).
     host copies:   t = t_p2p + B / (W_host * e_p2p)
 
 F and B are `placeflow.profiles.ops.flops` / `bytes_moved` (B_bus includes the
@@ -396,6 +402,7 @@ def _collective_shapes(
         CollectiveKind.ALL_GATHER,
         CollectiveKind.REDUCE_SCATTER,
         CollectiveKind.BROADCAST,
+        CollectiveKind.ALL_TO_ALL,
     )
     for kind in CollectiveKind:
         scopes = [(Scope.INTER, grid.inter_world_sizes)]
@@ -449,8 +456,9 @@ def completion_notes(figures: DatasheetFigures, eff: Efficiencies) -> str:
     return (
         f"Completed with datasheet roofline entries (source=datasheet) for backward and LM-head "
         f"GEMMs, attention prefill/backward/decode, the AdamW step, softmax, all-gather, "
-        f"reduce-scatter and broadcast within a node, all collectives across nodes (one NIC per "
-        f"GPU) and host copies, from {figures.describe()}. Efficiencies derived from this "
+        f"reduce-scatter, broadcast and all-to-all within a node, all collectives across nodes "
+        f"(one NIC per GPU; an all-to-all across nodes sends all its bus bytes over the NIC) and "
+        f"host copies, from {figures.describe()}. Efficiencies derived from this "
         f"profile's imported entries: {eff.describe()}. Attention uses the GEMM compute fraction "
         f"(no attention measurements were imported), which flatters attention kernels. "
         f"Imported fp16 and datasheet bf16 entries run at the same speed on this GPU."

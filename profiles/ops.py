@@ -61,7 +61,12 @@ def collective_bus_factor(kind: str, world_size: int) -> float:
     n = world_size
     if kind == CollectiveKind.ALL_REDUCE:
         return 2.0 * (n - 1) / n
-    if kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
+    if kind in (
+        CollectiveKind.ALL_GATHER,
+        CollectiveKind.REDUCE_SCATTER,
+        CollectiveKind.ALL_TO_ALL,
+    ):
+        # All-to-all: each rank keeps 1/n of its buffer and sends the rest (nccl-tests).
         return (n - 1) / n
     return 1.0  # broadcast, send_recv
 

@@ -78,6 +78,7 @@ class CollectiveKind(StrEnum):
     REDUCE_SCATTER = "reduce_scatter"
     BROADCAST = "broadcast"
     SEND_RECV = "send_recv"
+    ALL_TO_ALL = "all_to_all"
 
 
 class Scope(StrEnum):

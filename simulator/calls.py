@@ -36,12 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from placeflow.errors import SpecError
-from placeflow.layout import (
-    GenLayout,
-    TrainLayout,
-    colocated_transfer_bytes_per_rank,
-    disjoint_transfer_bytes_per_gen_rank,
-)
+from placeflow.layout import GenLayout, TrainLayout, disjoint_transfer_bytes_per_gen_rank
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
@@ -161,13 +156,14 @@ def forward_cost(
     seq: int,
     *,
     value_head: bool,
+    ep_scope: Scope = Scope.INTRA,
 ) -> CallCost:
     lay = par.train
     per_rank = math.ceil(num_samples / lay.d)
     mb = min(par.micro_batch, per_rank)
     num_micro = math.ceil(per_rank / mb)
     layers = model.num_layers // lay.p
-    stage = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq)
+    stage = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
     head = compute.head_forward_s(cm, model, lay.t, mb * seq, value_head=value_head)
     p2p = (
         cm.collective_s(
@@ -201,14 +197,15 @@ def train_cost(
     dp_scope: Scope,
     *,
     value_head: bool,
+    ep_scope: Scope = Scope.INTRA,
 ) -> CallCost:
     lay = par.train
     per_rank = math.ceil(num_samples / (mini_batches * lay.d))
     mb = min(par.micro_batch, per_rank)
     num_micro = math.ceil(per_rank / mb)
     layers = model.num_layers // lay.p
-    fwd = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq)
-    bwd = layers * compute.layer_backward_s(cm, model, lay.t, mb, seq)
+    fwd = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
+    bwd = layers * compute.layer_backward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
     tokens = mb * seq
     head = compute.head_forward_s(cm, model, lay.t, tokens, value_head=value_head)
     head += compute.head_backward_s(cm, model, lay.t, tokens, value_head=value_head)
@@ -266,16 +263,24 @@ def _dp_sync_and_optimizer_s(
     *,
     value_head: bool,
 ) -> tuple[float, float]:
-    shard_params = model.num_params(value_head=value_head) // (lay.t * lay.p)
-    grad_bytes = shard_params * model.dtype.num_bytes
-    if zero == 0:
-        sync = cm.collective_s(CollectiveKind.ALL_REDUCE, grad_bytes, lay.d, scope)
-        return sync, cm.optimizer_s(shard_params)
-    sync = cm.collective_s(CollectiveKind.REDUCE_SCATTER, grad_bytes, lay.d, scope)
-    sync += cm.collective_s(CollectiveKind.ALL_GATHER, grad_bytes, lay.d, scope)
-    if zero == 3:
-        sync += 2 * num_micro * cm.collective_s(CollectiveKind.ALL_GATHER, grad_bytes, lay.d, scope)
-    return sync, cm.optimizer_s(math.ceil(shard_params / lay.d))
+    """Gradient reduction and optimizer step of one rank; a mixture of experts reduces
+    its dense gradients over d and its experts' over the expert-DP group d/e (whose
+    ranks are a strided subset of a DP group: `scope` is taken for both)."""
+    sync = 0.0
+    opt_params = 0
+    for params, d in memory.shard_params(model, lay, value_head=value_head):
+        shard = int(params)
+        grad_bytes = shard * model.dtype.num_bytes
+        if zero == 0:
+            sync += cm.collective_s(CollectiveKind.ALL_REDUCE, grad_bytes, d, scope)
+            opt_params += shard
+            continue
+        sync += cm.collective_s(CollectiveKind.REDUCE_SCATTER, grad_bytes, d, scope)
+        sync += cm.collective_s(CollectiveKind.ALL_GATHER, grad_bytes, d, scope)
+        if zero == 3:
+            sync += 2 * num_micro * cm.collective_s(CollectiveKind.ALL_GATHER, grad_bytes, d, scope)
+        opt_params += math.ceil(shard / d)
+    return sync, cm.optimizer_s(opt_params)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -328,19 +333,26 @@ def reshard_cost(cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope) 
     """Colocated actor: all-gather inside each micro-DP group (HybridFlow), slot by slot.
 
     Each slot (bucket) of the plan is one all-gather, so its latency is paid per
-    bucket; the slowest group sets the time (groups run in parallel).
+    bucket; the slowest group sets the time (groups run in parallel). Where the
+    transfer plan cannot describe the model (replicated KV heads; a mixture of
+    experts, whose training shard holds 1/e of the experts and whose generation
+    shard gathers them from the expert-parallel peers too) the transition is
+    priced as dense weights are: one all-gather of the generation shard
+    M/(tg·pg) over the ranks whose training shards make it up.
     """
     model_bytes = model.num_bytes()
     lay = gen.train
-    transfer = colocated_transfer(model, lay.p, lay.t, gen.tg, gen.pg)
+    gen_shard = model_bytes / (gen.tg * gen.pg)
+    train_shard = memory.weight_bytes_per_gpu(model, lay.t, lay.p, value_head=False, e=lay.e)
+    transfer = colocated_transfer(model, lay.p, lay.t, gen.tg, gen.pg) if lay.e == 1 else None
     if transfer is None:
-        # Fallback for replicated KV heads: one all-gather of the whole generation
-        # shard, M/(tg·pg), and HybridFlow's formula for the bytes.
-        received = colocated_transfer_bytes_per_rank(model_bytes, gen)
-        time_s = cm.collective_s(
-            CollectiveKind.ALL_GATHER, int(model_bytes / (gen.tg * gen.pg)), gen.dg, scope
-        )
-        detail: dict[str, Any] = {"bytes_received_per_gpu": received, "buckets": 1}
+        group = max(2, round(gen_shard / train_shard))
+        time_s = cm.collective_s(CollectiveKind.ALL_GATHER, int(gen_shard), group, scope)
+        detail: dict[str, Any] = {
+            "bytes_received_per_gpu": gen_shard - train_shard,
+            "buckets": 1,
+            "gather_group": group,
+        }
     else:
         time_s = sum(
             n * cm.collective_s(CollectiveKind.ALL_GATHER, size, transfer.group_size, scope)
@@ -352,7 +364,7 @@ def reshard_cost(cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope) 
             "peak_extra_bytes_per_gpu": transfer.peak_extra_bytes,
         }
     # The rank's own training shard becomes part of its generation shard.
-    extra = model_bytes / (gen.tg * gen.pg) - model_bytes / (lay.t * lay.p)
+    extra = gen_shard - train_shard
     return CallCost(time_s=time_s, transient_bytes=extra, busy_s=time_s, detail=detail)
 
 

@@ -29,12 +29,53 @@ on a GPU). How the two resources combine (`overlapped_s`):
   the step's own ops outside the layers (input preparation, sampling, stop
   checks; `EXTRA_OPS_DECODE_STEP` of placeflow's engine stands for them).
 
+Mixture of experts (`ModelSpec.moe`). A layer's time is the mean over the
+model's layers, so that callers multiply by the layer count as for a dense
+model: `dense_layers` layers run the dense MLP above, the others an MoE block.
+An MoE block on one rank, with m tokens, E experts of FFN size f_e, top-k
+routing, expert parallelism e and expert TP = t (Megatron-core's ETP = TP):
+
+- the router GEMM (m, E, h) and its top-k softmax;
+- the dispatch all-to-all over the e ranks of the expert-parallel group (each
+  rank sends its m·k routed token copies of h values: m·k·h·bytes) and the
+  combine all-to-all back (same bytes); the backward runs both again;
+- the routed experts: the rank holds E/e experts, sliced by t. The e ranks of
+  its group send it T = e·m tokens' routes; a = E·(1 − (1 − k/E)^T) distinct
+  experts are touched in expectation, each by T·k/a rows, so the rank runs
+  a/e grouped GEMMs of T·k/a rows (gate+up n = 2·f_e/t, down k = f_e/t). For
+  training batches a = E and each expert gets T·k/E rows; for a decode step of
+  B tokens only the touched experts' weights are read, which bounds the
+  weight bytes of a small decode batch;
+- shared experts (every token): a dense SwiGLU MLP of `shared_ffn_hidden_size`
+  sliced by t.
+
+Generation keeps e = 1 inside a replica: the experts are spread over its tg
+ranks or sliced by tg. vLLM's `--enable-expert-parallel` sets EP = TP x DP
+(docs.vllm.ai, "Expert Parallel Deployment"); placeflow's generation replicas
+are independent engines (DP = 1 each), so EP = tg. Spread or sliced, each rank
+holds M/(tg·pg) and runs the same FLOPs in expectation, and the token
+exchange (vLLM's default all-gather / reduce-scatter backend) moves what the
+TP all-reduce already priced moves, so the two are priced alike. An engine
+spanning the dg replicas of a training replica (EP = tg·dg) would hold fewer
+expert bytes per rank; that layout is not modelled.
+
+Multi-head latent attention (`ModelSpec.mla`, DeepSeek-V3) is priced as its
+projections plus standard attention: q down (m, q_lora, h) and kv down
+(m, kv_lora + rope, h) replicated on every TP rank, q up (m, heads/t·(nope +
+rope), q_lora), kv up (m, heads/t·(nope + v), kv_lora), o (m, h, heads/t·v);
+prefill and training attention over heads/t heads of head size nope + rope
+(the value's smaller head size not credited); a decode step attends, as vLLM
+and FlashMLA do with absorbed weights, over the compressed cache: one shared
+KV head of kv_lora + rope dims per token. The absorbed decode's own GEMM
+shapes are not modelled (the prefill projections stand for them).
+
 Every function is memoised on its arguments in the cost model's memo, because
 the planner asks the same questions for thousands of plans.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from placeflow.models import Feature, ModelSpec
@@ -50,6 +91,11 @@ EXTRA_OPS_CALL_FORWARD = 39  # per forward: embedding, positions, mask, final no
 EXTRA_OPS_CALL_BACKWARD = 39  # per backward: the same ops' gradients and the loss
 EXTRA_OPS_DECODE_STEP = 68  # per decode step: embedding, head, sampling, stop checks
 OP_OVERHEAD_BYTES = 1024  # the profile's smallest elementwise point
+
+# An MoE block's extra launches: router, top-k, permute, unpermute, the dispatch and
+# combine all-to-alls, shared experts; the backward runs each about twice.
+KERNELS_MOE_FORWARD = 8
+KERNELS_MOE_BACKWARD = 14
 
 # Kernels costed above, per piece (each is one launch): 4 GEMMs, attention, 2 RMSNorms,
 # 2 adds and SwiGLU in a layer's forward, plus its 2 all-reduces under TP; the backward
@@ -72,9 +118,8 @@ def op_overhead_s(cm: CostModel) -> float:
     return cm.elementwise_s(ElementwiseKind.ADD, OP_OVERHEAD_BYTES)
 
 
-# Features of ModelSpec whose kernels this module prices; experts and latent
-# attention have other GEMMs, so such a model is refused rather than mispriced.
-PRICED_FEATURES = frozenset({Feature.QK_NORM, Feature.HEAD_DIM})
+# Features of ModelSpec whose kernels this module prices (module docstring).
+PRICED_FEATURES = frozenset({Feature.QK_NORM, Feature.HEAD_DIM, Feature.MOE, Feature.MLA})
 
 
 def overlapped_s(cm: CostModel, device_s: float, num_kernels: int, num_extra_ops: int) -> float:
@@ -89,75 +134,237 @@ def overlapped_s(cm: CostModel, device_s: float, num_kernels: int, num_extra_ops
     return max(device_s, (num_kernels + num_extra_ops) * op_s)
 
 
-def _gemm_shapes(model: ModelSpec, t: int) -> tuple[tuple[int, int], ...]:
-    """(n, k) of the four GEMMs of one layer on one TP rank."""
+def _attention_gemm_shapes(model: ModelSpec, t: int) -> tuple[tuple[int, int], ...]:
+    """(n, k) of one layer's attention projections on one TP rank."""
     model.require_features(PRICED_FEATURES, "the simulator's cost model")
-    h, f = model.hidden_size, model.ffn_hidden_size
-    qkv = (model.q_size + 2 * model.kv_heads_per_rank(t) * model.head_dim * t) // t
-    return ((qkv, h), (h, model.q_size // t), (2 * f // t, h), (h, f // t))
+    h, heads = model.hidden_size, model.num_heads // t
+    mla = model.mla
+    if mla is None:
+        qkv = (model.q_size + 2 * model.kv_heads_per_rank(t) * model.head_dim * t) // t
+        return ((qkv, h), (h, model.q_size // t))
+    if mla.q_lora_rank:
+        q: tuple[tuple[int, int], ...] = (
+            (mla.q_lora_rank, h),
+            (heads * mla.qk_head_dim, mla.q_lora_rank),
+        )
+    else:
+        q = ((heads * mla.qk_head_dim, h),)
+    return (
+        *q,
+        (mla.kv_lora_rank + mla.qk_rope_head_dim, h),
+        (heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank),
+        (h, heads * mla.v_head_dim),
+    )
+
+
+def _mlp_gemm_shapes(h: int, ffn: int, t: int) -> tuple[tuple[int, int], ...]:
+    """(n, k) of a SwiGLU MLP's gate+up and down GEMMs on one TP rank."""
+    return ((2 * ffn // t, h), (h, ffn // t))
 
 
 def _tp_kernels(t: int) -> int:
     return KERNELS_TP_ALL_REDUCES if t > 1 else 0
 
 
-def layer_forward_kernels_s(
-    cm: CostModel, model: ModelSpec, t: int, batch: int, seq: int, *, decode_kv_len: int = 0
+def active_experts(num_experts: int, experts_per_token: int, num_tokens: int) -> float:
+    """Expected distinct experts that `num_tokens` tokens touch: E·(1 − (1 − k/E)^T)."""
+    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** num_tokens)
+
+
+def all_to_all_bytes(model: ModelSpec, tokens: int) -> int:
+    """One rank's send buffer of one dispatch (or combine): tokens·k·h·bytes."""
+    assert model.moe is not None
+    return tokens * model.moe.experts_per_token * model.hidden_size * model.dtype.num_bytes
+
+
+def _expert_gemms_s(
+    cm: CostModel, model: ModelSpec, t: int, e: int, tokens: int, *, backward: bool
 ) -> float:
-    """Device time of one layer's forward kernels on one rank (no host dispatch).
+    """The routed experts' GEMMs of one rank (module docstring), forward or backward.
+
+    The rank's g = a/e expert GEMMs run as one grouped GEMM (Megatron's grouped
+    GEMM, vLLM's fused MoE kernel), priced as one GEMM whose weight dimension
+    is the g weights side by side: (rows, n, g·k) forward, (rows, k, g·n) and
+    (k, g·n, rows) backward; the same FLOPs and weight bytes as the g GEMMs,
+    with one launch.
+    """
+    moe = model.moe
+    assert moe is not None
+    routed = e * tokens  # tokens whose routes the rank's EP group exchanges
+    touched = active_experts(moe.num_experts, moe.experts_per_token, routed)
+    rows = max(1, math.ceil(routed * moe.experts_per_token / touched))
+    group = max(1, round(touched / e))
+    time_s = 0.0
+    for n, k in _mlp_gemm_shapes(model.hidden_size, moe.expert_ffn_hidden_size, t):
+        if backward:
+            time_s += cm.gemm_s(rows, k, group * n) + cm.gemm_s(k, group * n, rows)
+        else:
+            time_s += cm.gemm_s(rows, n, group * k)
+    return time_s
+
+
+def _moe_mlp_s(
+    cm: CostModel, model: ModelSpec, t: int, e: int, tokens: int, ep_scope: Scope, *, backward: bool
+) -> float:
+    """Device time of one MoE block (router, all-to-alls, experts, shared experts) on one rank."""
+    moe = model.moe
+    assert moe is not None
+    h, b, num_e = model.hidden_size, model.dtype.num_bytes, moe.num_experts
+    passes = 2 if backward else 1  # elementwise backward reads about twice the forward
+    time_s = (
+        cm.gemm_s(tokens, h, num_e) + cm.gemm_s(h, num_e, tokens)
+        if backward
+        else cm.gemm_s(tokens, num_e, h)
+    )
+    time_s += passes * cm.elementwise_s(ElementwiseKind.SOFTMAX, tokens * num_e * 4)
+    time_s += _expert_gemms_s(cm, model, t, e, tokens, backward=backward)
+    routed_rows = tokens * moe.experts_per_token
+    time_s += passes * cm.elementwise_s(
+        ElementwiseKind.SILU_MUL, routed_rows * 2 * moe.expert_ffn_hidden_size // t * b
+    )
+    # Dispatch and combine (forward), and their gradients (backward).
+    time_s += 2 * cm.collective_s(
+        CollectiveKind.ALL_TO_ALL, all_to_all_bytes(model, tokens), e, ep_scope
+    )
+    if moe.shared_ffn_hidden_size:
+        for n, k in _mlp_gemm_shapes(h, moe.shared_ffn_hidden_size, t):
+            if backward:
+                time_s += cm.gemm_s(tokens, k, n) + cm.gemm_s(k, n, tokens)
+            else:
+                time_s += cm.gemm_s(tokens, n, k)
+        time_s += passes * cm.elementwise_s(
+            ElementwiseKind.SILU_MUL, tokens * 2 * moe.shared_ffn_hidden_size // t * b
+        )
+    return time_s
+
+
+def _dense_mlp_s(cm: CostModel, model: ModelSpec, t: int, tokens: int, *, backward: bool) -> float:
+    b = model.dtype.num_bytes
+    shapes = _mlp_gemm_shapes(model.hidden_size, model.ffn_hidden_size, t)
+    if backward:
+        time_s = sum(cm.gemm_s(tokens, k, n) + cm.gemm_s(k, n, tokens) for n, k in shapes)
+        passes = 2
+    else:
+        time_s = sum(cm.gemm_s(tokens, n, k) for n, k in shapes)
+        passes = 1
+    silu_bytes = tokens * 2 * model.ffn_hidden_size // t * b
+    return time_s + passes * cm.elementwise_s(ElementwiseKind.SILU_MUL, silu_bytes)
+
+
+def _mean_mlp_s(
+    cm: CostModel, model: ModelSpec, t: int, e: int, tokens: int, ep_scope: Scope, *, backward: bool
+) -> float:
+    """The MLP part of a layer, averaged over the model's dense and MoE layers."""
+    if model.moe is None:
+        return _dense_mlp_s(cm, model, t, tokens, backward=backward)
+    moe_s = _moe_mlp_s(cm, model, t, e, tokens, ep_scope, backward=backward)
+    dense_s = (
+        _dense_mlp_s(cm, model, t, tokens, backward=backward) if model.num_dense_layers else 0.0
+    )
+    return (model.num_moe_layers * moe_s + model.num_dense_layers * dense_s) / model.num_layers
+
+
+def _attention_shape(model: ModelSpec, t: int, *, decode: bool) -> tuple[int, int, int]:
+    """(heads, kv heads, head size) per rank of the attention kernel."""
+    heads = model.num_heads // t
+    if model.mla is not None and decode:
+        return heads, 1, model.mla.kv_lora_rank + model.mla.qk_rope_head_dim
+    if model.mla is not None:
+        return heads, heads, model.head_dim
+    return heads, model.kv_heads_per_rank(t), model.head_dim
+
+
+def _moe_kernels(model: ModelSpec, *, backward: bool) -> int:
+    if model.moe is None:
+        return 0
+    per_layer = KERNELS_MOE_BACKWARD if backward else KERNELS_MOE_FORWARD
+    return round(per_layer * model.num_moe_layers / model.num_layers)
+
+
+def layer_forward_kernels_s(
+    cm: CostModel,
+    model: ModelSpec,
+    t: int,
+    batch: int,
+    seq: int,
+    *,
+    decode_kv_len: int = 0,
+    e: int = 1,
+    ep_scope: Scope = Scope.INTRA,
+) -> float:
+    """Device time of one layer's forward kernels on one rank (no host dispatch);
+    the mean over the layers for a mixture of experts.
 
     With `decode_kv_len` > 0 the attention is a decode step against that many
     cached tokens (seq must then be 1).
     """
-    key = ("layer_fwd_kernels", model, t, batch, seq, decode_kv_len)
+    key = ("layer_fwd_kernels", model, t, batch, seq, decode_kv_len, e, ep_scope)
     hit = cm.memo.get(key)
     if hit is not None:
         return hit
     m = batch * seq
     b = model.dtype.num_bytes
-    time_s = sum(cm.gemm_s(m, n, k) for n, k in _gemm_shapes(model, t))
-    heads, kv_heads = model.num_heads // t, model.kv_heads_per_rank(t)
+    time_s = sum(cm.gemm_s(m, n, k) for n, k in _attention_gemm_shapes(model, t))
+    heads, kv_heads, head_dim = _attention_shape(model, t, decode=bool(decode_kv_len))
     if decode_kv_len:
-        time_s += cm.attn_decode_s(batch, decode_kv_len, heads, kv_heads, model.head_dim)
+        time_s += cm.attn_decode_s(batch, decode_kv_len, heads, kv_heads, head_dim)
     else:
-        time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, model.head_dim)
+        time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim)
+    time_s += _mean_mlp_s(cm, model, t, e, m, ep_scope, backward=False)
     act = m * model.hidden_size * b
     time_s += 2 * cm.elementwise_s(ElementwiseKind.RMSNORM, act)
     time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
-    time_s += cm.elementwise_s(ElementwiseKind.SILU_MUL, m * 2 * model.ffn_hidden_size // t * b)
     time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
     cm.memo[key] = time_s
     return time_s
 
 
-def layer_forward_s(cm: CostModel, model: ModelSpec, t: int, batch: int, seq: int) -> float:
+def layer_forward_s(
+    cm: CostModel,
+    model: ModelSpec,
+    t: int,
+    batch: int,
+    seq: int,
+    *,
+    e: int = 1,
+    ep_scope: Scope = Scope.INTRA,
+) -> float:
     """One layer's eager forward (prefill, scoring or training) on one rank."""
-    kernels = layer_forward_kernels_s(cm, model, t, batch, seq)
-    return overlapped_s(
-        cm, kernels, KERNELS_LAYER_FORWARD + _tp_kernels(t), EXTRA_OPS_LAYER_FORWARD
-    )
+    kernels = layer_forward_kernels_s(cm, model, t, batch, seq, e=e, ep_scope=ep_scope)
+    launches = KERNELS_LAYER_FORWARD + _tp_kernels(t) + _moe_kernels(model, backward=False)
+    return overlapped_s(cm, kernels, launches, EXTRA_OPS_LAYER_FORWARD)
 
 
-def layer_backward_s(cm: CostModel, model: ModelSpec, t: int, batch: int, seq: int) -> float:
-    """One layer's backward (no recomputation) on one rank."""
-    key = ("layer_bwd", model, t, batch, seq)
+def layer_backward_s(
+    cm: CostModel,
+    model: ModelSpec,
+    t: int,
+    batch: int,
+    seq: int,
+    *,
+    e: int = 1,
+    ep_scope: Scope = Scope.INTRA,
+) -> float:
+    """One layer's backward (no recomputation) on one rank; the mean over layers for MoE."""
+    key = ("layer_bwd", model, t, batch, seq, e, ep_scope)
     hit = cm.memo.get(key)
     if hit is not None:
         return hit
     m = batch * seq
     b = model.dtype.num_bytes
-    time_s = sum(cm.gemm_s(m, k, n) + cm.gemm_s(k, n, m) for n, k in _gemm_shapes(model, t))
-    heads, kv_heads = model.num_heads // t, model.kv_heads_per_rank(t)
-    time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, model.head_dim, backward=True)
+    time_s = sum(
+        cm.gemm_s(m, k, n) + cm.gemm_s(k, n, m) for n, k in _attention_gemm_shapes(model, t)
+    )
+    heads, kv_heads, head_dim = _attention_shape(model, t, decode=False)
+    time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim, backward=True)
+    time_s += _mean_mlp_s(cm, model, t, e, m, ep_scope, backward=True)
     act = m * model.hidden_size * b
-    # The backward of norms, SwiGLU and adds reads about twice what the forward does.
+    # The backward of norms and adds reads about twice what the forward does.
     time_s += 4 * cm.elementwise_s(ElementwiseKind.RMSNORM, act)
     time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
-    time_s += 2 * cm.elementwise_s(ElementwiseKind.SILU_MUL, m * 2 * model.ffn_hidden_size // t * b)
     time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
-    time_s = overlapped_s(
-        cm, time_s, KERNELS_LAYER_BACKWARD + _tp_kernels(t), EXTRA_OPS_LAYER_BACKWARD
-    )
+    launches = KERNELS_LAYER_BACKWARD + _tp_kernels(t) + _moe_kernels(model, backward=True)
+    time_s = overlapped_s(cm, time_s, launches, EXTRA_OPS_LAYER_BACKWARD)
     cm.memo[key] = time_s
     return time_s
 
@@ -228,7 +435,9 @@ def decode_step_s(
     else:
         # The decode step's own ops replace the forward's: the sampler's step is not a
         # scoring call.
-        kernels = model.num_layers * (KERNELS_LAYER_FORWARD + _tp_kernels(tg))
+        kernels = model.num_layers * (
+            KERNELS_LAYER_FORWARD + _tp_kernels(tg) + _moe_kernels(model, backward=False)
+        )
         kernels += KERNELS_HEAD_FORWARD[False]
         extra = model.num_layers * EXTRA_OPS_LAYER_DECODE + EXTRA_OPS_DECODE_STEP
         time_s = overlapped_s(cm, device_s, kernels, extra)

@@ -17,7 +17,14 @@
   back after). The KV cache is never kept across phases: generation frees it,
   so there is nothing of it to offload.
 - Generation: the KV cache, 2·layers·kv_heads·head_dim·bytes per token, split
-  over tg (heads) and pg (layers).
+  over tg (heads) and pg (layers); with multi-head latent attention the
+  compressed latent and RoPE key, layers·(kv_lora_rank + rope dims)·bytes,
+  split over pg only (every TP rank keeps the whole latent, as vLLM does).
+- Mixture of experts (`shard_params`): a rank of layout p-t-d-e holds the
+  dense parameters / (t·p) and the routed experts' parameters / (t·p·e);
+  ZeRO shards the dense part's state over d and the experts' over the
+  expert-data-parallel group d/e. Generation ranks hold M/(tg·pg) as before
+  (experts spread over the replica's tg ranks).
 """
 
 from __future__ import annotations
@@ -28,34 +35,63 @@ from placeflow.models import ModelSpec
 ADAM_BYTES_PER_PARAM = 16
 
 
-def weight_bytes_per_gpu(model: ModelSpec, t: int, p: int, *, value_head: bool) -> float:
-    return model.num_bytes(value_head=value_head) / (t * p)
+def expert_params(model: ModelSpec) -> int:
+    """Parameters of the routed experts (0 for a dense model); the rest is dense."""
+    if model.moe is None:
+        return 0
+    per_expert = 3 * model.hidden_size * model.moe.expert_ffn_hidden_size
+    return model.num_moe_layers * model.moe.num_experts * per_expert
+
+
+def shard_params(
+    model: ModelSpec, layout: TrainLayout, *, value_head: bool
+) -> tuple[tuple[float, int], ...]:
+    """(parameters on one GPU, size of the data-parallel group that replicates them):
+    the dense part over d, the routed experts over the expert-DP group d/e."""
+    experts = expert_params(model)
+    dense = model.num_params(value_head=value_head) - experts
+    mp = layout.t * layout.p
+    parts: tuple[tuple[float, int], ...] = ((dense / mp, layout.d),)
+    if experts:
+        parts += ((experts / (mp * layout.e), layout.expert_dp),)
+    return parts
+
+
+def weight_bytes_per_gpu(
+    model: ModelSpec, t: int, p: int, *, value_head: bool, e: int = 1
+) -> float:
+    experts = expert_params(model)
+    dense = model.num_params(value_head=value_head) - experts
+    return (dense + experts / e) * model.dtype.num_bytes / (t * p)
 
 
 def training_state_bytes_per_gpu(
     model: ModelSpec, layout: TrainLayout, zero: int, *, value_head: bool
 ) -> float:
     """Weights + gradients + optimizer state on one GPU under ZeRO stage `zero`."""
-    shard = model.num_params(value_head=value_head) / (layout.t * layout.p)
     w = g = model.dtype.num_bytes
     opt = ADAM_BYTES_PER_PARAM - w - g
-    d = layout.d
-    per_param = {
-        0: w + g + opt,
-        1: w + g + opt / d,
-        2: w + (g + opt) / d,
-        3: (w + g + opt) / d,
-    }[zero]
-    return shard * per_param
+    total = 0.0
+    for shard, d in shard_params(model, layout, value_head=value_head):
+        per_param = {
+            0: w + g + opt,
+            1: w + g + opt / d,
+            2: w + (g + opt) / d,
+            3: (w + g + opt) / d,
+        }[zero]
+        total += shard * per_param
+    return total
 
 
 def optimizer_state_bytes_per_gpu(
     model: ModelSpec, layout: TrainLayout, zero: int, *, value_head: bool
 ) -> float:
     """The Adam state part of `training_state_bytes_per_gpu` (what offloading moves)."""
-    shard = model.num_params(value_head=value_head) / (layout.t * layout.p)
     opt = ADAM_BYTES_PER_PARAM - 2 * model.dtype.num_bytes
-    return shard * opt / (layout.d if zero >= 1 else 1)
+    return sum(
+        shard * opt / (d if zero >= 1 else 1)
+        for shard, d in shard_params(model, layout, value_head=value_head)
+    )
 
 
 def logits_bytes(model: ModelSpec, t: int, tokens: int, *, value_head: bool) -> float:
@@ -94,5 +130,7 @@ def forward_activation_bytes(
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, tg: int, pg: int) -> float:
+    if model.mla is not None:
+        return model.kv_cache_bytes_per_token / pg
     kv_heads_per_rank = model.kv_heads_per_rank(tg)
     return 2 * model.num_layers / pg * kv_heads_per_rank * model.head_dim * model.dtype.num_bytes

@@ -44,9 +44,30 @@ def dp_scope(first_device: int, gpus_per_node: int, layout: TrainLayout) -> Scop
 
 
 @cache
+def ep_scope(first_device: int, gpus_per_node: int, layout: TrainLayout) -> Scope:
+    """Scope of the expert-parallel groups of `layout` (the MoE all-to-alls)."""
+    return span_scope(first_device, gpus_per_node, layout.ep_groups())
+
+
+@cache
 def micro_dp_scope(first_device: int, gpus_per_node: int, gen: GenLayout) -> Scope:
     """Scope of the micro-DP groups (the colocated reshard's all-gathers)."""
     return span_scope(first_device, gpus_per_node, gen.micro_dp_groups())
+
+
+def reshard_scope(first_device: int, gpus_per_node: int, gen: GenLayout) -> Scope:
+    """Scope of a colocated reshard: its micro-DP groups, and with expert parallelism
+    also the expert-parallel groups the experts are gathered from."""
+    scope = micro_dp_scope(first_device, gpus_per_node, gen)
+    if gen.train.e > 1 and ep_scope(first_device, gpus_per_node, gen.train) is Scope.INTER:
+        return Scope.INTER
+    return scope
+
+
+def needs_reshard(gen: GenLayout) -> bool:
+    """A colocated actor reshards when generation replicas regroup training shards (dg > 1)
+    or when its training ranks hold only 1/e of the experts."""
+    return gen.dg > 1 or gen.train.e > 1
 
 
 def train_seq_len(workload: Workload) -> int:
@@ -64,8 +85,11 @@ def kv_bytes_per_seq(workload: Workload, gen: GenLayout) -> float:
 
 
 def colocated_gen_extra_bytes(actor: ModelSpec, gen: GenLayout) -> float:
-    """Generation weights beyond the training shard they reuse: M/(tg·pg) − M/(t·p)."""
-    return actor.num_bytes() / (gen.tg * gen.pg) - actor.num_bytes() / (gen.train.t * gen.train.p)
+    """Generation weights beyond the training shard they reuse: M/(tg·pg) − M/(t·p)
+    (the training shard of a mixture of experts holds 1/e of the experts)."""
+    lay = gen.train
+    train_shard = memory.weight_bytes_per_gpu(actor, lay.t, lay.p, value_head=False, e=lay.e)
+    return actor.num_bytes() / (gen.tg * gen.pg) - train_shard
 
 
 # Bytes per token a call's Batch carries: an int64 token id and a bool mask, plus one
@@ -136,7 +160,13 @@ def role_call_costs(
             per_rank = shape.num_seqs
         elif call.kind == CallKind.FORWARD:
             cost = calls.forward_cost(
-                cm, model, par, call.num_samples, seq, value_head=role.has_value_head
+                cm,
+                model,
+                par,
+                call.num_samples,
+                seq,
+                value_head=role.has_value_head,
+                ep_scope=ep_scope(first_device, gpus_per_node, par.train),
             )
             per_rank = math.ceil(call.num_samples / par.train.d)
         else:
@@ -151,6 +181,7 @@ def role_call_costs(
                 workload.batch.mini_batches,
                 scope,
                 value_head=role.has_value_head,
+                ep_scope=ep_scope(first_device, gpus_per_node, par.train),
             )
             per_rank = math.ceil(call.num_samples / par.train.d)
         payload = call_payload_bytes(call.kind, per_rank, workload.batch.prompt_len, seq)
@@ -170,5 +201,5 @@ def resident_bytes(model: ModelSpec, role: Role, par: RoleParallelism) -> float:
             )
         return state
     return memory.weight_bytes_per_gpu(
-        model, par.train.t, par.train.p, value_head=role.has_value_head
+        model, par.train.t, par.train.p, value_head=role.has_value_head, e=par.train.e
     )

@@ -32,7 +32,8 @@ from placeflow.simulator.lengths import LengthModel
 from placeflow.simulator.roles import (
     colocated_gen_extra_bytes,
     kv_bytes_per_seq,
-    micro_dp_scope,
+    needs_reshard,
+    reshard_scope,
     resident_bytes,
     role_call_costs,
     with_dispatch,
@@ -193,8 +194,8 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         scope = Scope.INTRA if same_node else Scope.INTER
         cost = calls.weight_sync_cost(cm, actor, par.tg, par.pg, scope)
         phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
-    elif gen.dg > 1:
-        scope = micro_dp_scope(
+    elif needs_reshard(gen):
+        scope = reshard_scope(
             plan.sets[actor_set].first_device, plan.pool_of(actor_set).gpus_per_node, gen
         )
         cost = calls.reshard_cost(cm, actor, gen, scope)

@@ -1,5 +1,6 @@
 """Models beyond a dense Llama layer (Qwen3's wider heads and QK-norm, experts, latent
-attention): priced where the cost model knows their kernels, refused by name elsewhere."""
+attention): priced where the cost model knows their kernels, refused by name elsewhere
+(the executor's engines do not run experts or latent attention yet)."""
 
 import dataclasses
 from pathlib import Path
@@ -42,11 +43,13 @@ def test_qwen3_wider_heads_are_priced_by_their_head_dim():
     ("name", "feature"),
     [("qwen3-30b-a3b", "mixture of experts"), ("deepseek-v3", "multi-head latent attention")],
 )
-def test_experts_and_latent_attention_are_refused_not_mispriced(name, feature):
+def test_experts_and_latent_attention_are_priced_by_the_simulator_refused_by_rehearsal(
+    name, feature
+):
     plan = _with_model(name)
     cm = fitted_cost_model(plan.cluster.pools[0].profile)
-    with pytest.raises(SpecError, match=f"uses .*{feature}.*the simulator's cost model"):
-        simulate(plan, cm)
+    est = simulate(plan, cm)  # priced: no refusal; too big for 16 GPUs is a memory verdict
+    assert est.feasible or "short by" in (est.infeasible_reason or "")
     with pytest.raises(SpecError, match=f"{feature}.*rehearsal"):
         rehearsal_plan(plan)
 
