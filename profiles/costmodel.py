@@ -37,6 +37,7 @@ import numpy as np
 
 from placeflow.errors import SpecError
 from placeflow.profiles import ops
+from placeflow.profiles.grid import DTYPE_BYTES
 from placeflow.profiles.schema import (
     CollectiveKind,
     Entry,
@@ -50,8 +51,6 @@ from placeflow.profiles.schema import (
 
 FamilyKey = tuple[str, ...]
 SeriesId = tuple[Op, ops.SeriesKey]
-
-_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 class ProfileCoverageError(SpecError):
@@ -197,7 +196,7 @@ class CostModel:
     @staticmethod
     def fit(profile: Profile, *, exclude: Entry | None = None) -> CostModel:
         """Fit rooflines per family and index the series; `exclude` leaves one entry out."""
-        dtype_bytes = _DTYPE_BYTES.get(profile.provenance.dtype, 2)
+        dtype_bytes = DTYPE_BYTES.get(profile.provenance.dtype, 2)
         families: dict[FamilyKey, list[Entry]] = {}
         by_series: dict[SeriesId, list[Entry]] = {}
         for e in profile.entries:

@@ -66,7 +66,7 @@ from placeflow.profiles.schema import (
 )
 
 GB = 1e9
-_DTYPE_BYTES = 2  # fp16 / bf16
+_DTYPE_BYTES = DType.BF16.num_bytes  # datasheet entries are bf16 (fp16 alike)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,7 +43,7 @@ from typing import Any
 
 from placeflow.catalogue import CATALOGUE
 from placeflow.errors import SpecError
-from placeflow.models import ModelSpec
+from placeflow.models import DType, ModelSpec
 from placeflow.profiles.schema import (
     CollectiveKind,
     CopyDirection,
@@ -51,7 +51,8 @@ from placeflow.profiles.schema import (
     Op,
 )
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Bytes per element by profile dtype name, from the one definition (DType.num_bytes).
+DTYPE_BYTES = {d.value: d.num_bytes for d in DType}
 DEVICES = ("cpu", "cuda")
 TP_DEGREES = (1, 2, 4, 8)
 MIN_SERIES_POINTS = 5
