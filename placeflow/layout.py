@@ -215,11 +215,16 @@ def colocated_transfer_bytes_per_rank(model_bytes: int, gen: GenLayout) -> float
     return (tp - gen.tg * gen.pg) / (gen.tg * gen.pg * tp) * model_bytes
 
 
+def gen_shard_bytes(model_bytes: int, tg: int, pg: int) -> float:
+    """Weights one generation rank holds: M/(tg·pg). The one place of this formula."""
+    return model_bytes / (tg * pg)
+
+
 def generation_shard_bytes(model_bytes: int, gen: GenLayout) -> float:
-    """Weights one generation rank holds: M/(tg·pg) (the colocated transfer's peak)."""
-    return model_bytes / (gen.tg * gen.pg)
+    """Weights one generation rank of `gen` holds (the colocated transfer's peak)."""
+    return gen_shard_bytes(model_bytes, gen.tg, gen.pg)
 
 
 def disjoint_transfer_bytes_per_gen_rank(model_bytes: int, tg: int, pg: int) -> float:
     """A generator on other devices receives its whole shard, M/(tg·pg), over the link."""
-    return model_bytes / (tg * pg)
+    return gen_shard_bytes(model_bytes, tg, pg)

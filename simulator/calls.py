@@ -36,7 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from placeflow.errors import SpecError
-from placeflow.layout import GenLayout, TrainLayout, disjoint_transfer_bytes_per_gen_rank
+from placeflow.layout import (
+    GenLayout,
+    TrainLayout,
+    disjoint_transfer_bytes_per_gen_rank,
+    generation_shard_bytes,
+)
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
@@ -342,7 +347,7 @@ def reshard_cost(cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope) 
     """
     model_bytes = model.num_bytes()
     lay = gen.train
-    gen_shard = model_bytes / (gen.tg * gen.pg)
+    gen_shard = generation_shard_bytes(model_bytes, gen)
     train_shard = memory.weight_bytes_per_gpu(model, lay.t, lay.p, value_head=False, e=lay.e)
     transfer = colocated_transfer(model, lay.p, lay.t, gen.tg, gen.pg) if lay.e == 1 else None
     if transfer is None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from functools import cache
 
 from placeflow.dataflow import CallKind, dataflow_calls
-from placeflow.layout import GenLayout, TrainLayout
+from placeflow.layout import GenLayout, TrainLayout, generation_shard_bytes
 from placeflow.models import ModelSpec
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
@@ -89,7 +89,7 @@ def colocated_gen_extra_bytes(actor: ModelSpec, gen: GenLayout) -> float:
     (the training shard of a mixture of experts holds 1/e of the experts)."""
     lay = gen.train
     train_shard = memory.weight_bytes_per_gpu(actor, lay.t, lay.p, value_head=False, e=lay.e)
-    return actor.num_bytes() / (gen.tg * gen.pg) - train_shard
+    return generation_shard_bytes(actor.num_bytes(), gen) - train_shard
 
 
 # Bytes per token a call's Batch carries: an int64 token id and a bool mask, plus one

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from placeflow.dataflow import CallKind, dataflow_calls
-from placeflow.layout import GenLayout
+from placeflow.layout import GenLayout, gen_shard_bytes
 from placeflow.phases import Phase
 from placeflow.plan import Plan
 from placeflow.profiles.costmodel import CostModel
@@ -69,7 +69,7 @@ def _resident_bytes(plan: Plan, set_index: int) -> float:
     s = plan.sets[set_index]
     if s.generator:
         par = plan.parallelism[Role.ACTOR]
-        return plan.workload.models[Role.ACTOR].num_bytes() / (par.tg * par.pg)
+        return gen_shard_bytes(plan.workload.models[Role.ACTOR].num_bytes(), par.tg, par.pg)
     return sum(resident_bytes(plan.workload.models[r], r, plan.parallelism[r]) for r in s.roles)
 
 
