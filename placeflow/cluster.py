@@ -21,6 +21,7 @@ A heterogeneous cluster has several `[[pools]]`; a device set never spans pools.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,9 +140,7 @@ def _pool_from_table(t: Table, index: int) -> PoolSpec:
         memory_gib = t.get_float("memory_gib")
         if memory_gib <= 0:
             raise SpecError(f"{t.where}: memory_gib must be positive, got {memory_gib}")
-        gpu = GpuSpec(
-            name=gpu.name, kind=gpu.kind, memory_bytes=int(memory_gib * GIB), profile=gpu.profile
-        )
+        gpu = dataclasses.replace(gpu, memory_bytes=int(memory_gib * GIB))
     return PoolSpec(
         name=t.get_str("name", f"pool{index}"),
         gpu=gpu,

@@ -142,8 +142,9 @@ def _actor_options(
     gen = par.gen_layout()
     per_seq = kv_bytes_per_seq(wl, gen)
     seqs_needed = math.ceil(wl.batch.num_samples / gen.num_replicas)
+    cap = min(seqs_needed, wl.max_num_seqs)
     budgets = sorted(
-        {min(seqs_needed, int(f * pool.gpu.memory_bytes // per_seq)) for f in KV_BUDGET_FRACTIONS}
+        {min(cap, int(f * pool.gpu.usable_bytes // per_seq)) for f in KV_BUDGET_FRACTIONS}
     )
     out = []
     extra = colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen)
@@ -174,7 +175,9 @@ def _actor_options(
                     cm, wl.models[Role.ACTOR], gen, scope
                 )
         costs = {**memo[rest_key], **memo[gen_key]}
-        out.append((kv_seqs, costs, extra + kv_seqs * per_seq))
+        # The KV cache is gpu_memory_utilization of the memory generation finds free, so it
+        # books kv/u: resident + extra + kv/u <= usable  <=>  kv <= u·(usable − resident − extra).
+        out.append((kv_seqs, costs, extra + kv_seqs * per_seq / wl.gpu_memory_utilization))
     return out
 
 
@@ -183,7 +186,7 @@ def _options_for(
 ) -> tuple[list[RoleOption], float, str]:
     """Pareto-optimal options of `role` on n GPUs of `pool`, and the smallest shortfall."""
     model = wl.models[role]
-    capacity = pool.gpu.memory_bytes
+    capacity = pool.gpu.usable_bytes
     found: list[RoleOption] = []
     best_short, best_reason = math.inf, ""
     memo: dict = {}

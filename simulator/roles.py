@@ -136,7 +136,13 @@ def role_call_costs(
             per_rank = shape.num_seqs
         elif call.kind == CallKind.FORWARD:
             cost = calls.forward_cost(
-                cm, model, par, call.num_samples, seq, value_head=role.has_value_head
+                cm,
+                model,
+                par,
+                call.num_samples,
+                seq,
+                value_head=role.has_value_head,
+                dp_scope=dp_scope(first_device, gpus_per_node, par.train),
             )
             per_rank = math.ceil(call.num_samples / par.train.d)
         else:
@@ -161,14 +167,5 @@ def role_call_costs(
 def resident_bytes(model: ModelSpec, role: Role, par: RoleParallelism) -> float:
     """Bytes per GPU a role keeps between its calls (weights; plus grads and Adam if trained)."""
     if role in (Role.ACTOR, Role.CRITIC):
-        state = memory.training_state_bytes_per_gpu(
-            model, par.train, par.zero, value_head=role.has_value_head
-        )
-        if par.offload_optimizer:
-            state -= memory.optimizer_state_bytes_per_gpu(
-                model, par.train, par.zero, value_head=role.has_value_head
-            )
-        return state
-    return memory.weight_bytes_per_gpu(
-        model, par.train.t, par.train.p, value_head=role.has_value_head
-    )
+        return memory.trained_resident_bytes_per_gpu(model, par, value_head=role.has_value_head)
+    return memory.frozen_weight_bytes_per_gpu(model, par, value_head=role.has_value_head)
