@@ -57,7 +57,6 @@ from placeflow.cluster import (
     load_cluster,
 )
 from placeflow.errors import SpecError
-from placeflow.hardware import DeviceKind
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.modcall import answer_calls
 from placeflow.models import ModelSpec
@@ -285,12 +284,10 @@ def _validate_role(plan: Plan, role: Role) -> None:
             f"{where}: p*t*d = {par.train.p}*{par.train.t}*{par.train.d} = {par.train.world_size} "
             f"must equal the {s.num_devices} devices of its set"
         )
-    if par.offload_optimizer and (
-        role not in (Role.ACTOR, Role.CRITIC) or pool.gpu.kind is not DeviceKind.CUDA
-    ):
+    if par.offload_optimizer and role not in (Role.ACTOR, Role.CRITIC):
         raise SpecError(
-            f"{where}: offload_optimizer needs a trained role (actor, critic) on a GPU pool; "
-            f"pool {pool.name!r} is {pool.gpu.kind}"
+            f"{where}: offload_optimizer needs a trained role (actor, critic); {role} has no "
+            "optimizer"
         )
     _check_tp(where, par.train.t, model, pool)
     _check_tp_groups_in_nodes(where, s, pool, par.train.tp_groups())
