@@ -13,8 +13,11 @@ examples/tuning/14b/qwen2_14b_grpo_4_h800_fsdp_vllm.sh: 1024 prompts x 5
 samples, prompt and response 1024 tokens, PPO mini-batch 256 prompts, so 4
 mini-batches, one epoch, KL loss against a reference model). For each it
 records the GPUs, the placement, the memory savers the plan needed
-(recomputation, optimizer offload, ZeRO stage, a generator set) and the
-simulator's tokens/s. Writes benchmarks/results/booking_table.json.
+(recomputation, optimizer offload and where its step runs, ZeRO stage, a
+generator set) and the simulator's tokens/s. Plans are booked against each
+GPU's usable memory (capacity less the reserve of `placeflow.hardware`) with
+vLLM's default KV budget (gpu_memory_utilization 0.9, max_num_seqs 256).
+Writes benchmarks/results/booking_table.json.
 
     python benchmarks/booking_table.py [--models qwen2.5-0.5b,...] [--nodes 8]
 """
@@ -34,7 +37,14 @@ from placeflow.cluster import ClusterSpec, PoolSpec
 from placeflow.hardware import HARDWARE
 from placeflow.planner import Infeasible, Objective, plan_search
 from placeflow.profiles.registry import fitted_cost_model
-from placeflow.workload import Algorithm, BatchSpec, Role, Workload
+from placeflow.workload import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_NUM_SEQS,
+    Algorithm,
+    BatchSpec,
+    Role,
+    Workload,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = {"h100": "h100-sxm", "a100": "a100-80gb"}
@@ -99,6 +109,7 @@ def run_one(gpu: str, model: str, num_nodes: int, time_limit_s: float) -> dict[s
                 "zero": par.zero,
                 "recompute": par.recompute,
                 "offload_optimizer": par.offload_optimizer,
+                "optimizer_step": par.optimizer_step.value,
                 "micro_batch": par.micro_batch,
             }
             for role, par in plan.parallelism.items()
@@ -131,6 +142,16 @@ def main() -> None:
                 "command": "python " + " ".join(["benchmarks/booking_table.py", *sys.argv[1:]]),
                 "workload": "GRPO, actor + reference, verl's batch settings (see the module doc)",
                 "objective": "gpus, target 1 token/s (memory decides)",
+                "memory": {
+                    gpu: {
+                        "memory_gib": HARDWARE[PROFILES[gpu]].memory_bytes / 2**30,
+                        "reserve_gib": HARDWARE[PROFILES[gpu]].reserve_bytes / 2**30,
+                        "reserve_source": HARDWARE[PROFILES[gpu]].reserve_source,
+                    }
+                    for gpu in args.gpus.split(",")
+                },
+                "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
+                "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
                 "verl_reference": "https://github.com/volcengine/verl/blob/main/docs/perf/device_tuning.rst",
                 "python": sys.version.split()[0],
                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",
