@@ -54,6 +54,7 @@ from placeflow.simulator.roles import (
     colocated_gen_extra_bytes,
     kv_bytes_per_seq,
     micro_dp_scope,
+    needs_reshard,
     resident_bytes,
     role_call_costs,
 )
@@ -147,7 +148,7 @@ def _actor_options(
         {min(cap, int(f * pool.gpu.usable_bytes // per_seq)) for f in KV_BUDGET_FRACTIONS}
     )
     out = []
-    extra = colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen)
+    extra = colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen, par.zero)
     rest_key = ("rest", dataclasses.replace(par, tg=1))
     if rest_key not in memo:
         memo[rest_key] = role_call_costs(
@@ -156,7 +157,7 @@ def _actor_options(
     for kv_seqs in budgets:
         if kv_seqs < 1:
             continue
-        gen_key = ("gen", par.train, par.tg, kv_seqs)
+        gen_key = ("gen", par.train, par.tg, par.zero, kv_seqs)
         if gen_key not in memo:
             generation = role_call_costs(
                 wl,
@@ -169,10 +170,10 @@ def _actor_options(
                 kv_seqs=kv_seqs,
             )
             memo[gen_key] = {p: c for p, c in generation.items() if p in GENERATION_STAGE}
-            if gen.dg > 1:
+            if needs_reshard(gen, par.zero):
                 scope = micro_dp_scope(0, pool.gpus_per_node, gen)
                 memo[gen_key][Phase.RESHARD] = calls.reshard_cost(
-                    cm, wl.models[Role.ACTOR], gen, scope
+                    cm, wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
                 )
         costs = {**memo[rest_key], **memo[gen_key]}
         # The KV cache is gpu_memory_utilization of the memory generation finds free, so it

@@ -355,11 +355,15 @@ def colocated_transfer(
     )
 
 
-def reshard_cost(cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope) -> CallCost:
+def reshard_cost(
+    cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope, *, train_zero: int = 1
+) -> CallCost:
     """Colocated actor: all-gather inside each micro-DP group (HybridFlow), slot by slot.
 
     Each slot (bucket) of the plan is one all-gather, so its latency is paid per
-    bucket; the slowest group sets the time (groups run in parallel).
+    bucket; the slowest group sets the time (groups run in parallel). Under ZeRO-3
+    (`train_zero` = 3, d > 1) each rank first all-gathers its t·p shard over d,
+    priced in the same scope (an approximation: DP groups are not micro-DP groups).
     """
     model_bytes = model.num_bytes()
     lay = gen.train
@@ -382,8 +386,11 @@ def reshard_cost(cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope) 
             "buckets": sum(n for _, n in transfer.slots),
             "peak_extra_bytes_per_gpu": transfer.peak_extra_bytes,
         }
-    # The rank's own training shard becomes part of its generation shard.
-    extra = model_bytes / (gen.tg * gen.pg) - model_bytes / (lay.t * lay.p)
+    if train_zero == 3 and lay.d > 1:
+        shard = int(model_bytes / (lay.t * lay.p))
+        time_s += cm.collective_s(CollectiveKind.ALL_GATHER, shard, lay.d, scope)
+    # The rank's own training weights become part of its generation shard.
+    extra = memory.colocated_gen_extra_bytes(model, gen, train_zero)
     return CallCost(time_s=time_s, transient_bytes=extra, busy_s=time_s, detail=detail)
 
 

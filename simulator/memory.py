@@ -29,7 +29,7 @@
 
 from __future__ import annotations
 
-from placeflow.layout import TrainLayout
+from placeflow.layout import GenLayout, TrainLayout
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
 
@@ -142,3 +142,12 @@ def kv_capacity_seqs(
     if free_bytes <= 0:
         return 0
     return min(max_num_seqs, int(gpu_memory_utilization * free_bytes // kv_bytes_per_seq))
+
+
+def colocated_gen_extra_bytes(model: ModelSpec, gen: GenLayout, zero: int) -> float:
+    """Generation weights a colocated actor adds beyond the training weights it keeps:
+    M/(tg·pg) − M/(t·p), or − M/(t·p·d) under ZeRO-3, whose ranks keep 1/d of their
+    t·p shard and must gather the rest before generating."""
+    lay = gen.train
+    kept = model.num_bytes() / (lay.t * lay.p) / (lay.d if zero == 3 else 1)
+    return model.num_bytes() / (gen.tg * gen.pg) - kept

@@ -63,9 +63,15 @@ def kv_bytes_per_seq(workload: Workload, gen: GenLayout) -> float:
     )
 
 
-def colocated_gen_extra_bytes(actor: ModelSpec, gen: GenLayout) -> float:
-    """Generation weights beyond the training shard they reuse: M/(tg·pg) − M/(t·p)."""
-    return actor.num_bytes() / (gen.tg * gen.pg) - actor.num_bytes() / (gen.train.t * gen.train.p)
+def colocated_gen_extra_bytes(actor: ModelSpec, gen: GenLayout, zero: int) -> float:
+    """Generation weights beyond the training weights they reuse (`memory`'s formula)."""
+    return memory.colocated_gen_extra_bytes(actor, gen, zero)
+
+
+def needs_reshard(gen: GenLayout, zero: int) -> bool:
+    """A colocated actor reshards when generation groups span training ranks (dg > 1) or
+    when ZeRO-3 left each rank 1/d of its shard (FSDP gathers it before generating)."""
+    return gen.dg > 1 or (zero == 3 and gen.train.d > 1)
 
 
 # Bytes per token a call's Batch carries: an int64 token id and a bool mask, plus one

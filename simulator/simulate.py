@@ -33,6 +33,7 @@ from placeflow.simulator.roles import (
     colocated_gen_extra_bytes,
     kv_bytes_per_seq,
     micro_dp_scope,
+    needs_reshard,
     resident_bytes,
     role_call_costs,
     with_dispatch,
@@ -84,7 +85,8 @@ def _kv_seqs(plan: Plan, resident: list[float]) -> tuple[int, int, str | None]:
     gen_set = plan.generator_set()
     set_index = gen_set if gen_set is not None else plan.set_of(Role.ACTOR)
     actor = plan.workload.models[Role.ACTOR]
-    extra = 0.0 if gen_set is not None else colocated_gen_extra_bytes(actor, gen)
+    zero = plan.parallelism[Role.ACTOR].zero
+    extra = 0.0 if gen_set is not None else colocated_gen_extra_bytes(actor, gen, zero)
     capacity = plan.pool_of(set_index).gpu.usable_bytes
     free = capacity - resident[set_index] - extra
     per_seq = kv_bytes_per_seq(plan.workload, gen)
@@ -184,9 +186,9 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
     actor_set, gen_set = plan.set_of(Role.ACTOR), plan.generator_set()
     gen = _gen_layout(plan)
     cm = _cm(plan, cms, actor_set)
+    par = plan.parallelism[Role.ACTOR]
     sets: tuple[int, ...]
     if gen_set is not None:
-        par = plan.parallelism[Role.ACTOR]
         # One rank alone is always within a node: only where the two sets start matters.
         same_node = (
             plan.sets[actor_set].pool == plan.sets[gen_set].pool
@@ -196,11 +198,11 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         scope = Scope.INTRA if same_node else Scope.INTER
         cost = calls.weight_sync_cost(cm, actor, par.tg, par.pg, scope)
         phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
-    elif gen.dg > 1:
+    elif needs_reshard(gen, par.zero):
         scope = micro_dp_scope(
             plan.sets[actor_set].first_device, plan.pool_of(actor_set).gpus_per_node, gen
         )
-        cost = calls.reshard_cost(cm, actor, gen, scope)
+        cost = calls.reshard_cost(cm, actor, gen, scope, train_zero=par.zero)
         phase, sets = Phase.RESHARD, (actor_set,)
     else:
         return costed

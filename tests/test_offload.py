@@ -119,6 +119,23 @@ def test_zero3_forward_gathers_each_layer(h100):
     assert b.transient_bytes - a.transient_bytes == pytest.approx(layer_bytes)
 
 
+def test_zero3_actor_gathers_its_generation_weights(h100):
+    """ZeRO-3 keeps M/(t·p·d): generating with tg = t still needs the rest, M − M/d."""
+    from placeflow.layout import GenLayout
+    from placeflow.simulator.roles import needs_reshard
+
+    model = get_model("qwen2.5-72b")
+    m = model.num_bytes()
+    gen = GenLayout(train=TrainLayout(d=8), tg=1, pg=1)
+    assert memory.colocated_gen_extra_bytes(model, gen, 1) == 0
+    assert memory.colocated_gen_extra_bytes(model, gen, 3) == pytest.approx(m - m / 8)
+    assert not needs_reshard(gen, 1) and needs_reshard(gen, 3)
+    cost = calls.reshard_cost(h100, model, gen, Scope.INTRA, train_zero=3)
+    gather = h100.collective_s(CollectiveKind.ALL_GATHER, m, 8, Scope.INTRA)
+    assert cost.time_s == pytest.approx(gather)
+    assert cost.transient_bytes == pytest.approx(m - m / 8)
+
+
 # --- time ---------------------------------------------------------------------------
 
 
