@@ -316,14 +316,6 @@ def test_offloaded_checkpoints_equal_the_plain_one():
             assert torch.equal(p, q), mode
 
 
-def test_host_step_is_refused_where_torch_partitions_the_update():
-    from placeflow.executor.engines.offload import OptimizerOffload
-
-    opt = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))])
-    with pytest.raises(SpecError, match="use zero = 0 or 3"):
-        OptimizerOffload(OffloadMode.HOST_STEP, opt, CPU, partitioned=True)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_device_step_moves_the_state_off_the_gpu():
@@ -332,7 +324,7 @@ def test_device_step_moves_the_state_off_the_gpu():
     cuda = torch.device("cuda")
     p = torch.nn.Parameter(torch.ones(1024, device=cuda))
     opt = torch.optim.AdamW([p])
-    offload = OptimizerOffload(OffloadMode.DEVICE_STEP, opt, cuda, partitioned=False)
+    offload = OptimizerOffload(OffloadMode.DEVICE_STEP, opt, opt, cuda)
     p.grad = torch.ones_like(p)
     offload.step_with(opt)
     assert len(opt.state) == 0

@@ -14,8 +14,11 @@ three modes, as the simulator prices them (placeflow.simulator.calls):
   device optimizer never holds state.
 
 The host step runs AdamW over the rank's whole local shard (its TP shard, or
-its FSDP shard under zero = 3), so it is refused where torch's
-ZeroRedundancyOptimizer partitions the update (zero 1 or 2 with d > 1).
+its FSDP shard under zero = 3). Under zero 1 or 2 with d > 1 that is every
+parameter of the rank, not torch's ZeroRedundancyOptimizer partition: the
+gradients are already averaged over d, so every rank computes the same update
+(the weights stay equal across d without a broadcast), at the price of a host
+copy of the state per rank instead of one per partition.
 
 Ordering invariants: `step` leaves the device optimizer without state in both
 offloaded modes; `resident()` brings the state back for a checkpoint and
@@ -30,8 +33,6 @@ from enum import StrEnum
 
 import torch
 from torch.distributed.tensor import DTensor
-
-from placeflow.errors import SpecError
 
 HOST = torch.device("cpu")
 
@@ -61,26 +62,20 @@ def _to_host(t: torch.Tensor, pin: bool) -> torch.Tensor:
 
 
 class OptimizerOffload:
-    """Keeps `optimizer`'s state where `mode` says between optimizer steps.
+    """Keeps the Adam state where `mode` says between optimizer steps.
 
-    `optimizer` is the one whose `state` holds the tensors (ZeroRedundancyOptimizer's
-    inner optimizer for zero 1/2); `step_with` steps the optimizer the trainer built.
+    `trainer_optimizer` is the optimizer the trainer built (its param groups hold
+    every parameter of the rank); `optimizer` is the one whose `state` holds the
+    tensors (ZeroRedundancyOptimizer's inner optimizer for zero 1/2, else the same).
     """
 
     def __init__(
         self,
         mode: OffloadMode,
+        trainer_optimizer: torch.optim.Optimizer,
         optimizer: torch.optim.Optimizer,
         device: torch.device,
-        *,
-        partitioned: bool,
     ) -> None:
-        if mode is OffloadMode.HOST_STEP and partitioned:
-            raise SpecError(
-                'optimizer_step = "host" runs AdamW over the rank\'s whole shard; with zero 1 '
-                "or 2 over d > 1 torch partitions the update: use zero = 0 or 3, or the device "
-                "step"
-            )
         self.mode, self.optimizer, self.device = mode, optimizer, device
         self.pin = device.type == "cuda"
         # Host copies of the state, by parameter: {param: {key: host tensor}}.
@@ -88,12 +83,12 @@ class OptimizerOffload:
         self.host_optimizer: torch.optim.Optimizer | None = None
         self._masters: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device param, host fp32)
         if mode is OffloadMode.HOST_STEP:
-            self._build_host_optimizer()
+            self._build_host_optimizer(trainer_optimizer)
 
     # --- host step ------------------------------------------------------------
-    def _build_host_optimizer(self) -> None:
+    def _build_host_optimizer(self, trainer_optimizer: torch.optim.Optimizer) -> None:
         groups = []
-        for group in self.optimizer.param_groups:
+        for group in trainer_optimizer.param_groups:
             masters = []
             for p in group["params"]:
                 master = _to_host(_local(p).detach(), self.pin).float().requires_grad_(True)
@@ -171,7 +166,10 @@ class OptimizerOffload:
 
 
 def _like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """A state tensor for `param`: a DTensor alike when the parameter is one."""
+    """A state tensor for `param`: a DTensor alike when the parameter is one (with its
+    global shape given: FSDP's last shard may be shorter, even empty)."""
     if isinstance(param, DTensor) and value.dim() > 0:
-        return DTensor.from_local(value, param.device_mesh, param.placements)
+        return DTensor.from_local(
+            value, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
+        )
     return value

@@ -109,10 +109,7 @@ class TrainEngine:
             self.optimizer = torch.optim.AdamW(params, **kwargs)
         # Where the Adam state lives between phases (executor/engines/offload.py).
         self.offload = OptimizerOffload(
-            offload,
-            self._core_optimizer(),
-            self.device,
-            partitioned=isinstance(self.optimizer, ZeroRedundancyOptimizer),
+            offload, self.optimizer, self._core_optimizer(), self.device
         )
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
