@@ -26,7 +26,7 @@ pg = 1
 micro_batch = 8       # samples per micro-batch (forward and training)
 zero = 1              # ZeRO stage 0-3 over d
 recompute = true      # full activation recomputation in training
-offload_optimizer = false  # keep Adam state in host memory outside the update (GPU pools)
+offload_optimizer = false  # keep Adam state in host memory outside the update (trained roles)
 optimizer_step = "device"  # with offload: "device" reloads the state for the update,
                            # "host" updates on the CPU (DeepSpeed --adam_offload)
 ```
