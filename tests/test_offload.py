@@ -228,6 +228,19 @@ def test_openrlhf_13b_on_8_gpus_is_feasible_only_with_the_host_step():
     assert any("actor_update" in r for r in est_device.infeasible_reasons)
 
 
+def test_openrlhf_70b_on_16_gpus_needs_the_host_step_and_zero3_frozen_roles():
+    plan = load_plan(ROOT / "examples/plans/ppo-llama2-70b-openrlhf-a800x16.toml")
+    cms = cost_models_for(plan)
+    assert simulate(plan, cms).feasible and plan.num_gpus == 16
+    par = dict(plan.parallelism)
+    par[Role.ACTOR] = dataclasses.replace(par[Role.ACTOR], optimizer_step=OptimizerStep.DEVICE)
+    assert not simulate(dataclasses.replace(plan, parallelism=par), cms).feasible
+    par = dict(plan.parallelism)
+    par[Role.REF] = dataclasses.replace(par[Role.REF], zero=1)
+    reasons = simulate(dataclasses.replace(plan, parallelism=par), cms).infeasible_reasons
+    assert any("(ref)" in r for r in reasons)
+
+
 # --- executor -------------------------------------------------------------------------
 
 
