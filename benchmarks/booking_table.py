@@ -13,10 +13,19 @@ examples/tuning/14b/qwen2_14b_grpo_4_h800_fsdp_vllm.sh: 1024 prompts x 5
 samples, prompt and response 1024 tokens, PPO mini-batch 256 prompts, so 4
 mini-batches, one epoch, KL loss against a reference model). For each it
 records the GPUs, the placement, the memory savers the plan needed
-(recomputation, optimizer offload, ZeRO stage, a generator set) and the
-simulator's tokens/s. Writes benchmarks/results/booking_table.json.
+(recomputation, optimizer offload and where its step runs, ZeRO stage, a
+generator set) and the simulator's tokens/s. Plans are booked against each
+GPU's usable memory (capacity less the reserve of `placeflow.hardware`) with
+vLLM's default KV budget (gpu_memory_utilization 0.9, max_num_seqs 256).
+Writes benchmarks/results/booking_table.json.
+
+`--device-step-only` searches without the host optimizer step (CPU AdamW),
+which verl does not offer (its optimizer offload reloads the state to the GPU
+for the update): it narrows the planner's saver list here, in the benchmark,
+and writes benchmarks/results/booking_table_device_step.json.
 
     python benchmarks/booking_table.py [--models qwen2.5-0.5b,...] [--nodes 8]
+        [--device-step-only]
 """
 
 from __future__ import annotations
@@ -32,9 +41,17 @@ from pathlib import Path
 from placeflow.catalogue import CATALOGUE
 from placeflow.cluster import ClusterSpec, PoolSpec
 from placeflow.hardware import HARDWARE
-from placeflow.planner import Infeasible, Objective, plan_search
+from placeflow.plan import OptimizerStep
+from placeflow.planner import Infeasible, Objective, plan_search, space
 from placeflow.profiles.registry import fitted_cost_model
-from placeflow.workload import Algorithm, BatchSpec, Role, Workload
+from placeflow.workload import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_NUM_SEQS,
+    Algorithm,
+    BatchSpec,
+    Role,
+    Workload,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = {"h100": "h100-sxm", "a100": "a100-80gb"}
@@ -46,6 +63,16 @@ VERL_BATCH = BatchSpec(
     ppo_epochs=1,
     mini_batches=4,
 )
+
+
+def _without_host_step() -> None:
+    """Narrow the planner's memory savers to verl's: offload with the device step only."""
+    savers = space._memory_savers
+
+    def device_step_only(role, pool):  # type: ignore[no-untyped-def]
+        return [s for s in savers(role, pool) if s[2] is not OptimizerStep.HOST]
+
+    space._memory_savers = device_step_only  # type: ignore[assignment]
 
 
 def run_one(gpu: str, model: str, num_nodes: int, time_limit_s: float) -> dict[str, object]:
@@ -99,6 +126,7 @@ def run_one(gpu: str, model: str, num_nodes: int, time_limit_s: float) -> dict[s
                 "zero": par.zero,
                 "recompute": par.recompute,
                 "offload_optimizer": par.offload_optimizer,
+                "optimizer_step": par.optimizer_step.value,
                 "micro_batch": par.micro_batch,
             }
             for role, par in plan.parallelism.items()
@@ -108,7 +136,21 @@ def run_one(gpu: str, model: str, num_nodes: int, time_limit_s: float) -> dict[s
     return row
 
 
+def _load() -> dict[str, object]:
+    """uptime's load averages and the busiest processes, for the record of a shared machine."""
+    import subprocess
+
+    top = subprocess.run(
+        ["ps", "-eo", "pcpu,comm", "--sort=-pcpu"], capture_output=True, text=True, check=False
+    ).stdout.splitlines()[1:6]
+    return {"load_avg": [round(x, 2) for x in os.getloadavg()], "top_processes": top}
+
+
+LOAD_BEFORE: dict[str, object] = {}
+
+
 def main() -> None:
+    LOAD_BEFORE.update(_load())
     parser = argparse.ArgumentParser()
     parser.add_argument(
         "--models",
@@ -117,20 +159,37 @@ def main() -> None:
     parser.add_argument("--gpus", default="h100,a100")
     parser.add_argument("--nodes", type=int, default=8, help="nodes of 8 GPUs searched")
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--device-step-only", action="store_true")
     args = parser.parse_args()
+    if args.device_step_only:
+        _without_host_step()
     rows = []
     for gpu in args.gpus.split(","):
         for model in args.models.split(","):
             row = run_one(gpu, model, args.nodes, args.time_limit)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    out = ROOT / "benchmarks/results/booking_table.json"
+    name = "booking_table_device_step" if args.device_step_only else "booking_table"
+    out = ROOT / f"benchmarks/results/{name}.json"
     out.write_text(
         json.dumps(
             {
                 "command": "python " + " ".join(["benchmarks/booking_table.py", *sys.argv[1:]]),
                 "workload": "GRPO, actor + reference, verl's batch settings (see the module doc)",
                 "objective": "gpus, target 1 token/s (memory decides)",
+                "optimizer_steps_searched": "device" if args.device_step_only else "device, host",
+                "load_before": LOAD_BEFORE,
+                "load_after": _load(),
+                "memory": {
+                    gpu: {
+                        "memory_gib": HARDWARE[PROFILES[gpu]].memory_bytes / 2**30,
+                        "reserve_gib": HARDWARE[PROFILES[gpu]].reserve_bytes / 2**30,
+                        "reserve_source": HARDWARE[PROFILES[gpu]].reserve_source,
+                    }
+                    for gpu in args.gpus.split(",")
+                },
+                "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
+                "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
                 "verl_reference": "https://github.com/volcengine/verl/blob/main/docs/perf/device_tuning.rst",
                 "python": sys.version.split()[0],
                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",

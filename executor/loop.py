@@ -53,6 +53,7 @@ from placeflow.executor.batch import Batch
 from placeflow.executor.controller import Controller
 from placeflow.executor.data import Example, PromptSchedule, load_examples, prompt_text
 from placeflow.executor.dispatch import DispatchLayout, collect, split_by_dp
+from placeflow.executor.engines.offload import OffloadMode
 from placeflow.executor.engines.roles import (
     PROMPT,
     PROMPT_MASK,
@@ -244,6 +245,7 @@ class RLLoop:
             num_values=2 if role is Role.CRITIC and safe else 1,
             optim=optim,
             zero=par.zero,
+            offload=OffloadMode.of(par.offload_optimizer, par.host_optimizer_step),
             micro_batch=par.micro_batch,
             pad_id=self.tok.pad_id,
             tp_impl=self.tp_impl,

@@ -64,7 +64,7 @@ def rehearsal_plan(plan: Plan) -> Plan:
         reward_function=reward,
     )
     parallelism = {
-        role: dataclasses.replace(par, micro_batch=min(par.micro_batch, 4), offload_optimizer=False)
+        role: dataclasses.replace(par, micro_batch=min(par.micro_batch, 4))
         for role, par in plan.parallelism.items()
     }
     return Plan(

@@ -8,6 +8,7 @@ num_nodes = 2
 gpus_per_node = 8
 price_per_gpu_hour = 2.5  # optional, USD; needed by the `cost` objective
 memory_gib = 80           # optional override of the device's memory
+reserve_gib = 3           # optional override of its reserve (placeflow.hardware)
 profile = "h100-sxm"      # optional: another profile name or a profile file path
 ```
 
@@ -21,6 +22,7 @@ A heterogeneous cluster has several `[[pools]]`; a device set never spans pools.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +129,7 @@ _POOL_KEYS = (
     "gpus_per_node",
     "price_per_gpu_hour",
     "memory_gib",
+    "reserve_gib",
     "profile",
     "cores_per_node",
 )
@@ -135,13 +138,28 @@ _POOL_KEYS = (
 def _pool_from_table(t: Table, index: int) -> PoolSpec:
     t.reject_unknown(_POOL_KEYS)
     gpu = get_hardware(t.get_str("gpu"))
+    memory_bytes, reserve_bytes, source = gpu.memory_bytes, gpu.reserve_bytes, gpu.reserve_source
     if t.has("memory_gib"):
         memory_gib = t.get_float("memory_gib")
         if memory_gib <= 0:
             raise SpecError(f"{t.where}: memory_gib must be positive, got {memory_gib}")
-        gpu = GpuSpec(
-            name=gpu.name, kind=gpu.kind, memory_bytes=int(memory_gib * GIB), profile=gpu.profile
+        memory_bytes = int(memory_gib * GIB)
+    if t.has("reserve_gib"):
+        reserve_gib = t.get_float("reserve_gib")
+        reserve_bytes, source = int(reserve_gib * GIB), "set in the cluster file"
+        if not 0 <= reserve_bytes < memory_bytes:
+            raise SpecError(
+                f"{t.where}: reserve_gib must be 0 or more and below the device's "
+                f"{memory_bytes / GIB:g} GiB, got {reserve_gib}"
+            )
+    elif reserve_bytes >= memory_bytes:
+        raise SpecError(
+            f"{t.where}: memory_gib {memory_bytes / GIB:g} leaves nothing after the device's "
+            f"{reserve_bytes / GIB:g} GiB reserve; give more memory_gib or a smaller reserve_gib"
         )
+    gpu = dataclasses.replace(
+        gpu, memory_bytes=memory_bytes, reserve_bytes=reserve_bytes, reserve_source=source
+    )
     return PoolSpec(
         name=t.get_str("name", f"pool{index}"),
         gpu=gpu,
@@ -176,6 +194,8 @@ def cluster_to_dict(c: ClusterSpec) -> dict[str, Any]:
             "memory_gib": p.gpu.memory_bytes / GIB,
             "profile": p.profile,
         }
+        if p.gpu.reserve_bytes != get_hardware(p.gpu.name).reserve_bytes:
+            pool["reserve_gib"] = p.gpu.reserve_bytes / GIB  # the default is left out: same hash
         if p.price_per_gpu_hour is not None:
             pool["price_per_gpu_hour"] = p.price_per_gpu_hour
         if p.cores_per_node is not None:

@@ -26,7 +26,9 @@ pg = 1
 micro_batch = 8       # samples per micro-batch (forward and training)
 zero = 1              # ZeRO stage 0-3 over d
 recompute = true      # full activation recomputation in training
-offload_optimizer = false  # keep Adam state in host memory outside the update (GPU pools)
+offload_optimizer = false  # keep Adam state in host memory outside the update (trained roles)
+optimizer_step = "device"  # with offload: "device" reloads the state for the update,
+                           # "host" updates on the CPU (DeepSpeed --adam_offload)
 ```
 
 A set may also be `generator = true` with `roles = ["actor"]`: the actor's
@@ -40,6 +42,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -55,7 +58,6 @@ from placeflow.cluster import (
 )
 from placeflow.errors import SpecError
 from placeflow.frozen import frozen
-from placeflow.hardware import DeviceKind
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.modcall import answer_calls
 from placeflow.models import ModelSpec
@@ -88,9 +90,28 @@ class DeviceSet:
         return f"{kind}{'+'.join(r.value for r in self.roles)}"
 
 
+class OptimizerStep(StrEnum):
+    """Where an offloaded optimizer's update runs.
+
+    DEVICE: the Adam state (fp32 master, two moments) is reloaded to the device for
+    the update and written back after (verl's optimizer offload). HOST: the update
+    runs on the CPU over the host copy; the device sends its gradients down and
+    receives the updated bf16 weights back, and never holds the Adam state or the
+    fp32 master (DeepSpeed ZeRO-Offload, OpenRLHF's --adam_offload).
+    """
+
+    DEVICE = "device"
+    HOST = "host"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RoleParallelism:
-    """Parallelism of one role. Generation fields are used for the actor only."""
+    """Parallelism of one role. Generation fields are used for the actor only.
+
+    `zero` shards a trained role's optimizer state (>= 1), gradients (>= 2) and
+    weights (3) over d; a forward-only role (ref, reward, cost) shards its weights
+    over d with zero = 3 and gathers them layer by layer in its forward.
+    """
 
     train: TrainLayout
     tg: int = 1
@@ -99,12 +120,23 @@ class RoleParallelism:
     zero: int = 1
     recompute: bool = True
     offload_optimizer: bool = False
+    optimizer_step: OptimizerStep = OptimizerStep.DEVICE
 
     def __post_init__(self) -> None:
         if self.micro_batch <= 0:
             raise SpecError(f"micro_batch must be a positive integer, got {self.micro_batch}")
         if self.zero not in (0, 1, 2, 3):
             raise SpecError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero}")
+        if self.optimizer_step is OptimizerStep.HOST and not self.offload_optimizer:
+            raise SpecError(
+                'optimizer_step = "host" updates the Adam state where it is kept, in host '
+                'memory: set offload_optimizer = true as well (or optimizer_step = "device")'
+            )
+
+    @property
+    def host_optimizer_step(self) -> bool:
+        """Whether the optimizer update runs on the host CPU (offloaded state, host step)."""
+        return self.offload_optimizer and self.optimizer_step is OptimizerStep.HOST
 
     def gen_layout(self, generator_devices: int | None = None) -> GenLayout:
         """The generation layout; on a separate generator set, one replica layout per tg·pg."""
@@ -254,12 +286,10 @@ def _validate_role(plan: Plan, role: Role) -> None:
             f"{where}: p*t*d = {par.train.p}*{par.train.t}*{par.train.d} = {par.train.world_size} "
             f"must equal the {s.num_devices} devices of its set"
         )
-    if par.offload_optimizer and (
-        role not in (Role.ACTOR, Role.CRITIC) or pool.gpu.kind is not DeviceKind.CUDA
-    ):
+    if par.offload_optimizer and role not in (Role.ACTOR, Role.CRITIC):
         raise SpecError(
-            f"{where}: offload_optimizer needs a trained role (actor, critic) on a GPU pool; "
-            f"pool {pool.name!r} is {pool.gpu.kind}"
+            f"{where}: offload_optimizer needs a trained role (actor, critic); {role} has no "
+            "optimizer"
         )
     _check_tp(where, par.train.t, model, pool)
     _check_tp_groups_in_nodes(where, s, pool, par.train.tp_groups())
@@ -307,7 +337,18 @@ _PAR_KEYS = (
     "zero",
     "recompute",
     "offload_optimizer",
+    "optimizer_step",
 )
+
+
+def _optimizer_step(name: str, where: str) -> OptimizerStep:
+    try:
+        return OptimizerStep(name)
+    except ValueError:
+        raise SpecError(
+            f"{where}: unknown optimizer_step {name!r}; "
+            f"known: {', '.join(s.value for s in OptimizerStep)}"
+        ) from None
 
 
 def _parallelism_from_table(t: Table) -> RoleParallelism:
@@ -322,6 +363,7 @@ def _parallelism_from_table(t: Table) -> RoleParallelism:
         zero=t.get_int("zero", 1),
         recompute=t.get_bool("recompute", True),
         offload_optimizer=t.get_bool("offload_optimizer", False),
+        optimizer_step=_optimizer_step(t.get_str("optimizer_step", "device"), t.where),
     )
 
 
@@ -397,6 +439,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         row.update(micro_batch=par.micro_batch, zero=par.zero, recompute=par.recompute)
         if par.offload_optimizer:
             row["offload_optimizer"] = True
+        if par.optimizer_step is not OptimizerStep.DEVICE:  # the default is left out: same hash
+            row["optimizer_step"] = par.optimizer_step.value
         parallelism[role.value] = row
     return {
         "name": plan.name,

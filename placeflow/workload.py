@@ -4,6 +4,8 @@
 name = "ppo-llama2-7b"
 algorithm = "ppo"                 # ppo | grpo | remax | safe-rlhf
 rollout_engine = "builtin"        # builtin | vllm (optional; how decode is priced)
+gpu_memory_utilization = 0.9      # share of the memory left after resident state for KV
+max_num_seqs = 256                # sequences a generation replica runs at once (vLLM's)
 [models]                          # role -> catalogue name or HF config path
 actor = "llama-2-7b"
 critic = "llama-2-7b"
@@ -246,6 +248,10 @@ DATA_SUFFIXES = (".jsonl", ".parquet")
 _DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSpec))
 
 
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's LLM class default (see Workload.max_num_seqs)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Workload:
     name: str
@@ -257,6 +263,14 @@ class Workload:
     reward_workers: int = 0
     async_one_step_off: bool = False
     rollout_engine: RolloutEngine = RolloutEngine.BUILTIN
+    # vLLM's gpu_memory_utilization (default 0.9 as vLLM's), applied to what a device has
+    # left after the reserve and the resident state: the KV cache gets that share, the
+    # rest stays free for the sampler's activations and CUDA graphs.
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    # vLLM's max_num_seqs: sequences one generation replica schedules at once. 256 is
+    # the default of vLLM's LLM class (vllm/engine/arg_utils.py); recent vLLM raises it
+    # to 1024 on GPUs of >= 70 GiB other than A100.
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     rl: RLConfig = field(default_factory=RLConfig)
     data: DataSpec | None = None
 
@@ -295,6 +309,16 @@ class Workload:
             raise SpecError(
                 f"workload {self.name!r}: give a reward model ([models] reward = ...) "
                 "or a rule-based reward_function"
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise SpecError(
+                f"workload {self.name!r}: gpu_memory_utilization is a fraction in (0, 1], "
+                f"got {self.gpu_memory_utilization}"
+            )
+        if self.max_num_seqs < 1:
+            raise SpecError(
+                f"workload {self.name!r}: max_num_seqs must be a positive integer, "
+                f"got {self.max_num_seqs}"
             )
         if self.reward_workers < 0:
             raise SpecError(
@@ -378,7 +402,8 @@ def _data_spec(t: Table, base_dir: Path | None) -> DataSpec:
 
 _WORKLOAD_KEYS = (
     "name", "algorithm", "models", "batch", "reward_function", "reward_workers",
-    "async_one_step_off", "rl", "data", "rollout_engine",
+    "async_one_step_off", "rl", "data", "rollout_engine", "gpu_memory_utilization",
+    "max_num_seqs",
 )  # fmt: skip
 
 
@@ -439,6 +464,10 @@ def workload_from_dict(
         reward_workers=t.get_int("reward_workers", 0),
         async_one_step_off=t.get_bool("async_one_step_off", False),
         rollout_engine=_rollout_engine(t.get_str("rollout_engine", "builtin"), where),
+        gpu_memory_utilization=t.get_float(
+            "gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION
+        ),
+        max_num_seqs=t.get_int("max_num_seqs", DEFAULT_MAX_NUM_SEQS),
         rl=rl,
         data=_data_spec(t.table("data"), base_dir) if t.has("data") else None,
     )
@@ -487,6 +516,11 @@ def workload_to_dict(w: Workload) -> dict[str, Any]:
         out["rollout_engine"] = w.rollout_engine.value
     if w.reward_workers:
         out["reward_workers"] = w.reward_workers
+    # Left out at their defaults, so that older plans keep their content hash.
+    if w.gpu_memory_utilization != DEFAULT_GPU_MEMORY_UTILIZATION:
+        out["gpu_memory_utilization"] = w.gpu_memory_utilization
+    if w.max_num_seqs != DEFAULT_MAX_NUM_SEQS:
+        out["max_num_seqs"] = w.max_num_seqs
     if w.data is not None:
         # Only what is set, with paths resolved, so that the table stands alone.
         out["data"] = {

@@ -143,11 +143,12 @@ def _actor_options(
     gen = par.gen_layout()
     per_seq = kv_bytes_per_seq(wl, gen)
     seqs_needed = math.ceil(wl.batch.num_samples / gen.num_replicas)
+    cap = min(seqs_needed, wl.max_num_seqs)
     budgets = sorted(
-        {min(seqs_needed, int(f * pool.gpu.memory_bytes // per_seq)) for f in KV_BUDGET_FRACTIONS}
+        {min(cap, int(f * pool.gpu.usable_bytes // per_seq)) for f in KV_BUDGET_FRACTIONS}
     )
     out = []
-    extra = colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen)
+    extra = colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen, par.zero)
     rest_key = ("rest", dataclasses.replace(par, tg=1))
     if rest_key not in memo:
         memo[rest_key] = role_call_costs(
@@ -156,7 +157,7 @@ def _actor_options(
     for kv_seqs in budgets:
         if kv_seqs < 1:
             continue
-        gen_key = ("gen", par.train, par.tg, kv_seqs)
+        gen_key = ("gen", par.train, par.tg, par.zero, kv_seqs)
         if gen_key not in memo:
             generation = role_call_costs(
                 wl,
@@ -169,13 +170,15 @@ def _actor_options(
                 kv_seqs=kv_seqs,
             )
             memo[gen_key] = {p: c for p, c in generation.items() if p in GENERATION_STAGE}
-            if needs_reshard(gen):
+            if needs_reshard(gen, par.zero):
                 scope = reshard_scope(0, pool.gpus_per_node, gen)
                 memo[gen_key][Phase.RESHARD] = calls.reshard_cost(
-                    cm, wl.models[Role.ACTOR], gen, scope
+                    cm, wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
                 )
         costs = {**memo[rest_key], **memo[gen_key]}
-        out.append((kv_seqs, costs, extra + kv_seqs * per_seq))
+        # The KV cache is gpu_memory_utilization of the memory generation finds free, so it
+        # books kv/u: resident + extra + kv/u <= usable  <=>  kv <= u·(usable − resident − extra).
+        out.append((kv_seqs, costs, extra + kv_seqs * per_seq / wl.gpu_memory_utilization))
     return out
 
 
@@ -184,7 +187,7 @@ def _options_for(
 ) -> tuple[list[RoleOption], float, str]:
     """Pareto-optimal options of `role` on n GPUs of `pool`, and the smallest shortfall."""
     model = wl.models[role]
-    capacity = pool.gpu.memory_bytes
+    capacity = pool.gpu.usable_bytes
     found: list[RoleOption] = []
     best_short, best_reason = math.inf, ""
     memo: dict = {}

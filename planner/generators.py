@@ -51,7 +51,7 @@ from placeflow.planner.variables import MIB
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import calls
-from placeflow.simulator.memory import weight_bytes_per_gpu
+from placeflow.simulator.memory import kv_capacity_seqs, weight_bytes_per_gpu
 from placeflow.simulator.roles import kv_bytes_per_seq, resident_bytes, role_call_costs
 from placeflow.workload import Role, Workload
 
@@ -106,7 +106,7 @@ def trainer_options(wl: Workload, pool: PoolSpec, n: int, cm: CostModel) -> list
         )
         resident = resident_bytes(actor, Role.ACTOR, par)
         transient = max((c.transient_bytes for c in costs.values()), default=0.0)
-        if resident + transient > pool.gpu.memory_bytes:
+        if resident + transient > pool.gpu.usable_bytes:
             continue
         out.append(
             RoleOption(
@@ -148,9 +148,14 @@ def generator_option(
     gen = par.gen_layout(m)
     shard = weight_bytes_per_gpu(actor, tg, 1, value_head=False)
     # Whole MiB, as the memory constraints count them (planner.variables).
-    free = (pool.gpu.memory_bytes // MIB - math.ceil(shard / MIB)) * MIB
+    free = (pool.gpu.usable_bytes // MIB - math.ceil(shard / MIB)) * MIB
     needed = math.ceil(wl.batch.num_samples / gen.num_replicas)
-    kv_seqs = min(needed, int(free // kv_bytes_per_seq(wl, gen)))
+    kv_seqs = min(
+        needed,
+        kv_capacity_seqs(
+            free, kv_bytes_per_seq(wl, gen), wl.gpu_memory_utilization, wl.max_num_seqs
+        ),
+    )
     if kv_seqs < 1:
         return None
     costs = role_call_costs(

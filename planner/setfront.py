@@ -200,7 +200,7 @@ class SetFronts:
 
     def __init__(self, table: CostTable, cluster: ClusterSpec) -> None:
         self.table = table
-        self._capacity_mib = {p.name: p.gpu.memory_bytes // MIB for p in cluster.pools}
+        self._capacity_mib = {p.name: p.gpu.usable_bytes // MIB for p in cluster.pools}
         self._partial: dict[tuple[tuple[Role, ...], str, int], _Partial | None] = {}
         self._options: dict[tuple[tuple[Role, ...], str, int], list[SetOption]] = {}
         self._role_rows: dict[tuple[Role, str, int], np.ndarray | None] = {}

@@ -40,7 +40,7 @@ from placeflow.cluster import PoolSpec
 from placeflow.hardware import DeviceKind
 from placeflow.layout import TrainLayout
 from placeflow.models import ModelSpec
-from placeflow.plan import RoleParallelism
+from placeflow.plan import OptimizerStep, RoleParallelism
 from placeflow.workload import Role
 
 MICRO_BATCHES = (1, 4, 16)
@@ -144,14 +144,12 @@ def parallelism_options(
                 if role is Role.ACTOR
                 else [1]
             )
+            # Frozen roles shard their weights with zero = 3 (over d > 1 only).
+            zeros = (1, 3) if trained or d > 1 else (1,)
             for layout, zero, mb, tg, savers in itertools.product(
-                layouts,
-                (1, 3) if trained else (1,),
-                MICRO_BATCHES,
-                tgs,
-                _memory_savers(role, pool),
+                layouts, zeros, MICRO_BATCHES, tgs, _memory_savers(role, pool)
             ):
-                recompute, offload = savers
+                recompute, offload, step = savers
                 out.append(
                     RoleParallelism(
                         train=layout,
@@ -161,6 +159,7 @@ def parallelism_options(
                         zero=zero,
                         recompute=recompute,
                         offload_optimizer=offload,
+                        optimizer_step=step,
                     )
                 )
     return out
@@ -175,10 +174,15 @@ def expert_parallel_options(model: ModelSpec, d: int) -> list[int]:
     return [e for e in _powers_of_two(d) if d % e == 0 and experts % e == 0]
 
 
-def _memory_savers(role: Role, pool: PoolSpec) -> list[tuple[bool, bool]]:
-    """(recompute, offload_optimizer) pairs a role may use: both on or off for trained
-    roles (offload on GPU pools only, see `Plan`), neither for forward-only roles."""
+def _memory_savers(role: Role, pool: PoolSpec) -> list[tuple[bool, bool, OptimizerStep]]:
+    """(recompute, offload_optimizer, optimizer_step) a role may use: for trained roles
+    recomputation on or off times no offload, offload with the device step, or with the
+    host step (the last two on GPU pools: a CPU worker's host is its device); neither
+    for forward-only roles."""
+    device = OptimizerStep.DEVICE
     if role not in (Role.ACTOR, Role.CRITIC):
-        return [(False, False)]
-    offloads = (False, True) if pool.gpu.kind is DeviceKind.CUDA else (False,)
-    return [(r, o) for r in (True, False) for o in offloads]
+        return [(False, False, device)]
+    offloads = [(False, device)]
+    if pool.gpu.kind is DeviceKind.CUDA:
+        offloads += [(True, device), (True, OptimizerStep.HOST)]
+    return [(r, o, step) for r in (True, False) for o, step in offloads]

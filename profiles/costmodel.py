@@ -182,6 +182,9 @@ class CostModel:
     # dispatch and device time overlap (see placeflow.simulator.compute).
     device_kind: str = "cuda"
     series: Mapping[SeriesId, Series] = field(hash=False)
+    # The cost model of the host CPU that drives this device, for work done there (the
+    # host optimizer step); `registry.fitted_cost_model` attaches the `cpu` profile's.
+    host: CostModel | None = field(default=None, hash=False, compare=False, repr=False)
     # Answers already given, by (op, parameter values): the simulator asks the same
     # questions thousands of times while the planner re-scores plans.
     # Per op: exact key parts, log numeric key parts and the series, for nearest lookups.
@@ -335,6 +338,21 @@ class CostModel:
 
     def optimizer_s(self, num_params: int) -> float:
         return self._memo_time(Op.OPTIMIZER, {"num_params": max(1, num_params)})
+
+    def host_optimizer_s(self, num_params: int) -> float:
+        """One AdamW step over `num_params` fp32 parameters on the host CPU.
+
+        A CPU profile's host is its device; a GPU profile answers from `host`.
+        """
+        if self.device_kind == "cpu":
+            return self.optimizer_s(num_params)
+        if self.host is None:
+            raise ProfileCoverageError(
+                f"profile {self.profile_name!r}: a host optimizer step is priced with the host "
+                "CPU's profile; load the cost model with `fitted_cost_model` (which attaches "
+                "the `cpu` profile) or pass `host=` a fitted CPU cost model"
+            )
+        return self.host.optimizer_s(num_params)
 
     def copy_s(self, direction: str, num_bytes: int) -> float:
         if num_bytes <= 0:

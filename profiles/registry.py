@@ -9,6 +9,7 @@ name them. A name that is a path to a `.json` file loads that file.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,9 @@ from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Profile, load_profile_file
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data"
+# The profile that prices host-side work of a GPU profile (the host optimizer step):
+# measured on this project's development host, the only host profiled.
+HOST_PROFILE = "cpu"
 
 
 def user_profile_dir() -> Path:
@@ -65,7 +69,10 @@ def fitted_cost_model(name_or_path: str) -> CostModel:
     """
     key = str(Path(name_or_path).resolve()) if name_or_path.endswith(".json") else name_or_path
     if key not in _FITTED:
-        _FITTED[key] = CostModel.fit(load_profile(name_or_path))
+        fitted = CostModel.fit(load_profile(name_or_path))
+        if fitted.device_kind != "cpu":
+            fitted = dataclasses.replace(fitted, host=fitted_cost_model(HOST_PROFILE))
+        _FITTED[key] = fitted
     return _FITTED[key]
 
 

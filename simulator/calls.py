@@ -19,7 +19,10 @@ Training: ppo_epochs × mini_batches optimizer steps; each runs 1F1B over its
 micro-batches, (m + p − 1)·(f + b [+ f when recomputing]) per stage, then the
 gradient reduction over d (all-reduce for ZeRO-0, reduce-scatter then a weight
 all-gather otherwise; ZeRO-3 also gathers weights for every micro-batch's
-forward and backward), and the optimizer step on the local shard.
+forward and backward), and the optimizer step on the local shard: on the
+device, or on the host for `OptimizerStep.HOST` (gradients down, CPU AdamW
+priced by the host's profile, weights up). A forward with zero = 3 all-gathers
+each layer's weights over d per micro-batch.
 
 Weight transitions of the actor (colocated reshard, weight sync to a generator
 on other devices) take their bytes and buckets from the transfer plans in
@@ -162,6 +165,7 @@ def forward_cost(
     *,
     value_head: bool,
     ep_scope: Scope = Scope.INTRA,
+    dp_scope: Scope = Scope.INTRA,
 ) -> CallCost:
     lay = par.train
     per_rank = math.ceil(num_samples / lay.d)
@@ -169,6 +173,12 @@ def forward_cost(
     num_micro = math.ceil(per_rank / mb)
     layers = model.num_layers // lay.p
     stage = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
+    gathered = 0.0
+    if par.zero == 3 and lay.d > 1:
+        # ZeRO-3 / FSDP: every layer's weights are all-gathered over d before its
+        # forward, once per micro-batch; one gathered layer is live at a time.
+        gathered = memory.gathered_layer_bytes(model, lay.t)
+        stage += layers * cm.collective_s(CollectiveKind.ALL_GATHER, int(gathered), lay.d, dp_scope)
     head = compute.head_forward_s(cm, model, lay.t, mb * seq, value_head=value_head)
     p2p = (
         cm.collective_s(
@@ -183,6 +193,7 @@ def forward_cost(
     time_s = (num_micro + lay.p - 1) * (stage + p2p) + head * num_micro
     busy = num_micro * (stage + p2p + head / lay.p)
     transient = memory.forward_activation_bytes(model, lay.t, mb, seq, value_head=value_head)
+    transient += gathered
     return CallCost(
         time_s=time_s,
         transient_bytes=transient,
@@ -225,6 +236,8 @@ def train_cost(
     sync_s, opt_s = _dp_sync_and_optimizer_s(
         cm, model, lay, par.zero, num_micro, dp_scope, value_head=value_head
     )
+    if par.host_optimizer_step:
+        opt_s = _host_optimizer_step_s(cm, model, lay, par.zero, value_head=value_head)
     steps = ppo_epochs * mini_batches
     time_s = steps * (pipeline_s + sync_s + opt_s)
     busy = steps * (num_micro * (stage + p2p + head / lay.p) + sync_s + opt_s)
@@ -232,7 +245,7 @@ def train_cost(
         model, lay, mb, seq, num_micro, recompute=par.recompute, value_head=value_head
     )
     offload_s = 0.0
-    if par.offload_optimizer:
+    if par.offload_optimizer and not par.host_optimizer_step:
         # Reload the Adam state before the update and write it back after; while the
         # update runs it is on the device again.
         state = int(
@@ -254,7 +267,25 @@ def train_cost(
             "dp_sync_s": sync_s,
             "optimizer_s": opt_s,
             "offload_s": offload_s,
+            "optimizer_on_host": par.host_optimizer_step,
         },
+    )
+
+
+def _host_optimizer_step_s(
+    cm: CostModel, model: ModelSpec, lay: TrainLayout, zero: int, *, value_head: bool
+) -> float:
+    """One optimizer step on the host: the rank's gradient partition goes down, the host
+    CPU runs AdamW over it (fp32 master and moments in host memory), the updated
+    weights come back up in the model's dtype. The partition is the rank's ZeRO
+    shard, params/(t·p·d) for zero >= 1, the whole t·p shard for zero = 0."""
+    shard_params = model.num_params(value_head=value_head) // (lay.t * lay.p)
+    partition = math.ceil(shard_params / lay.d) if zero >= 1 else shard_params
+    partition_bytes = partition * model.dtype.num_bytes
+    return (
+        cm.copy_s("d2h", partition_bytes)
+        + cm.host_optimizer_s(partition)
+        + cm.copy_s("h2d", partition_bytes)
     )
 
 
@@ -334,7 +365,9 @@ def colocated_transfer(
     )
 
 
-def reshard_cost(cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope) -> CallCost:
+def reshard_cost(
+    cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope, *, train_zero: int = 1
+) -> CallCost:
     """Colocated actor: all-gather inside each micro-DP group (HybridFlow), slot by slot.
 
     Each slot (bucket) of the plan is one all-gather, so its latency is paid per
@@ -343,7 +376,9 @@ def reshard_cost(cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope) 
     experts, whose training shard holds 1/e of the experts and whose generation
     shard gathers them from the expert-parallel peers too) the transition is
     priced as dense weights are: one all-gather of the generation shard
-    M/(tg·pg) over the ranks whose training shards make it up.
+    M/(tg·pg) over the ranks whose training shards make it up. Under ZeRO-3
+    (`train_zero` = 3, d > 1) each rank first all-gathers its training shard over
+    d, priced in the same scope (an approximation: DP groups are not micro-DP groups).
     """
     model_bytes = model.num_bytes()
     lay = gen.train
@@ -368,8 +403,10 @@ def reshard_cost(cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope) 
             "buckets": sum(n for _, n in transfer.slots),
             "peak_extra_bytes_per_gpu": transfer.peak_extra_bytes,
         }
-    # The rank's own training shard becomes part of its generation shard.
-    extra = gen_shard - train_shard
+    if train_zero == 3 and lay.d > 1:
+        time_s += cm.collective_s(CollectiveKind.ALL_GATHER, int(train_shard), lay.d, scope)
+    # The rank's own training weights become part of its generation shard.
+    extra = memory.colocated_gen_extra_bytes(model, gen, train_zero)
     return CallCost(time_s=time_s, transient_bytes=extra, busy_s=time_s, detail=detail)
 
 

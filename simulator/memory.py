@@ -13,13 +13,21 @@
   micro-batches in flight on the first stage.
 - Logits: float32 log-softmax over the vocabulary shard, kept for backward.
 - Optimizer offload: the Adam state lives in host memory outside the role's
-  update; it is resident only while the update runs (reloaded before, written
-  back after). The KV cache is never kept across phases: generation frees it,
-  so there is nothing of it to offload.
+  update. With the device step it is resident only while the update runs
+  (reloaded before, written back after); with the host step (`OptimizerStep.HOST`,
+  DeepSpeed's CPU Adam) it never comes back: the device keeps bf16 weights and
+  gradients only, no moments and no fp32 master. The KV cache is never kept
+  across phases: generation frees it, so there is nothing of it to offload.
+- Frozen roles (ref, reward, cost) keep bf16 weights only; with zero = 3 they
+  shard them over d like FSDP/ZeRO-3 inference, and each forward gathers one
+  layer's full (t·p-sharded) weights at a time.
 - Generation: the KV cache, 2·layers·kv_heads·head_dim·bytes per token, split
   over tg (heads) and pg (layers); with multi-head latent attention the
   compressed latent and RoPE key, layers·(kv_lora_rank + rope dims)·bytes,
-  split over pg only (every TP rank keeps the whole latent, as vLLM does).
+  split over pg only (every TP rank keeps the whole latent, as vLLM does). As
+  vLLM sizes it, the cache gets the share `gpu_memory_utilization` of what a
+  device has left after its reserve and the resident state; a replica runs at
+  most `max_num_seqs` sequences at once.
 - Mixture of experts (`shard_params`): a rank of layout p-t-d-e holds the
   dense parameters / (t·p) and the routed experts' parameters / (t·p·e);
   ZeRO shards the dense part's state over d and the experts' over the
@@ -29,8 +37,9 @@
 
 from __future__ import annotations
 
-from placeflow.layout import TrainLayout
+from placeflow.layout import GenLayout, TrainLayout, generation_shard_bytes
 from placeflow.models import ModelSpec
+from placeflow.plan import RoleParallelism
 
 ADAM_BYTES_PER_PARAM = 16
 
@@ -134,3 +143,59 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, tg: int, pg: int) -> float:
         return model.kv_cache_bytes_per_token / pg
     kv_heads_per_rank = model.kv_heads_per_rank(tg)
     return 2 * model.num_layers / pg * kv_heads_per_rank * model.head_dim * model.dtype.num_bytes
+
+
+def trained_resident_bytes_per_gpu(
+    model: ModelSpec, par: RoleParallelism, *, value_head: bool
+) -> float:
+    """What a trained role keeps on a device between its calls.
+
+    Weights, gradients and Adam state under ZeRO; with optimizer offload (either
+    step) the Adam state part (fp32 master and moments) is in host memory.
+    """
+    state = training_state_bytes_per_gpu(model, par.train, par.zero, value_head=value_head)
+    if par.offload_optimizer:
+        state -= optimizer_state_bytes_per_gpu(model, par.train, par.zero, value_head=value_head)
+    return state
+
+
+def kept_weight_bytes_per_gpu(
+    model: ModelSpec, layout: TrainLayout, zero: int, *, value_head: bool
+) -> float:
+    """Weights a rank of `layout` keeps: its t·p shard (experts / e), and with zero = 3
+    1/d of the dense part and 1/(d/e) of the experts (ZeRO-3 / FSDP)."""
+    return sum(
+        shard * model.dtype.num_bytes / (d if zero == 3 else 1)
+        for shard, d in shard_params(model, layout, value_head=value_head)
+    )
+
+
+def frozen_weight_bytes_per_gpu(
+    model: ModelSpec, par: RoleParallelism, *, value_head: bool
+) -> float:
+    """Weights of a forward-only role per device: M/(t·p), and M/(t·p·d) with zero = 3."""
+    return kept_weight_bytes_per_gpu(model, par.train, par.zero, value_head=value_head)
+
+
+def gathered_layer_bytes(model: ModelSpec, t: int) -> float:
+    """One decoder layer's weights on a tensor-parallel rank, as ZeRO-3 gathers them:
+    params_per_layer·bytes/t (embeddings and head are gathered once, not counted)."""
+    return model.num_params_per_layer * model.dtype.num_bytes / t
+
+
+def kv_capacity_seqs(
+    free_bytes: float, kv_bytes_per_seq: float, gpu_memory_utilization: float, max_num_seqs: int
+) -> int:
+    """Sequences a generation replica runs at once: floor(u·free / kv_per_seq), at most
+    max_num_seqs; `free_bytes` is what remains after the reserve and resident state."""
+    if free_bytes <= 0:
+        return 0
+    return min(max_num_seqs, int(gpu_memory_utilization * free_bytes // kv_bytes_per_seq))
+
+
+def colocated_gen_extra_bytes(model: ModelSpec, gen: GenLayout, zero: int) -> float:
+    """Generation weights a colocated actor adds beyond the training weights it keeps:
+    M/(tg·pg) − M/(t·p), or − M/(t·p·d) under ZeRO-3, whose ranks keep 1/d of their
+    t·p shard and must gather the rest before generating."""
+    kept = kept_weight_bytes_per_gpu(model, gen.train, zero, value_head=False)
+    return generation_shard_bytes(model.num_bytes(), gen) - kept

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from functools import cache
 
 from placeflow.dataflow import CallKind, dataflow_calls
-from placeflow.layout import GenLayout, TrainLayout, generation_shard_bytes
+from placeflow.layout import GenLayout, TrainLayout
 from placeflow.models import ModelSpec
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
@@ -64,12 +64,6 @@ def reshard_scope(first_device: int, gpus_per_node: int, gen: GenLayout) -> Scop
     return scope
 
 
-def needs_reshard(gen: GenLayout) -> bool:
-    """A colocated actor reshards when generation replicas regroup training shards (dg > 1)
-    or when its training ranks hold only 1/e of the experts."""
-    return gen.dg > 1 or gen.train.e > 1
-
-
 def train_seq_len(workload: Workload) -> int:
     """Tokens per sample in forward and training calls: prompt plus mean response."""
     return workload.batch.prompt_len + max(1, round(LengthModel.of(workload.batch).mean))
@@ -84,12 +78,16 @@ def kv_bytes_per_seq(workload: Workload, gen: GenLayout) -> float:
     )
 
 
-def colocated_gen_extra_bytes(actor: ModelSpec, gen: GenLayout) -> float:
-    """Generation weights beyond the training shard they reuse: M/(tg·pg) − M/(t·p)
-    (the training shard of a mixture of experts holds 1/e of the experts)."""
-    lay = gen.train
-    train_shard = memory.weight_bytes_per_gpu(actor, lay.t, lay.p, value_head=False, e=lay.e)
-    return generation_shard_bytes(actor.num_bytes(), gen) - train_shard
+def colocated_gen_extra_bytes(actor: ModelSpec, gen: GenLayout, zero: int) -> float:
+    """Generation weights beyond the training weights they reuse (`memory`'s formula)."""
+    return memory.colocated_gen_extra_bytes(actor, gen, zero)
+
+
+def needs_reshard(gen: GenLayout, zero: int) -> bool:
+    """A colocated actor reshards when generation groups span training ranks (dg > 1),
+    when its training ranks hold only 1/e of the experts, or when ZeRO-3 left each rank
+    1/d of its shard (FSDP gathers it before generating)."""
+    return gen.dg > 1 or gen.train.e > 1 or (zero == 3 and gen.train.d > 1)
 
 
 # Bytes per token a call's Batch carries: an int64 token id and a bool mask, plus one
@@ -167,6 +165,7 @@ def role_call_costs(
                 seq,
                 value_head=role.has_value_head,
                 ep_scope=ep_scope(first_device, gpus_per_node, par.train),
+                dp_scope=dp_scope(first_device, gpus_per_node, par.train),
             )
             per_rank = math.ceil(call.num_samples / par.train.d)
         else:
@@ -192,14 +191,5 @@ def role_call_costs(
 def resident_bytes(model: ModelSpec, role: Role, par: RoleParallelism) -> float:
     """Bytes per GPU a role keeps between its calls (weights; plus grads and Adam if trained)."""
     if role in (Role.ACTOR, Role.CRITIC):
-        state = memory.training_state_bytes_per_gpu(
-            model, par.train, par.zero, value_head=role.has_value_head
-        )
-        if par.offload_optimizer:
-            state -= memory.optimizer_state_bytes_per_gpu(
-                model, par.train, par.zero, value_head=role.has_value_head
-            )
-        return state
-    return memory.weight_bytes_per_gpu(
-        model, par.train.t, par.train.p, value_head=role.has_value_head, e=par.train.e
-    )
+        return memory.trained_resident_bytes_per_gpu(model, par, value_head=role.has_value_head)
+    return memory.frozen_weight_bytes_per_gpu(model, par, value_head=role.has_value_head)

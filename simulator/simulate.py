@@ -26,7 +26,7 @@ from placeflow.phases import Phase
 from placeflow.plan import Plan
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
-from placeflow.simulator import calls
+from placeflow.simulator import calls, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
 from placeflow.simulator.lengths import LengthModel
 from placeflow.simulator.roles import (
@@ -85,20 +85,24 @@ def _kv_seqs(plan: Plan, resident: list[float]) -> tuple[int, int, str | None]:
     gen_set = plan.generator_set()
     set_index = gen_set if gen_set is not None else plan.set_of(Role.ACTOR)
     actor = plan.workload.models[Role.ACTOR]
-    extra = 0.0 if gen_set is not None else colocated_gen_extra_bytes(actor, gen)
-    capacity = plan.pool_of(set_index).gpu.memory_bytes
+    zero = plan.parallelism[Role.ACTOR].zero
+    extra = 0.0 if gen_set is not None else colocated_gen_extra_bytes(actor, gen, zero)
+    capacity = plan.pool_of(set_index).gpu.usable_bytes
     free = capacity - resident[set_index] - extra
     per_seq = kv_bytes_per_seq(plan.workload, gen)
-    kv_seqs = int(free // per_seq) if free > 0 else 0
+    util = plan.workload.gpu_memory_utilization
+    kv_seqs = memory.kv_capacity_seqs(free, per_seq, util, plan.workload.max_num_seqs)
     if kv_seqs >= 1:
         return set_index, kv_seqs, None
+    budget = max(free, 0) * util
     return (
         set_index,
         0,
         (
             f"role actor, phase generate: the KV cache of one sequence needs {per_seq:,.0f} bytes "
-            f"per GPU but only {max(free, 0):,.0f} of {capacity:,} are free after resident weights "
-            f"and optimizer state; short by {per_seq - max(free, 0):,.0f}"
+            f"per GPU but only {budget:,.0f} are free for it (gpu_memory_utilization {util} of "
+            f"what {capacity:,} usable bytes leave after resident weights and optimizer state); "
+            f"short by {per_seq - budget:,.0f}"
         ),
     )
 
@@ -182,9 +186,9 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
     actor_set, gen_set = plan.set_of(Role.ACTOR), plan.generator_set()
     gen = _gen_layout(plan)
     cm = _cm(plan, cms, actor_set)
+    par = plan.parallelism[Role.ACTOR]
     sets: tuple[int, ...]
     if gen_set is not None:
-        par = plan.parallelism[Role.ACTOR]
         # One rank alone is always within a node: only where the two sets start matters.
         same_node = (
             plan.sets[actor_set].pool == plan.sets[gen_set].pool
@@ -194,11 +198,11 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         scope = Scope.INTRA if same_node else Scope.INTER
         cost = calls.weight_sync_cost(cm, actor, par.tg, par.pg, scope)
         phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
-    elif needs_reshard(gen):
+    elif needs_reshard(gen, par.zero):
         scope = reshard_scope(
             plan.sets[actor_set].first_device, plan.pool_of(actor_set).gpus_per_node, gen
         )
-        cost = calls.reshard_cost(cm, actor, gen, scope)
+        cost = calls.reshard_cost(cm, actor, gen, scope, train_zero=par.zero)
         phase, sets = Phase.RESHARD, (actor_set,)
     else:
         return costed
@@ -315,7 +319,7 @@ def _set_estimates(
 ) -> tuple[list[SetEstimate], list[str]]:
     out, problems = [], []
     for i, s in enumerate(plan.sets):
-        capacity = plan.pool_of(i).gpu.memory_bytes
+        capacity = plan.pool_of(i).gpu.usable_bytes  # less the reserve (placeflow.hardware)
         mem = {"resident": resident[i]}
         busy = 0.0
         for c in costed:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from placeflow.executor.batch import Batch
+from placeflow.executor.engines.offload import OffloadMode
 from placeflow.executor.engines.pipeline import SINGLE_STAGE, PPGroup, StageIO, train_1f1b
 from placeflow.executor.engines.roles import (
     PROMPT,
@@ -55,6 +56,7 @@ class Case:
     zero: int = 0
     tg: int | None = None  # actor only: a colocated rollout at this tg, resharded after the update
     resume: bool = False  # checkpoint this rank, update twice more, resume, update: same weights
+    offload: OffloadMode = OffloadMode.NONE  # where the Adam state lives between updates
 
     @property
     def arch(self) -> Arch:
@@ -69,6 +71,7 @@ class Case:
             critic=self.role in (Role.CRITIC, Role.REWARD),
             optim=OptimConfig(lr=1e-3, grad_clip=0.5) if trained else None,
             zero=self.zero,
+            offload=self.offload,
             micro_batch=2,
         )
 
@@ -88,6 +91,22 @@ CASES = (
     Case(name="critic p2 d2 zero3", train=P2D2, role=Role.CRITIC, zero=3),
     Case(name="actor p2 d2 zero1 tied", train=P2D2, role=Role.ACTOR, zero=1, tied=True),
     Case(name="critic p2 d2 zero1", train=P2D2, role=Role.CRITIC, zero=1, resume=True),
+    Case(
+        name="actor p2 d2 zero1 host step",
+        train=P2D2,
+        role=Role.ACTOR,
+        zero=1,
+        resume=True,
+        offload=OffloadMode.HOST_STEP,
+    ),
+    Case(
+        name="critic p2 d2 zero3 device step",
+        train=P2D2,
+        role=Role.CRITIC,
+        zero=3,
+        resume=True,
+        offload=OffloadMode.DEVICE_STEP,
+    ),
     Case(name="actor p4", train=P4, role=Role.ACTOR, tied=True),
     Case(name="reward p4", train=P4, role=Role.REWARD),
 )

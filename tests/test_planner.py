@@ -37,7 +37,11 @@ def h100():
 
 
 def cluster(num_nodes, gpus_per_node, memory_gib=80.0, price=2.0):
-    gpu = dataclasses.replace(HARDWARE["h100-sxm"], memory_bytes=int(memory_gib * 2**30))
+    # No reserve: these tests shrink memory until it binds, down to a fraction of a GiB
+    # (the reserve's own tests are in test_offload.py).
+    gpu = dataclasses.replace(
+        HARDWARE["h100-sxm"], memory_bytes=int(memory_gib * 2**30), reserve_bytes=0
+    )
     return ClusterSpec(
         name="c",
         pools=(

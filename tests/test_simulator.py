@@ -249,11 +249,14 @@ def test_optimizer_offload_trades_memory_for_copy_time(h100):
     assert update_off.detail["offload_s"] > 0
 
 
-def test_optimizer_offload_needs_a_gpu_pool():
+def test_optimizer_offload_needs_a_trained_role():
+    """A CPU pool may offload (its workers honour it: test_offload.py); a frozen role may not."""
     plan = load_plan(PLANS / "grpo-tiny-cpu4-colocate.toml")
     par = dict(plan.parallelism)
     par[Role.ACTOR] = dataclasses.replace(par[Role.ACTOR], offload_optimizer=True)
-    with pytest.raises(ValueError, match="offload_optimizer needs"):
+    dataclasses.replace(plan, parallelism=par)
+    par[Role.REF] = dataclasses.replace(par[Role.REF], offload_optimizer=True)
+    with pytest.raises(ValueError, match="offload_optimizer needs a trained role"):
         dataclasses.replace(plan, parallelism=par)
 
 

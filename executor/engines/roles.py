@@ -37,6 +37,7 @@ from placeflow.executor import rl
 from placeflow.executor.batch import Batch
 from placeflow.executor.engines import pipeline
 from placeflow.executor.engines.hf import load_checkpoint
+from placeflow.executor.engines.offload import OffloadMode
 from placeflow.executor.engines.pipeline import SINGLE_STAGE, PPGroup, StageIO
 from placeflow.executor.engines.sampler import (
     Completion,
@@ -84,6 +85,7 @@ class EngineSetup:
     num_values: int = 1  # outputs of the value head: 2 for Safe-RLHF's critic (value, cost)
     optim: OptimConfig | None = None  # None: frozen (reference, reward model)
     zero: int = 0
+    offload: OffloadMode = OffloadMode.NONE  # where the Adam state lives between phases
     micro_batch: int = 8
     pad_id: int = 0
     tp_impl: TPImpl = TPImpl.NATIVE  # native or megatron-core TP layers (tp.py)
@@ -307,6 +309,7 @@ class _Trainable:
             zero=setup.zero,
             dp_group=groups.dp_group,
             dp_size=groups.dp_size,
+            offload=setup.offload,
         )
 
     def _global_tokens(self, mask: torch.Tensor) -> int:

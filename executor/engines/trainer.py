@@ -46,6 +46,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
+from placeflow.executor.engines.offload import OffloadMode, OptimizerOffload
 from placeflow.executor.engines.pipeline import exchange_add
 from placeflow.executor.engines.transformer import Transformer
 from placeflow.reshard_plan import Sharding
@@ -68,6 +69,7 @@ class TrainEngine:
         zero: int = 0,
         dp_group: Any = None,
         dp_size: int = 1,
+        offload: OffloadMode = OffloadMode.NONE,
     ) -> None:
         self.model, self.optim_config, self.zero = model, optim, zero
         self.dp_group, self.dp_size = dp_group, dp_size
@@ -105,6 +107,10 @@ class TrainEngine:
             )
         else:
             self.optimizer = torch.optim.AdamW(params, **kwargs)
+        # Where the Adam state lives between phases (executor/engines/offload.py).
+        self.offload = OptimizerOffload(
+            offload, self.optimizer, self._core_optimizer(), self.device
+        )
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return self.model(ids, mask, **kwargs)
@@ -150,7 +156,7 @@ class TrainEngine:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(clip / (norm + 1e-6))
-        self.optimizer.step()
+        self.offload.step_with(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
@@ -189,14 +195,14 @@ class TrainEngine:
 
     def state(self) -> dict[str, Any]:
         """This rank's model and optimizer state, as plain local tensors."""
-        core = self._core_optimizer()
-        params = [p for g in core.param_groups for p in g["params"]]
-        return {
-            "model": {n: _local(p).clone() for n, p in self.model.named_parameters()},
-            "optimizer": [
-                {k: _local(v).clone() for k, v in core.state.get(p, {}).items()} for p in params
-            ],
-        }
+        with self.offload.resident() as core:
+            params = [p for g in core.param_groups for p in g["params"]]
+            return {
+                "model": {n: _local(p).clone() for n, p in self.model.named_parameters()},
+                "optimizer": [
+                    {k: _local(v).clone() for k, v in core.state.get(p, {}).items()} for p in params
+                ],
+            }
 
     @torch.no_grad()
     def load_state(self, state: dict[str, Any]) -> None:
@@ -205,13 +211,13 @@ class TrainEngine:
             raise ValueError("checkpoint weights do not match this model and layout")
         for name, p in params.items():
             _local(p).copy_(state["model"][name])
-        core = self._core_optimizer()
-        ordered = [p for g in core.param_groups for p in g["params"]]
-        if len(ordered) != len(state["optimizer"]):
-            raise ValueError("checkpoint optimizer state does not match this layout")
-        for p, saved in zip(ordered, state["optimizer"], strict=True):
-            if saved:
-                core.state[p] = {k: _like(p, v) for k, v in saved.items()}
+        with self.offload.resident() as core:
+            ordered = [p for g in core.param_groups for p in g["params"]]
+            if len(ordered) != len(state["optimizer"]):
+                raise ValueError("checkpoint optimizer state does not match this layout")
+            for p, saved in zip(ordered, state["optimizer"], strict=True):
+                if saved:
+                    core.state[p] = {k: _like(p, v) for k, v in saved.items()}
 
     def _core_optimizer(self) -> torch.optim.Optimizer:
         # ZeroRedundancyOptimizer steps an inner optimizer over this rank's partition.

@@ -22,7 +22,7 @@ from placeflow.planner.variables import MIB, Variables
 def add_generator_memory(
     model: cp_model.CpModel, v: Variables, table: CostTable, cluster: ClusterSpec
 ) -> None:
-    capacity_mib = {p.name: p.gpu.memory_bytes // MIB for p in cluster.pools}
+    capacity_mib = {p.name: p.gpu.usable_bytes // MIB for p in cluster.pools}
     terms = v.generator_terms(table)
     gs = [var for _, var in terms]
     used = [math.ceil((u.resident_bytes + u.transient_bytes) / MIB) for u, _ in terms]
