@@ -12,6 +12,7 @@ from placeflow.executor.rehearsal import rehearsal_plan
 from placeflow.plan import load_plan
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.simulator import simulate
+from placeflow.workload import Role
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -47,6 +48,9 @@ def test_experts_and_latent_attention_are_refused_not_mispriced(name, feature):
     cm = fitted_cost_model(plan.cluster.pools[0].profile)
     with pytest.raises(SpecError, match=f"uses .*{feature}.*the simulator's cost model"):
         simulate(plan, cm)
+    if feature == "mixture of experts":  # rehearsed with a tiny mixture of experts
+        assert rehearsal_plan(plan).workload.models[Role.ACTOR].moe is not None
+        return
     with pytest.raises(SpecError, match=f"{feature}.*rehearsal"):
         rehearsal_plan(plan)
 
@@ -72,12 +76,14 @@ def test_every_over_capacity_set_is_reported_and_no_time_is_given():
     assert isinstance(plan.sets[0], DeviceSet)
 
 
-@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-30b-a3b"])
-def test_the_executor_refuses_what_its_engines_do_not_run(name):
+def test_the_executor_refuses_what_its_engines_do_not_run():
     from placeflow.executor.loop import check_executable
 
-    with pytest.raises(SpecError, match="the executor's engines"):
-        check_executable(_with_model(name))
+    with pytest.raises(SpecError, match="latent attention.*the executor's engines"):
+        check_executable(_with_model("deepseek-v3"))
+    check_executable(_with_model("qwen3-8b"))  # QK-norm: run by the engines
+    with pytest.raises(SpecError, match="expert TP"):  # experts with t > 1: not run
+        check_executable(_with_model("qwen3-30b-a3b"))
 
 
 def _with_parallelism(plan, role, **train):
