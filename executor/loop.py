@@ -79,8 +79,8 @@ from placeflow.executor.rewards import (
 )
 from placeflow.executor.tasks import TASKS, get_task
 from placeflow.executor.timeline import Launched, StepClock
-from placeflow.phases import Phase
 from placeflow.models import Feature
+from placeflow.phases import Phase
 from placeflow.plan import Plan, RoleParallelism
 from placeflow.workload import Algorithm, Role
 

@@ -182,9 +182,7 @@ def reshard_colocated(
     experts = plan.expert_group_of(rank)
     for slot in experts.slots if experts is not None else ():
         assert experts is not None
-        received += _gather_slot(
-            plan, experts.ranks, slot, rank, shards, out, expert_group, meter
-        )
+        received += _gather_slot(plan, experts.ranks, slot, rank, shards, out, expert_group, meter)
     return out, received
 
 

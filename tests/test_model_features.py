@@ -79,7 +79,7 @@ def test_every_over_capacity_set_is_reported_and_no_time_is_given():
 def test_the_executor_refuses_what_its_engines_do_not_run():
     from placeflow.executor.loop import check_executable
 
-    with pytest.raises(SpecError, match="latent attention.*the executor's engines"):
+    with pytest.raises(SpecError, match=r"latent attention.*the executor's engines"):
         check_executable(_with_model("deepseek-v3"))
     check_executable(_with_model("qwen3-8b"))  # QK-norm: run by the engines
     with pytest.raises(SpecError, match="expert TP"):  # experts with t > 1: not run

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from placeflow.errors import SpecError
-from placeflow.executor.engines.moe import load_balancing_loss
 from placeflow.executor.engines.transformer import Arch, Transformer, rms_norm
 from placeflow.executor.loop import check_executable
 from placeflow.executor.reshard import Method, ReshardJob, full_params, run_world
@@ -48,7 +47,8 @@ def test_each_expert_is_held_by_one_ep_rank_per_replica_group():
             assert holders == ([0, 2] if p.expert < 2 else [1, 3]), p.name
     names = {p.name for p in MOE.params()}
     assert "layers.0.gate_up" in names and "layers.1.gate_up" not in names
-    assert {"layers.1.moe.router", "layers.1.moe.shared_gate_up", "layers.3.moe.experts.3.down"} <= names
+    want = {"layers.1.moe.router", "layers.1.moe.shared_gate_up", "layers.3.moe.experts.3.down"}
+    assert want <= names
 
 
 def test_expert_bytes_by_hand():
@@ -129,9 +129,7 @@ def test_expert_reshard_gathers_every_expert_bit_exact():
 def test_qk_norm_and_head_dim_match_a_direct_computation():
     """Qwen3 attention written out: per-head RMSNorm of q and k before RoPE, heads of head_dim
     with heads x head_dim != hidden."""
-    spec = dataclasses.replace(
-        model_from_hf_config(TINY_MOE), moe=None, head_dim=48, num_layers=1
-    )
+    spec = dataclasses.replace(model_from_hf_config(TINY_MOE), moe=None, head_dim=48, num_layers=1)
     arch = Arch.of(spec)
     model = Transformer(arch)
     model.init_random(0)
@@ -257,3 +255,22 @@ def test_ep2_first_step_equals_ep1(ray_cluster: None, tmp_path: Path) -> None:
     assert a["reward_mean"] == b["reward_mean"]  # the same rollout
     for key in ("pg_loss", "aux_loss", "grad_norm", "entropy"):
         assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+
+
+def test_rehearsal_stands_in_a_tiny_mixture_of_experts():
+    from placeflow.catalogue import CATALOGUE
+    from placeflow.executor.rehearsal import rehearsal_plan
+    from placeflow.workload import Role
+
+    plan = load_plan(ROOT / "examples" / "plans" / "ppo-7b-colocate-h100x16.toml")
+    big = CATALOGUE["qwen3-30b-a3b"]
+    workload = dataclasses.replace(plan.workload, models={r: big for r in plan.workload.models})
+    actor = plan.parallelism[Role.ACTOR]
+    moe_actor = dataclasses.replace(actor, train=dataclasses.replace(actor.train, e=4))
+    plan = dataclasses.replace(
+        plan, workload=workload, parallelism={**plan.parallelism, Role.ACTOR: moe_actor}
+    )
+    tiny = rehearsal_plan(plan).workload.models[Role.ACTOR]
+    assert tiny.moe is not None and tiny.qk_norm
+    assert tiny.moe.num_experts % 4 == 0 and tiny.moe.experts_per_token == 2
+    assert tiny.num_params() < 10**7

@@ -163,7 +163,9 @@ class MoEMLP(nn.Module):
             out[rows] = self.experts[str(self.first + j)](x[rows]).to(out.dtype)
         return out
 
-    def _record(self, experts: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor | None) -> None:
+    def _record(
+        self, experts: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor | None
+    ) -> None:
         real = (
             torch.ones(probs.shape[0], 1, device=probs.device)
             if mask is None

@@ -418,7 +418,7 @@ class Transformer(nn.Module):
         return self._head(x[:, head_from:])
 
     def aux_loss(self) -> torch.Tensor | None:
-        """The load-balancing loss of the last forward over this stage's MoE layers (None: dense)."""
+        """The load-balancing loss of the last forward of this stage's MoE layers; None if dense."""
         records = [
             layer.moe.record
             for layer in self.layers.values()
