@@ -274,3 +274,40 @@ def test_rehearsal_stands_in_a_tiny_mixture_of_experts():
     assert tiny.moe is not None and tiny.qk_norm
     assert tiny.moe.num_experts % 4 == 0 and tiny.moe.experts_per_token == 2
     assert tiny.num_params() < 10**7
+
+
+def test_generator_set_receives_every_expert(ray_cluster: None, tmp_path: Path) -> None:
+    """The weight sync to a generator set of its own: each expert from the EP rank holding it."""
+    from placeflow.plan import plan_from_dict
+
+    workload = {
+        "name": "grpo-tiny-moe",
+        "algorithm": "grpo",
+        "reward_function": "arith",
+        "models": {"actor": str(TINY_MOE), "ref": str(TINY_MOE)},
+        "batch": {"prompts_per_step": 8, "samples_per_prompt": 4, "prompt_len": 16,
+                  "response_len": 16},
+    }  # fmt: skip
+    plan = plan_from_dict(
+        {
+            "name": "grpo-tiny-moe-generator",
+            "cluster": "../clusters/cpu4.toml",
+            "workload": workload,
+            "sets": [
+                {"roles": ["actor", "ref"], "pool": "cpu", "first_device": 0, "num_devices": 2},
+                {
+                    "roles": ["actor"],
+                    "pool": "cpu",
+                    "first_device": 2,
+                    "num_devices": 2,
+                    "generator": True,
+                },
+            ],
+            "parallelism": {"actor": {"d": 2, "e": 2, "zero": 0}, "ref": {"d": 2}},
+        },
+        "generator",
+        PLAN.parent,
+    )
+    metrics = _run(plan, tmp_path / "run", 2)
+    # Step 1 samples with weights synced after an update: the trainer scores them alike.
+    assert all(m["logprob_diff_max"] < 1e-3 for m in metrics)

@@ -58,7 +58,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from placeflow.errors import SpecError
-from placeflow.executor.engines.moe import SINGLE_EP, EPGroup, MoEMLP, load_balancing_loss
+from placeflow.executor.engines.moe import (
+    SINGLE_EP,
+    EPGroup,
+    MoEMLP,
+    RoutingRecord,
+    load_balancing_loss,
+)
 from placeflow.executor.engines.pipeline import SINGLE_STAGE, PPGroup
 from placeflow.executor.engines.tp import (
     SINGLE,
@@ -419,11 +425,11 @@ class Transformer(nn.Module):
 
     def aux_loss(self) -> torch.Tensor | None:
         """The load-balancing loss of the last forward of this stage's MoE layers; None if dense."""
-        records = [
-            layer.moe.record
-            for layer in self.layers.values()
-            if layer.moe is not None and layer.moe.record is not None
-        ]
+        records: list[RoutingRecord] = []
+        for layer in self.layers.values():
+            assert isinstance(layer, Layer)
+            if layer.moe is not None and layer.moe.record is not None:
+                records.append(layer.moe.record)
         if not records:
             return None
         return load_balancing_loss(records, self.arch.weights.num_experts)
