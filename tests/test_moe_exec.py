@@ -6,6 +6,7 @@ step equals the e = 1 run's)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from placeflow.errors import SpecError
+from placeflow.executor.engines.hf import to_canonical, to_hf
 from placeflow.executor.engines.transformer import Arch, Transformer, rms_norm
 from placeflow.executor.loop import check_executable
 from placeflow.executor.reshard import Method, ReshardJob, full_params, run_world
@@ -202,6 +204,57 @@ def test_load_balancing_loss_is_hf_formula():
     assert got is not None
     torch.testing.assert_close(got, want)
     assert float(got) > k  # an unbalanced router costs more than the balanced k
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["qwen3", "qwen3-moe"])
+def test_logits_match_transformers_qwen3(moe: bool, tmp_path: Path) -> None:
+    """transformers' own Qwen3 / Qwen3-MoE (every weight randomised, norms too): QK-norm,
+    head_dim 16 on hidden 48 with 4 heads, a dense first layer, top-2 of 4 experts."""
+    transformers = pytest.importorskip("transformers")
+    common = dict(
+        vocab_size=96, hidden_size=48, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        max_position_embeddings=64, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+        attn_implementation="eager", dtype="float32",
+    )  # fmt: skip
+    if moe:
+        cfg = transformers.Qwen3MoeConfig(
+            **common, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+            norm_topk_prob=True, mlp_only_layers=[0],
+        )  # fmt: skip
+        hf = transformers.Qwen3MoeForCausalLM(cfg)
+    else:
+        hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1 + 0.1 * noise if "norm" in name else 0.1 * noise)
+    hf.eval()
+    hf.config.save_pretrained(tmp_path)
+    if moe:  # transformers 5 writes num_local_experts; Qwen's published configs num_experts
+        cfg_path = tmp_path / "config.json"
+        saved = json.loads(cfg_path.read_text())
+        cfg_path.write_text(json.dumps({**saved, "num_experts": saved["num_local_experts"]}))
+    spec = model_from_hf_config(tmp_path)
+    assert spec.qk_norm and spec.head_dim == 16 and (spec.moe is not None) is moe
+    weights = TinyLlama.from_model_spec(spec)
+    ours = Transformer(Arch.of(spec))
+    state = dict(hf.state_dict())
+    ours.load_shards(to_canonical(state, weights))
+    back = to_hf(to_canonical(state, weights), weights)
+    assert back.keys() == state.keys()
+    assert all(torch.equal(back[k], v) for k, v in state.items())
+    gen_ids = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, 96, (3, 9), generator=gen_ids)
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[1, :3] = mask[2, :5] = False
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        want = hf(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
+        got = ours.eval()(ids, mask)
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)
 
 
 # --- the executor ---------------------------------------------------------------------
