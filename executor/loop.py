@@ -80,8 +80,9 @@ from placeflow.executor.rewards import (
 )
 from placeflow.executor.tasks import TASKS, get_task
 from placeflow.executor.timeline import Launched, StepClock
+from placeflow.models import Feature
 from placeflow.phases import Phase
-from placeflow.plan import Plan
+from placeflow.plan import Plan, RoleParallelism
 from placeflow.workload import Algorithm, Role
 
 CONTROLLER_STATE = "controller.json"  # in each checkpoint directory
@@ -102,9 +103,14 @@ def check_executable(plan: Plan) -> None:
     if w.reward_function is None and Role.REWARD not in w.models:
         raise SpecError("the workload needs a reward_function or a reward model")
     for role, spec in w.models.items():
-        # The engines run dense Llama/Qwen2 layers: a model with experts, latent attention,
-        # QK-norm or wider heads is refused by name, not run as a different model.
-        spec.require_features(frozenset(), f"the executor's engines (role {role})")
+        # The engines run Llama/Qwen2/Qwen3 layers and mixtures of experts: latent
+        # attention is refused by name, not run as a different model.
+        spec.require_features(
+            frozenset({Feature.MOE, Feature.QK_NORM, Feature.HEAD_DIM}),
+            f"the executor's engines (role {role})",
+        )
+        if spec.moe is not None:
+            _check_moe_parallelism(role, plan.parallelism[role])
     n = w.batch.num_samples
     for role in w.roles:
         par = plan.parallelism[role]
@@ -122,6 +128,28 @@ def check_executable(plan: Plan) -> None:
                 "mini-batch); raise prompts_per_step or samples_per_prompt, or lower "
                 "mini_batches"
             )
+
+
+def _check_moe_parallelism(role: Role, par: RoleParallelism) -> None:
+    """What the engines run of a mixture of experts: EP over data parallelism, no expert TP."""
+    train = par.train
+    if train.t > 1 or (role is Role.ACTOR and par.tg > 1):
+        raise SpecError(
+            f"{role}: a mixture of experts with tensor parallelism (t={train.t}, "
+            f"tg={par.tg}) is not executed (expert TP); use t = 1 and tg = 1, and e for experts"
+        )
+    if train.p > 1:
+        raise SpecError(
+            f"{role}: a mixture of experts with pipeline parallelism p={train.p} is not executed "
+            "(the load-balancing loss spans the stages); use p = 1"
+        )
+    trained = role in (Role.ACTOR, Role.CRITIC)
+    if trained and train.e > 1 and par.zero > 0 and train.d > 1:
+        raise SpecError(
+            f"{role}: ZeRO stage {par.zero} with expert parallel e={train.e} is not executed "
+            "(the optimizer would shard weights across ranks holding different experts); "
+            "use zero = 0"
+        )
 
 
 def tokenizer_for(plan: Plan) -> Tokenizer:

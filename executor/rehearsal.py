@@ -10,7 +10,10 @@ What changes:
 - every pool becomes a CPU pool of the same nodes x devices per node (one
   logical CPU worker per GPU, one Ray CPU slot each);
 - every model becomes a tiny random-init model of the same family (Llama, or
-  Qwen2 with q/k/v bias and tied embeddings as the original), whose layer
+  Qwen2 with q/k/v bias and tied embeddings as the original, Qwen3's QK-norm;
+  a mixture of experts stays one: top-2 of at least 4 experts, a number every
+  expert-parallel degree e of the plan divides, with a shared expert and a
+  dense first layer where the original has them), whose layer
   count is divisible by every pipeline degree it is split by (p, pg) and
   whose heads and KV heads by every tensor degree (t, tg); roles that share a
   model keep sharing one (the reference starts from the policy);
@@ -35,7 +38,7 @@ from placeflow.errors import SpecError
 from placeflow.executor.engines.tokenizer import ByteTokenizer
 from placeflow.executor.tasks import TASKS
 from placeflow.hardware import DeviceKind, get_hardware
-from placeflow.models import DType, Feature, ModelSpec
+from placeflow.models import DType, Feature, ModelSpec, MoESpec
 from placeflow.plan import Plan, RoleParallelism
 from placeflow.workload import BatchSpec, Role, Workload
 
@@ -85,37 +88,58 @@ def _cpu_cluster(cluster: ClusterSpec) -> ClusterSpec:
     return dataclasses.replace(cluster, name=f"{cluster.name}-rehearsal", pools=pools)
 
 
-def _degrees(plan: Plan, role: Role) -> tuple[list[int], list[int]]:
-    """(pipeline degrees, tensor degrees) that split `role`'s model."""
+def _degrees(plan: Plan, role: Role) -> tuple[list[int], list[int], int]:
+    """(pipeline degrees, tensor degrees, expert-parallel degree) that split `role`'s model."""
     par: RoleParallelism = plan.parallelism[role]
     pipe, tensor = [par.train.p], [par.train.t]
     if role is Role.ACTOR:
         pipe.append(par.pg)
         tensor.append(par.tg)
-    return pipe, tensor
+    return pipe, tensor, par.train.e
 
 
 def _tiny_models(plan: Plan) -> dict[str, ModelSpec]:
     """One tiny model per distinct model of the workload, by the original's name."""
     pipe: dict[str, list[int]] = {}
     tensor: dict[str, list[int]] = {}
+    experts: dict[str, list[int]] = {}
     originals: dict[str, ModelSpec] = {}
     for role, spec in plan.workload.models.items():
-        p, t = _degrees(plan, role)
+        p, t, e = _degrees(plan, role)
         pipe.setdefault(spec.name, []).extend(p)
         tensor.setdefault(spec.name, []).extend(t)
+        experts.setdefault(spec.name, []).append(e)
         originals[spec.name] = spec
     return {
-        name: _tiny_model(spec, layers=math.lcm(2, *pipe[name]), tp=math.lcm(*tensor[name]))
+        name: _tiny_model(
+            spec,
+            layers=math.lcm(2, *pipe[name]),
+            tp=math.lcm(*tensor[name]),
+            ep=math.lcm(*experts[name]),
+        )
         for name, spec in originals.items()
     }
 
 
-def _tiny_model(spec: ModelSpec, *, layers: int, tp: int) -> ModelSpec:
-    # A tiny dense stand-in keeps the head and layer rules of Qwen3's wider heads,
-    # not QK-norm; experts and latent attention have layouts it cannot stand in for.
+def _tiny_moe(spec: ModelSpec, *, hidden: int, ep: int) -> MoESpec | None:
+    if spec.moe is None:
+        return None
+    return MoESpec(
+        num_experts=math.lcm(4, ep),
+        experts_per_token=min(2, spec.moe.experts_per_token),
+        expert_ffn_hidden_size=hidden,
+        shared_ffn_hidden_size=hidden if spec.moe.shared_ffn_hidden_size else 0,
+        dense_layers=1 if spec.moe.dense_layers else 0,
+        router_aux_loss_coef=spec.moe.router_aux_loss_coef,
+    )
+
+
+def _tiny_model(spec: ModelSpec, *, layers: int, tp: int, ep: int = 1) -> ModelSpec:
+    # A tiny stand-in keeps the head and layer rules of Qwen3's wider heads, its
+    # QK-norm and a mixture of experts; latent attention has a layout it cannot stand in for.
     spec.require_features(
-        frozenset({Feature.QK_NORM, Feature.HEAD_DIM}), "rehearsal (executor/rehearsal.py)"
+        frozenset({Feature.QK_NORM, Feature.HEAD_DIM, Feature.MOE}),
+        "rehearsal (executor/rehearsal.py)",
     )
     vocab = ByteTokenizer.vocab_size
     if vocab % tp:
@@ -136,6 +160,8 @@ def _tiny_model(spec: ModelSpec, *, layers: int, tp: int) -> ModelSpec:
         vocab_size=vocab,
         tied_embeddings=spec.tied_embeddings,
         qkv_bias=spec.qkv_bias,
+        qk_norm=spec.qk_norm,
+        moe=_tiny_moe(spec, hidden=hidden, ep=ep),
         dtype=DType.FP32,
         max_seq_len=4 * SEQ_TOKENS,
         rope_theta=spec.rope_theta,

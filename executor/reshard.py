@@ -6,6 +6,9 @@ its generation shard (GenLayout's tg, pg) in one of two ways:
 - `reshard_colocated`: HybridFlow's micro-DP all-gather, executing a
   `ReshardPlan` slot by slot; each received piece is copied straight into the
   preallocated generation tensors, re-fusing qkv and gate_up part by part.
+  A mixture of experts then gathers its routed experts the same way over the
+  plan's expert groups (the EP group's micro-DP groups together), so that
+  every generation rank holds every expert.
 - `reshard_naive`: the baseline — every weight is all-gathered whole over the
   world (every rank sends its shard, or zeros if its stage lacks the weight),
   rebuilt, then sliced.
@@ -40,6 +43,7 @@ from placeflow.reshard_plan import (
     ReshardPlan,
     Slot,
     TinyLlama,
+    expert_groups,
     gen_shard,
     placements,
     plan_reshard,
@@ -146,9 +150,16 @@ def _piece(
 
 
 def reshard_colocated(
-    plan: ReshardPlan, rank: int, shards: Params, group: Any, meter: MemoryMeter
+    plan: ReshardPlan,
+    rank: int,
+    shards: Params,
+    group: Any,
+    meter: MemoryMeter,
+    expert_group: Any = None,
 ) -> tuple[Params, int]:
-    """Build `rank`'s generation weights by the plan's micro-DP all-gathers; (weights, bytes in)."""
+    """Build `rank`'s generation weights by the plan's micro-DP all-gathers, then its expert
+    all-gathers over `expert_group` (the process group of `plan.expert_group_of(rank)`);
+    (weights, bytes in)."""
     model, gen = plan.model, plan.gen
     out: Params = {}
     for p in model.params():
@@ -168,6 +179,10 @@ def reshard_colocated(
     received = 0
     for slot in transfer.slots:
         received += _gather_slot(plan, transfer.ranks, slot, rank, shards, out, group, meter)
+    experts = plan.expert_group_of(rank)
+    for slot in experts.slots if experts is not None else ():
+        assert experts is not None
+        received += _gather_slot(plan, experts.ranks, slot, rank, shards, out, expert_group, meter)
     return out, received
 
 
@@ -215,7 +230,8 @@ def reshard_naive(
     received = 0
     for p in model.params():
         stage = p.stage(model.num_layers, train.p)
-        owners = [train.rank(pp=stage, tp=tp, dp=0) for tp in range(train.t)]
+        dp = model.expert_rank(p, train.e) if p.expert >= 0 else 0  # an expert's EP rank
+        owners = [train.rank(pp=stage, tp=tp, dp=dp) for tp in range(train.t)]
         n = p.numel_of(train_shard(model, p, train, owners[0]) or ())
         own = shards.get(p.name)
         send = own.reshape(-1) if own is not None else meter.hold(torch.zeros(n))
@@ -262,10 +278,11 @@ class ReshardJob:
                 )
 
 
-def _my_group(gen: GenLayout, rank: int) -> Any:
-    """Create every micro-DP group (all ranks, same order, as new_group needs); return ours."""
+def _my_group(gen: GenLayout, rank: int, groups: list[list[int]] | None = None) -> Any:
+    """Create every micro-DP group, or every group of `groups` (all ranks, same order, as
+    new_group needs); return ours."""
     mine = None
-    for ranks in gen.micro_dp_groups():
+    for ranks in gen.micro_dp_groups() if groups is None else groups:
         if len(ranks) > 1:
             group = dist.new_group(ranks)
             if rank in ranks:
@@ -274,7 +291,13 @@ def _my_group(gen: GenLayout, rank: int) -> Any:
 
 
 def _run_case(
-    job: ReshardJob, case: int, method: Method, rank: int, shards: Params, group: Any
+    job: ReshardJob,
+    case: int,
+    method: Method,
+    rank: int,
+    shards: Params,
+    group: Any,
+    expert_group: Any = None,
 ) -> RankResult:
     gen = job.cases[case]
     plan = plan_reshard(job.model, gen)
@@ -284,7 +307,7 @@ def _run_case(
         dist.barrier()
         start = time.perf_counter()
         if method is Method.PLANNED:
-            params, received = reshard_colocated(plan, rank, shards, group, meter)
+            params, received = reshard_colocated(plan, rank, shards, group, meter, expert_group)
         else:
             params, received = reshard_naive(job.model, gen, rank, shards, meter)
         if i >= job.warmup:
@@ -318,9 +341,11 @@ def reshard_worker(rank: int, job: ReshardJob, results: Any) -> None:
         full = full_params(job.model, job.seed)
         for case, gen in enumerate(job.cases):
             group = _my_group(gen, rank)
+            experts = _my_group(gen, rank, expert_groups(gen)) if job.model.num_experts else None
             shards = train_params(job.model, gen.train, rank, full)
             for method in job.methods:
-                results.put(("result", _run_case(job, case, method, rank, shards, group)))
+                result = _run_case(job, case, method, rank, shards, group, experts)
+                results.put(("result", result))
         dist.destroy_process_group()
 
     report_rank(rank, results, body)

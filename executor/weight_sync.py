@@ -218,7 +218,8 @@ def sync_naive(
     moved = 0
     for p in model.params():
         stage = p.stage(model.num_layers, train.p)
-        owners = [train.rank(pp=stage, tp=tp, dp=0) for tp in range(train.t)]
+        dp = model.expert_rank(p, train.e) if p.expert >= 0 else 0  # an expert's EP rank
+        owners = [train.rank(pp=stage, tp=tp, dp=dp) for tp in range(train.t)]
         full = None
         if rank == 0:
             full = meter.hold(torch.empty(p.shape))

@@ -65,6 +65,7 @@ from placeflow.executor.balance import WorkModel
 from placeflow.executor.batch import Batch
 from placeflow.executor.dispatch import DispatchLayout
 from placeflow.executor.engines.generator import GeneratorEngine
+from placeflow.executor.engines.moe import EPGroup
 from placeflow.executor.engines.pipeline import PPGroup
 from placeflow.executor.engines.roles import (
     ActorEngine,
@@ -85,6 +86,7 @@ from placeflow.reshard_plan import (
     WEIGHT_SYNC_BUCKET_BYTES,
     DisjointPlan,
     GeneratorLayout,
+    expert_groups,
     plan_disjoint,
     plan_reshard,
 )
@@ -100,6 +102,9 @@ class Axis(StrEnum):
     DP = "dp"
     GEN_TP = "gen_tp"  # the actor's generation TP group (GenLayout.tp_groups)
     MICRO_DP = "micro_dp"  # the ranks that all-gather one generation shard
+    EP = "ep"  # expert parallel: the routed experts' all-to-all (e > 1)
+    EXPERT_DP = "expert_dp"  # ranks holding the same experts (their gradients' all-reduce)
+    EXPERT_GATHER = "expert_gather"  # the reshard's expert all-gather (reshard_plan)
 
 
 class Failure(StrEnum):
@@ -263,6 +268,15 @@ class Worker:
             ):
                 mine, _ = dist.new_subgroups_by_enumeration(ranks)
                 groups[axis] = mine
+        train = layout.train
+        expert_axes = [(Axis.EP, train.ep_groups())] if train.e > 1 else []
+        if train.e > 1 and train.expert_dp > 1:
+            expert_axes.append((Axis.EXPERT_DP, train.expert_dp_groups()))
+        if train.e > 1 and layout.gen is not None:
+            expert_axes.append((Axis.EXPERT_GATHER, expert_groups(layout.gen)))
+        for axis, ranks in expert_axes:
+            mine, _ = dist.new_subgroups_by_enumeration(ranks)
+            groups[axis] = mine
         pp, tp, dp = layout.train.coords(rank)
         gen = layout.gen.coords(rank) if layout.gen is not None else (None, None, None)
         info = RankInfo(
@@ -338,6 +352,9 @@ class Worker:
             dp_size=train.d,
             gen_tp=tp_group(Axis.GEN_TP, gen.tg, info.gen_tp or 0) if gen is not None else None,
             micro_dp=rr.groups.get(Axis.MICRO_DP),
+            ep=EPGroup(rank=train.ep_rank(info.rank), size=train.e, group=rr.groups.get(Axis.EP)),
+            expert_dp=rr.groups.get(Axis.EXPERT_DP),
+            expert_gather=rr.groups.get(Axis.EXPERT_GATHER),
         )
         engine: ActorEngine | CriticEngine | ScoringEngine
         if role is Role.ACTOR:

@@ -71,6 +71,8 @@ class MoESpec:
     expert_ffn_hidden_size: int
     shared_ffn_hidden_size: int = 0
     dense_layers: int = 0
+    # Weight of the load-balancing loss in training (HF's `router_aux_loss_coef`).
+    router_aux_loss_coef: float = 0.001
 
     def check(self, owner: str, num_layers: int) -> None:
         _positive(
@@ -388,6 +390,7 @@ def _hf_moe(cfg: dict, model_type: str, where: Path) -> MoESpec | None:
             num_experts=cfg["num_experts"],
             experts_per_token=cfg["num_experts_per_tok"],
             expert_ffn_hidden_size=cfg["moe_intermediate_size"],
+            router_aux_loss_coef=cfg.get("router_aux_loss_coef", 0.001),
             # Costs do not depend on where the dense layers sit, only on how many.
             dense_layers=len(cfg.get("mlp_only_layers") or ()),
         )
@@ -396,6 +399,7 @@ def _hf_moe(cfg: dict, model_type: str, where: Path) -> MoESpec | None:
             num_experts=cfg["num_local_experts"],
             experts_per_token=cfg["num_experts_per_tok"],
             expert_ffn_hidden_size=cfg["intermediate_size"],
+            router_aux_loss_coef=cfg.get("router_aux_loss_coef", 0.001),
         )
     if model_type == "deepseek_v3":
         if cfg.get("moe_layer_freq", 1) != 1:

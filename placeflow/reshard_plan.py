@@ -31,6 +31,19 @@ group; the mt = t/tg ranks of a stage each send 1/mt of them (a chunk along
 dim 0) so nothing is sent twice by one stage. Their bytes are counted apart
 from the sharded bytes, which alone follow HybridFlow's formula.
 
+Experts (mixture-of-experts layers): each routed expert is its own pair of
+weights, `layers.i.moe.experts.j.gate_up` and `.down` (the router and the
+shared experts are `layers.i.moe.router`, replicated as Megatron's router is,
+and `layers.i.moe.shared_gate_up` / `shared_down`, split like the dense MLP).
+An expert's weights are TP-split like the dense MLP's (expert TP = t, as
+`TrainLayout` says) and held only by the expert-parallel rank whose block of
+num_experts / e experts contains it, as a pipeline stage holds its layers. The
+generation layout has no EP: every generation rank holds every expert (its tg
+slice). So the colocated transfer gathers experts in a wider group than the
+micro-DP one: the micro-DP groups of the e replicas of one EP group together
+(`expert_groups`); with e = 1 that is the micro-DP group itself. A dense model
+plans exactly as before.
+
 Disjoint transfer (trainer and generator on different devices, `plan_disjoint`):
 each generator rank receives its whole generation shard, M/(tg·pg) of the
 sharded weights plus its stage's norms, as slices of the trainer ranks' shards
@@ -85,6 +98,7 @@ class ParamSpec:
     sharding: Sharding
     parts: tuple[int, ...]  # sizes of the fused parts along `dim` (one part if unfused)
     layer: int
+    expert: int = -1  # index of the routed expert this weight belongs to; -1: not an expert
 
     @property
     def dim(self) -> int:
@@ -133,14 +147,21 @@ class TinyLlama:
     qk_norm: bool = False
     head_dim: int = 0
     tied_embeddings: bool = False
+    num_experts: int = 0  # routed experts per MoE layer; 0: a dense model
+    expert_ffn: int = 0
+    shared_ffn: int = 0  # shared experts' FFN size in all (0: none)
+    dense_layers: int = 0  # the first layers keep a dense MLP of `ffn`
 
     # The ModelSpec features whose weights this layout describes.
-    SUPPORTED: ClassVar[frozenset[Feature]] = frozenset({Feature.QK_NORM, Feature.HEAD_DIM})
+    SUPPORTED: ClassVar[frozenset[Feature]] = frozenset(
+        {Feature.QK_NORM, Feature.HEAD_DIM, Feature.MOE}
+    )
 
     @classmethod
     def from_model_spec(cls, spec: ModelSpec) -> TinyLlama:
         """The weights of a catalogue (or HF config) model, in the plan's ParamSpec form."""
         spec.require_features(cls.SUPPORTED, "resharding (placeflow/reshard_plan.py)")
+        moe = spec.moe
         return cls(
             num_layers=spec.num_layers,
             hidden=spec.hidden_size,
@@ -153,7 +174,19 @@ class TinyLlama:
             qkv_bias=spec.qkv_bias,
             qk_norm=spec.qk_norm,
             tied_embeddings=spec.tied_embeddings,
+            num_experts=moe.num_experts if moe else 0,
+            expert_ffn=moe.expert_ffn_hidden_size if moe else 0,
+            shared_ffn=moe.shared_ffn_hidden_size if moe else 0,
+            dense_layers=moe.dense_layers if moe else 0,
         )
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer >= self.dense_layers
+
+    def expert_rank(self, param: ParamSpec, e: int) -> int:
+        """The expert-parallel rank (of e) holding `param`'s expert: contiguous blocks."""
+        assert param.expert >= 0
+        return param.expert // (self.num_experts // e)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads or (
@@ -201,11 +234,8 @@ class TinyLlama:
                           parts=(q,), layer=i),
                 ParamSpec(name=pre + "post_norm", shape=(h,), sharding=Sharding.REPLICATED,
                           parts=(h,), layer=i),
-                ParamSpec(name=pre + "gate_up", shape=(2 * f, h), sharding=Sharding.COLUMN,
-                          parts=(f, f), layer=i),
-                ParamSpec(name=pre + "down_proj", shape=(h, f), sharding=Sharding.ROW,
-                          parts=(f,), layer=i),
             ]  # fmt: skip
+            out += self._moe_params(i) if self.is_moe_layer(i) else self._mlp_params(i, f, "")
         n = self.num_layers
         out.append(
             ParamSpec(name="norm", shape=(h,), sharding=Sharding.REPLICATED, parts=(h,), layer=n)
@@ -213,6 +243,28 @@ class TinyLlama:
         if not self.tied_embeddings:
             out.append(ParamSpec(name="lm_head", shape=(self.vocab, h), sharding=Sharding.VOCAB,
                                  parts=(self.vocab,), layer=n))  # fmt: skip
+        return out
+
+    def _mlp_params(self, i: int, f: int, kind: str, expert: int = -1) -> list[ParamSpec]:
+        """A SwiGLU MLP's fused gate_up (column) and down (row) weights named `kind`."""
+        h, pre = self.hidden, f"layers.{i}."
+        down = "down" if kind else "down_proj"
+        return [
+            ParamSpec(name=f"{pre}{kind}gate_up", shape=(2 * f, h), sharding=Sharding.COLUMN,
+                      parts=(f, f), layer=i, expert=expert),
+            ParamSpec(name=f"{pre}{kind}{down}", shape=(h, f), sharding=Sharding.ROW,
+                      parts=(f,), layer=i, expert=expert),
+        ]  # fmt: skip
+
+    def _moe_params(self, i: int) -> list[ParamSpec]:
+        """Router, shared experts (if any), then the routed experts in index order."""
+        e, h = self.num_experts, self.hidden
+        out = [ParamSpec(name=f"layers.{i}.moe.router", shape=(e, h),
+                         sharding=Sharding.REPLICATED, parts=(e,), layer=i)]  # fmt: skip
+        if self.shared_ffn:
+            out += self._mlp_params(i, self.shared_ffn, "moe.shared_")
+        for j in range(e):
+            out += self._mlp_params(i, self.expert_ffn, f"moe.experts.{j}.", expert=j)
         return out
 
     def check_layout(self, train: TrainLayout) -> None:
@@ -224,6 +276,11 @@ class TinyLlama:
             )
         if self.num_layers % train.p:
             raise SpecError(f"num_layers {self.num_layers} must be a multiple of p={train.p}")
+        if train.e > 1 and self.num_experts % train.e:
+            raise SpecError(
+                f"expert parallel e={train.e} must divide the {self.num_experts} experts "
+                "(each EP rank holds a contiguous block of them)"
+            )
         for param in self.params():
             if any(part % train.t for part in param.parts):
                 raise SpecError(
@@ -268,6 +325,8 @@ def train_shard(
     pp, tp, _ = train.coords(rank)
     if param.stage(model.num_layers, train.p) != pp:
         return None
+    if param.expert >= 0 and model.expert_rank(param, train.e) != train.ep_rank(rank):
+        return None  # another EP rank's expert
     if param.sharding is Sharding.REPLICATED:
         return _full(param)
     return split_ranges(param, train.t, tp)
@@ -361,28 +420,51 @@ class ReshardPlan:
     gen: GenLayout
     groups: tuple[GroupTransfer, ...]
     ranks: tuple[RankTransfer, ...]  # indexed by rank
+    # The experts' all-gathers (`expert_groups`); empty for a dense model.
+    expert_groups: tuple[GroupTransfer, ...] = ()
 
     def group_of(self, rank: int) -> GroupTransfer:
         return next(g for g in self.groups if rank in g.ranks)
 
+    def expert_group_of(self, rank: int) -> GroupTransfer | None:
+        return next((g for g in self.expert_groups if rank in g.ranks), None)
 
-def stage_order(model: TinyLlama, gen: GenLayout, rank: int) -> list[ParamSpec]:
-    """The pieces `rank` sends, vocab weight first so that the stages' slots line up."""
+
+def expert_groups(gen: GenLayout) -> list[list[int]]:
+    """Ranks that all-gather routed experts: the micro-DP groups of one EP group's e
+    replicas, EP member by member (the micro-DP groups themselves when e = 1)."""
+    train = gen.train
+    ep_of = {r: g for g in train.ep_groups() for r in g}
+    return [
+        [ep_of[r][j] for j in range(train.e) for r in group]
+        for group in gen.micro_dp_groups()
+        if train.ep_rank(group[0]) == 0  # one per EP group: the one of its first replica
+    ]
+
+
+def stage_order(
+    model: TinyLlama, gen: GenLayout, rank: int, *, experts: bool = False
+) -> list[ParamSpec]:
+    """The pieces `rank` sends, vocab weight first so that the stages' slots line up;
+    the routed experts' pieces only (`experts`) or every other weight's."""
     pp = gen.train.coords(rank)[0]
     sent = [
         (p.sharding is not Sharding.VOCAB, i, p)
         for i, p in enumerate(model.params())
         # Another stage's parameters send nothing (transfer_piece is None): skip them cheaply.
         if p.stage(model.num_layers, gen.train.p) == pp
+        and (p.expert >= 0) == experts
         and transfer_piece(model, p, gen, rank) is not None
     ]
     # Sort on (vocab first, canonical index); the index keeps the sort off ParamSpec.
     return [p for *_, p in sorted(sent, key=lambda e: (e[0], e[1]))]
 
 
-def _group_transfer(model: TinyLlama, gen: GenLayout, ranks: list[int]) -> GroupTransfer:
-    # A group of one (tg = t, pg = p) keeps its shards: nothing to gather.
-    lists = [stage_order(model, gen, r) for r in ranks] if len(ranks) > 1 else []
+def _group_transfer(
+    model: TinyLlama, gen: GenLayout, ranks: list[int], *, experts: bool = False
+) -> GroupTransfer:
+    # A group of one (tg = t, pg = p, e = 1) keeps its shards: nothing to gather.
+    lists = [stage_order(model, gen, r, experts=experts) for r in ranks] if len(ranks) > 1 else []
     slots = []
     for j in range(max((len(pl) for pl in lists), default=0)):
         pieces = tuple(pl[j] if j < len(pl) else None for pl in lists)
@@ -403,20 +485,25 @@ def _gen_shard_bytes(model: TinyLlama, gen: GenLayout, rank: int) -> int:
 
 
 def _rank_transfer(
-    model: TinyLlama, gen: GenLayout, group: GroupTransfer, rank: int, gen_bytes: int
+    model: TinyLlama,
+    groups: list[GroupTransfer],
+    rank: int,
+    gen_bytes: int,
 ) -> RankTransfer:
-    me, size, b = group.ranks.index(rank), len(group.ranks), model.dtype_bytes
+    b = model.dtype_bytes
     sharded = replicated = wire = bucket = 0
-    for slot in group.slots:
-        wire += (size - 1) * slot.padded_numel * b
-        bucket = max(bucket, (size + 1) * slot.padded_numel * b)
-        for k, (piece, numel) in enumerate(zip(slot.pieces, slot.numels, strict=True)):
-            if k == me or piece is None:
-                continue
-            if piece.sharding is Sharding.REPLICATED:
-                replicated += numel * b
-            else:
-                sharded += numel * b
+    for group in groups:
+        me, size = group.ranks.index(rank), len(group.ranks)
+        for slot in group.slots:
+            wire += (size - 1) * slot.padded_numel * b
+            bucket = max(bucket, (size + 1) * slot.padded_numel * b)
+            for k, (piece, numel) in enumerate(zip(slot.pieces, slot.numels, strict=True)):
+                if k == me or piece is None:
+                    continue
+                if piece.sharding is Sharding.REPLICATED:
+                    replicated += numel * b
+                else:
+                    sharded += numel * b
     return RankTransfer(
         rank=rank,
         received_sharded_bytes=sharded,
@@ -429,9 +516,15 @@ def _rank_transfer(
 
 
 def plan_reshard(model: TinyLlama, gen: GenLayout) -> ReshardPlan:
-    """The colocated transfer of `model` from `gen.train` to `gen`, group by group."""
+    """The colocated transfer of `model` from `gen.train` to `gen`, group by group
+    (then, for a mixture of experts, the routed experts' groups)."""
     model.check_layout(gen.train)
     groups = tuple(_group_transfer(model, gen, g) for g in gen.micro_dp_groups())
+    experts = (
+        tuple(_group_transfer(model, gen, g, experts=True) for g in expert_groups(gen))
+        if model.num_experts
+        else ()
+    )
     by_rank = {}
     # A generation shard depends only on the rank's (gen pp, gen tp) coordinates,
     # which every micro-DP group repeats: sized once per coordinate pair.
@@ -441,12 +534,14 @@ def plan_reshard(model: TinyLlama, gen: GenLayout) -> ReshardPlan:
             coords = gen.coords(rank)[1:]
             if coords not in gen_bytes:
                 gen_bytes[coords] = _gen_shard_bytes(model, gen, rank)
-            by_rank[rank] = _rank_transfer(model, gen, group, rank, gen_bytes[coords])
+            mine = [group] + [g for g in experts if rank in g.ranks]
+            by_rank[rank] = _rank_transfer(model, mine, rank, gen_bytes[coords])
     return ReshardPlan(
         model=model,
         gen=gen,
         groups=groups,
         ranks=tuple(by_rank[r] for r in range(gen.train.world_size)),
+        expert_groups=experts,
     )
 
 
@@ -547,6 +642,8 @@ def _sources(
     # Generator replica r pulls from trainer replica r mod d, so replicas spread
     # their load over the trainer's data-parallel copies.
     dp = replica % train.d
+    if param.expert >= 0:  # held by one EP member of that replica's EP group
+        dp = dp // train.e * train.e + model.expert_rank(param, train.e)
     if param.sharding is Sharding.REPLICATED:
         src = train.rank(pp=stage, tp=gtp % train.t, dp=dp)  # spread over the TP ranks
         return [Send(src=src, dst=dst, param=param, rows=_full(param)[0], dst_start=0)]

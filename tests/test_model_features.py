@@ -13,6 +13,7 @@ from placeflow.executor.rehearsal import rehearsal_plan
 from placeflow.plan import load_plan
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.simulator import simulate
+from placeflow.workload import Role
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -43,13 +44,14 @@ def test_qwen3_wider_heads_are_priced_by_their_head_dim():
     ("name", "feature"),
     [("qwen3-30b-a3b", "mixture of experts"), ("deepseek-v3", "multi-head latent attention")],
 )
-def test_experts_and_latent_attention_are_priced_by_the_simulator_refused_by_rehearsal(
-    name, feature
-):
+def test_experts_and_latent_attention_are_priced_and_experts_rehearsed(name, feature):
     plan = _with_model(name)
     cm = fitted_cost_model(plan.cluster.pools[0].profile)
     est = simulate(plan, cm)  # priced: no refusal; too big for 16 GPUs is a memory verdict
     assert est.feasible or "short by" in (est.infeasible_reason or "")
+    if feature == "mixture of experts":  # rehearsed with a tiny mixture of experts
+        assert rehearsal_plan(plan).workload.models[Role.ACTOR].moe is not None
+        return
     with pytest.raises(SpecError, match=f"{feature}.*rehearsal"):
         rehearsal_plan(plan)
 
@@ -75,12 +77,14 @@ def test_every_over_capacity_set_is_reported_and_no_time_is_given():
     assert isinstance(plan.sets[0], DeviceSet)
 
 
-@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-30b-a3b"])
-def test_the_executor_refuses_what_its_engines_do_not_run(name):
+def test_the_executor_refuses_what_its_engines_do_not_run():
     from placeflow.executor.loop import check_executable
 
-    with pytest.raises(SpecError, match="the executor's engines"):
-        check_executable(_with_model(name))
+    with pytest.raises(SpecError, match=r"latent attention.*the executor's engines"):
+        check_executable(_with_model("deepseek-v3"))
+    check_executable(_with_model("qwen3-8b"))  # QK-norm: run by the engines
+    with pytest.raises(SpecError, match="expert TP"):  # experts with t > 1: not run
+        check_executable(_with_model("qwen3-30b-a3b"))
 
 
 def _with_parallelism(plan, role, **train):

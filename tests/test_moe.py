@@ -32,8 +32,9 @@ def _naive(layer: MoEMLP, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(row @ layer.router.t(), dim=-1)
         top = probs.topk(K)
         for w, e in zip(top.values / top.values.sum(), top.indices, strict=True):
-            gate, up = (row @ layer.gate_up[e].t()).split(FFN)
-            out[i] += w * ((F.silu(gate) * up) @ layer.down[e].t())
+            expert = layer.experts[str(int(e))]
+            gate, up = (row @ expert.gate_up.t()).split(FFN)
+            out[i] += w * ((F.silu(gate) * up) @ expert.down.t())
         if layer.shared_gate_up is not None and layer.shared_down is not None:
             sg, su = (row @ layer.shared_gate_up.t()).split(layer.shared_ffn)
             out[i] += (F.silu(sg) * su) @ layer.shared_down.t()
@@ -78,11 +79,11 @@ def moe_rank(rank: int, job: Job, results: Any) -> None:
         )
         full = _full()
         layer = MoEMLP(H, FFN, E, K, shared_ffn=SHARED, ep=EPGroup(rank=rank, size=job.world))
-        block = layer.expert_block()
+        assert [int(j) for j in layer.experts] == list(layer.expert_block())
         with torch.no_grad():
             layer.router.copy_(full.router)
-            layer.gate_up.copy_(full.gate_up[block.start : block.stop])
-            layer.down.copy_(full.down[block.start : block.stop])
+            for j, expert in layer.experts.items():
+                expert.load_state_dict(full.experts[j].state_dict())
             assert full.shared_gate_up is not None and full.shared_down is not None
             assert layer.shared_gate_up is not None and layer.shared_down is not None
             layer.shared_gate_up.copy_(full.shared_gate_up)
@@ -116,14 +117,13 @@ def test_expert_parallel_matches_the_single_device_layer():
     for rank in range(world):
         out, grads = got[rank]
         np.testing.assert_allclose(out, outs[rank], rtol=1e-5, atol=1e-5)
-        block = slice(rank * local, (rank + 1) * local)
+        held = {n.split(".")[1] for n in grads if n.startswith("experts.")}
+        assert held == {str(j) for j in range(rank * local, (rank + 1) * local)}
         # Each expert's gradient gathers every rank's tokens routed to it.
-        np.testing.assert_allclose(
-            grads["gate_up"], full.gate_up.grad[block].numpy(), rtol=1e-4, atol=1e-5
-        )
-        np.testing.assert_allclose(
-            grads["down"], full.down.grad[block].numpy(), rtol=1e-4, atol=1e-5
-        )
+        for j in held:
+            for w in ("gate_up", "down"):
+                want = getattr(full.experts[j], w).grad.numpy()
+                np.testing.assert_allclose(grads[f"experts.{j}.{w}"], want, rtol=1e-4, atol=1e-5)
     # Replicated weights: each rank's gradient covers its own tokens; their sum is the whole.
     for name in ("router", "shared_gate_up", "shared_down"):
         total = sum(got[r][1][name] for r in range(world))

@@ -3,7 +3,12 @@
 Hugging Face Llama/Qwen2 keep q, k, v (and gate, up) as separate tensors named
 `model.layers.{i}.self_attn.q_proj.weight` and so on; the engines fuse them.
 `to_canonical` and `to_hf` are inverses (a test checks the round trip and the
-logits against transformers' own model). `load_checkpoint` reads a local
+logits against transformers' own model). Qwen3 adds `self_attn.q_norm` and
+`k_norm`; Qwen3-MoE's layers hold `mlp.gate` (the router) and, as
+transformers 5 stores them, every expert in one tensor per projection,
+`mlp.experts.gate_up_proj` (experts, 2·ffn, hidden; gate rows then up rows)
+and `mlp.experts.down_proj`: expert j is row j of those (`name#j` below).
+`load_checkpoint` reads a local
 checkpoint directory (config.json + safetensors/bin, or a GGUF file through
 transformers) into a `ModelSpec` and full canonical weights.
 """
@@ -24,12 +29,21 @@ _SIMPLE = {
     "o_proj": "self_attn.o_proj.weight",
     "post_norm": "post_attention_layernorm.weight",
     "down_proj": "mlp.down_proj.weight",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+    "moe.router": "mlp.gate.weight",
+    "moe.shared_down": "mlp.shared_experts.down_proj.weight",
 }
 _FUSED = {
     "qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
     "qkv_bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
     "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "moe.shared_gate_up": (
+        "mlp.shared_experts.gate_proj.weight",
+        "mlp.shared_experts.up_proj.weight",
+    ),
 }
+_EXPERT = {"gate_up": "mlp.experts.gate_up_proj", "down": "mlp.experts.down_proj"}
 
 
 def _hf_names(model: TinyLlama) -> dict[str, tuple[str, ...]]:
@@ -40,7 +54,9 @@ def _hf_names(model: TinyLlama) -> dict[str, tuple[str, ...]]:
             continue
         _, i, short = p.name.split(".", 2)
         pre = _LAYER.format(i=i)
-        if short in _SIMPLE:
+        if p.expert >= 0:  # moe.experts.<j>.<gate_up|down>: row j of the stacked tensor
+            out[p.name] = (f"{pre}{_EXPERT[short.rsplit('.', 1)[1]]}#{p.expert}",)
+        elif short in _SIMPLE:
             out[p.name] = (pre + _SIMPLE[short],)
         else:
             out[p.name] = tuple(pre + n for n in _FUSED[short])
@@ -54,21 +70,34 @@ def to_canonical(hf: dict[str, torch.Tensor], model: TinyLlama) -> dict[str, tor
     """Fuse a Hugging Face state dict into canonical weights (fp32 copies)."""
     out = {}
     for name, sources in _hf_names(model).items():
-        missing = [s for s in sources if s not in hf]
+        missing = [s for s in sources if s.split("#")[0] not in hf]
         if missing:
             raise SpecError(f"checkpoint lacks {missing[0]} (needed for {name})")
-        out[name] = torch.cat([hf[s].float() for s in sources], dim=0)
+        out[name] = torch.cat([_source(hf, s).float() for s in sources], dim=0)
     return out
+
+
+def _source(hf: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """A tensor by HF name, or row j of a stacked expert tensor for `name#j`."""
+    base, _, row = name.partition("#")
+    return hf[base][int(row)] if row else hf[base]
 
 
 def to_hf(params: dict[str, torch.Tensor], model: TinyLlama) -> dict[str, torch.Tensor]:
     """Split full canonical weights into Hugging Face names (for engines that load by name)."""
     specs = {p.name: p for p in model.params()}
     out = {}
+    experts: dict[str, dict[int, torch.Tensor]] = {}
     for name, sources in _hf_names(model).items():
         parts = specs[name].parts if len(sources) > 1 else (params[name].shape[0],)
         for src, piece in zip(sources, params[name].split(list(parts), dim=0), strict=True):
-            out[src] = piece
+            base, _, row = src.partition("#")
+            if row:
+                experts.setdefault(base, {})[int(row)] = params[name]
+            else:
+                out[src] = piece
+    for base, rows in experts.items():
+        out[base] = torch.stack([rows[j] for j in sorted(rows)])
     return out
 
 

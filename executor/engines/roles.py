@@ -37,6 +37,7 @@ from placeflow.executor import rl
 from placeflow.executor.batch import Batch
 from placeflow.executor.engines import pipeline
 from placeflow.executor.engines.hf import load_checkpoint
+from placeflow.executor.engines.moe import SINGLE_EP, EPGroup
 from placeflow.executor.engines.offload import OffloadMode
 from placeflow.executor.engines.pipeline import SINGLE_STAGE, PPGroup, StageIO
 from placeflow.executor.engines.sampler import (
@@ -114,6 +115,9 @@ class RoleGroups:
     dp_size: int = 1
     gen_tp: TPGroup | None = None
     micro_dp: Any = None
+    ep: EPGroup = SINGLE_EP  # routed experts split over it (a mixture of experts, e > 1)
+    expert_dp: Any = None  # ranks holding the same experts (None: one rank, d = e)
+    expert_gather: Any = None  # the reshard's expert all-gather (None: the micro-DP group)
 
 
 def sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -203,6 +207,7 @@ def _build(
         setup.arch,
         tp=groups.tp,
         pp=groups.pp,
+        ep=groups.ep,
         value_head=setup.critic,
         num_values=setup.num_values,
         dtype=setup.arch.compute_dtype if frozen else torch.float32,
@@ -310,6 +315,7 @@ class _Trainable:
             dp_group=groups.dp_group,
             dp_size=groups.dp_size,
             offload=setup.offload,
+            expert_dp_group=groups.expert_dp,
         )
 
     def _global_tokens(self, mask: torch.Tensor) -> int:
@@ -353,6 +359,13 @@ class _Trainable:
             if not last:
                 return out
             loss, metrics = loss_fn(micros[i], out, num_tokens)
+            aux = self.model.aux_loss()
+            if aux is not None and i < real:
+                # Mixture of experts: the load-balancing loss, a mean over micro-batches
+                # (and over DP ranks by the gradient average), as HF adds it per batch.
+                coef = self.model.arch.router_aux_loss_coef
+                loss = loss + coef * aux / real
+                metrics = {**metrics, "aux_loss": float(aux.detach())}
             if i < real:
                 _add_metrics(sums, metrics)
             return loss
@@ -421,8 +434,9 @@ class ActorEngine(_Trainable):
             raise SpecError("this actor rank has no colocated rollout engine")
         shards = self.trainer.tp_shards()
         meter = MemoryMeter()
+        experts = self.groups.expert_gather or self.groups.micro_dp
         weights, received = reshard_colocated(
-            self.plan, self.rank, shards, self.groups.micro_dp, meter
+            self.plan, self.rank, shards, self.groups.micro_dp, meter, experts
         )
         self.rollout.model.load_shards(weights)
         self.last_reshard_bytes, self.last_reshard_peak = received, meter.peak_bytes

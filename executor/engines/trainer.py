@@ -24,6 +24,15 @@ over DP shards under FSDP, and over the pipeline stages (the last stage's copy
 of a tied embedding not counted: its gradient is the first stage's, added to it
 across the PP group as Megatron's embedding group does).
 
+Expert parallelism (a mixture of experts trained with e > 1): a rank holds
+only its EP block of the routed experts, so the experts' gradients are
+all-reduced over the expert-data-parallel group (the d / e ranks holding the
+same experts) and every other gradient over the DP group, both divided by d
+(each expert's gradient already sums its EP group's tokens through the
+all-to-all's backward); their squared norms are summed over the EP group.
+ZeRO is not run with e > 1 (ZeroRedundancyOptimizer and FSDP would shard and
+broadcast parameters across ranks that hold different experts): zero 0 only.
+
 Precision: the model's weights, gradients and AdamW state are fp32 (master
 weights); its forward runs in `Arch.compute_dtype` under autocast
 (transformer.py). AdamW is torch's fused kernel on CUDA.
@@ -46,6 +55,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
+from placeflow.errors import SpecError
 from placeflow.executor.engines.offload import OffloadMode, OptimizerOffload
 from placeflow.executor.engines.pipeline import exchange_add
 from placeflow.executor.engines.transformer import Transformer
@@ -70,9 +80,20 @@ class TrainEngine:
         dp_group: Any = None,
         dp_size: int = 1,
         offload: OffloadMode = OffloadMode.NONE,
+        expert_dp_group: Any = None,
     ) -> None:
         self.model, self.optim_config, self.zero = model, optim, zero
         self.dp_group, self.dp_size = dp_group, dp_size
+        self.expert_dp_group = expert_dp_group  # None: a group of one (d = e) or no EP
+        # Routed experts' weights this rank holds; apart from the rest only under EP.
+        self._experts = {
+            p.name for p in model.arch.weights.params() if p.expert >= 0 and model.ep.size > 1
+        }
+        if self._experts and zero > 0 and dp_size > 1:
+            raise SpecError(
+                f"ZeRO stage {zero} with expert parallel e={model.ep.size} is not run: its "
+                "optimizer would shard weights across ranks holding different experts; use zero = 0"
+            )
         # Weights split across TP (their squared norms are summed over the TP group);
         # the rest (norms, a critic's value head) every TP rank holds whole, counted once.
         # The sharding is reshard_plan's, as for the shards themselves (shard_full).
@@ -135,15 +156,14 @@ class TrainEngine:
         exchange_add(pp, grad, peer=pp.size - 1 if pp.is_first else 0)
 
     def _average_gradients(self) -> None:
-        """Mean of the replicas' gradients: one all-reduce of a flat buffer in parameter order."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.dp_size
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        """Mean of the replicas' gradients: one all-reduce of a flat buffer in parameter order
+        (routed experts under EP: another one over their expert-data-parallel group)."""
+        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+        dense = [g for n, g in named if n not in self._experts]
+        experts = [g for n, g in named if n in self._experts]
+        _all_reduce_mean(dense, self.dp_group, self.dp_size)
+        if experts:
+            _all_reduce_mean(experts, self.expert_dp_group, self.dp_size)
 
     def step(self) -> float:
         """Clip to the global norm, take an optimizer step, zero gradients; the norm."""
@@ -163,12 +183,15 @@ class TrainEngine:
     def grad_norm(self) -> float:
         split = torch.zeros((), dtype=torch.float64, device=self.device)
         whole = torch.zeros((), dtype=torch.float64, device=self.device)
+        experts = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.model.named_parameters():
             if p.grad is None or (name == "embed" and self.model.tied_copy):
                 continue
             g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             sq = g.double().pow(2).sum()
-            if name in self._tp_split:
+            if name in self._experts:  # this EP rank's experts (expert TP is not run)
+                experts += sq
+            elif name in self._tp_split:
                 split += sq
             else:
                 whole += sq
@@ -179,7 +202,9 @@ class TrainEngine:
         tp, pp = self.model.tp, self.model.pp
         if tp.size > 1:
             dist.all_reduce(split, group=tp.group)
-        total = split + whole
+        if self._experts:
+            dist.all_reduce(experts, group=self.model.ep.group)
+        total = split + whole + experts
         if pp.size > 1:  # each stage holds different weights
             dist.all_reduce(total, group=pp.group)
         return float(total.sqrt())
@@ -223,6 +248,20 @@ class TrainEngine:
         # ZeroRedundancyOptimizer steps an inner optimizer over this rank's partition.
         inner = getattr(self.optimizer, "optim", None)
         return inner if isinstance(inner, torch.optim.Optimizer) else self.optimizer
+
+
+def _all_reduce_mean(grads: list[torch.Tensor], group: Any, divisor: int) -> None:
+    """Sum `grads` over `group` (None: this rank alone) as one flat buffer, divide by `divisor`."""
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    if group is not None:
+        dist.all_reduce(flat, group=group)
+    flat /= divisor
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

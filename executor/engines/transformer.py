@@ -9,7 +9,15 @@ checkpoint all load with `load_shards` and no renaming. Hugging Face names
 are mapped in `placeflow.executor.engines.hf`.
 
 The math is Hugging Face's Llama (RMSNorm, rotate-half RoPE, SiLU-gated MLP,
-grouped-query attention); Qwen2 adds the q/k/v bias. A critic or reward model
+grouped-query attention); Qwen2 adds the q/k/v bias; Qwen3 sets head_dim
+explicitly (heads x head_dim may differ from hidden) and normalises each
+query and key head (RMSNorm over head_dim, before RoPE: `q_norm`, `k_norm`).
+A mixture of experts (Qwen3-MoE, Mixtral, DeepSeek's shared experts) replaces
+the MLP of every layer after its first `dense_layers` with `MoEMLP`
+(`engines/moe.py`): experts split over the expert-parallel group given as
+`ep` (a training layout with e > 1), all of them on every rank otherwise (a
+generation replica); `aux_loss` is the load-balancing loss of the last
+forward. Expert tensor parallelism (t > 1 with experts) is not run. A critic or reward model
 is the same trunk with `value_head` (one output per token) instead of lm_head.
 
 Pipeline stages: a `Transformer` built with a `PPGroup` holds one stage, the
@@ -50,6 +58,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from placeflow.errors import SpecError
+from placeflow.executor.engines.moe import (
+    SINGLE_EP,
+    EPGroup,
+    MoEMLP,
+    RoutingRecord,
+    load_balancing_loss,
+)
 from placeflow.executor.engines.pipeline import SINGLE_STAGE, PPGroup
 from placeflow.executor.engines.tp import (
     SINGLE,
@@ -73,6 +88,8 @@ class Arch:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     compute_dtype: torch.dtype = torch.float32  # matmuls and attention (see the docstring)
+    experts_per_token: int = 0  # top-k of a mixture of experts (0: dense)
+    router_aux_loss_coef: float = 0.0  # weight of the load-balancing loss in training
 
     @classmethod
     def of(cls, spec: ModelSpec) -> Arch:
@@ -86,6 +103,8 @@ class Arch:
             rope_theta=spec.rope_theta,
             norm_eps=spec.norm_eps,
             compute_dtype=COMPUTE_DTYPES[spec.dtype],
+            experts_per_token=spec.moe.experts_per_token if spec.moe else 0,
+            router_aux_loss_coef=spec.moe.router_aux_loss_coef if spec.moe else 0.0,
         )
 
 
@@ -132,22 +151,38 @@ def rope(
 
 
 class Layer(nn.Module):
-    def __init__(self, arch: Arch, tp: TPGroup, dtype: torch.dtype) -> None:
+    def __init__(
+        self, arch: Arch, tp: TPGroup, dtype: torch.dtype, index: int = 0, ep: EPGroup = SINGLE_EP
+    ) -> None:
         super().__init__()
         w, t = arch.weights, tp.size
-        hd = w.hidden // w.num_heads
+        hd = w.head_dim
         q, kv = w.num_heads * hd // t, w.num_kv_heads * hd // t
         self.input_norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype))
         self.qkv = nn.Parameter(torch.empty(q + 2 * kv, w.hidden, dtype=dtype))
         self.qkv_bias = nn.Parameter(torch.zeros(q + 2 * kv, dtype=dtype)) if w.qkv_bias else None
+        self.q_norm = nn.Parameter(torch.ones(hd, dtype=dtype)) if w.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(hd, dtype=dtype)) if w.qk_norm else None
         self.o_proj = nn.Parameter(torch.empty(w.hidden, q, dtype=dtype))
         self.post_norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype))
-        self.gate_up = nn.Parameter(torch.empty(2 * w.ffn // t, w.hidden, dtype=dtype))
-        self.down_proj = nn.Parameter(torch.empty(w.hidden, w.ffn // t, dtype=dtype))
+        self.moe: MoEMLP | None = None
+        self.gate_up: nn.Parameter | None = None
+        self.down_proj: nn.Parameter | None = None
+        if w.is_moe_layer(index):
+            if t > 1:
+                raise SpecError(
+                    f"expert tensor parallelism (t={t} with experts) is not run by the built-in "
+                    "engines; train and generate a mixture of experts with t = 1 and tg = 1"
+                )
+            self.moe = MoEMLP(w.hidden, w.expert_ffn, w.num_experts, arch.experts_per_token,
+                              shared_ffn=w.shared_ffn, ep=ep, dtype=dtype)  # fmt: skip
+        else:
+            self.gate_up = nn.Parameter(torch.empty(2 * w.ffn // t, w.hidden, dtype=dtype))
+            self.down_proj = nn.Parameter(torch.empty(w.hidden, w.ffn // t, dtype=dtype))
         self.q, self.kv, self.ffn = q, kv, w.ffn // t
         self.heads, self.kv_heads, self.head_dim = w.num_heads // t, w.num_kv_heads // t, hd
         self.tp, self.eps = tp, arch.norm_eps
-        if tp.megatron:  # megatron-core layers around this layer's own weights
+        if tp.megatron and self.moe is None:  # megatron-core layers around this layer's weights
             full_qkv = (w.num_heads + 2 * w.num_kv_heads) * hd
             self.qkv_linear = column_linear(tp, w.hidden, full_qkv, gather=False)
             self.gate_up_linear = column_linear(tp, w.hidden, 2 * w.ffn, gather=False)
@@ -162,10 +197,13 @@ class Layer(nn.Module):
         index: int,
         start: int,
         slot: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # Called as a module (not a method of the model) so that FSDP2's per-layer
         # hooks gather this layer's weights around it.
         x = x + self._attention(x, cos, sin, attn_mask, cache, index, start, slot)
+        if self.moe is not None:
+            return x + self.moe(rms_norm(x, self.post_norm, self.eps), token_mask)
         return x + self._mlp(x)
 
     def _attention(
@@ -192,6 +230,8 @@ class Layer(nn.Module):
         q = q.view(b, s, self.heads, hd).transpose(1, 2)
         k = k.view(b, s, self.kv_heads, hd).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per head, before RoPE
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         if cache is not None and slot is not None:  # fixed shapes: the whole capacity
@@ -210,6 +250,7 @@ class Layer(nn.Module):
         return reduce_from_tp(out @ self.o_proj.t(), self.tp)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.gate_up is not None and self.down_proj is not None
         h = rms_norm(x, self.post_norm, self.eps)
         if self.tp.megatron:
             gu = self.gate_up_linear(h, weight=self.gate_up)[0]
@@ -228,6 +269,7 @@ class Transformer(nn.Module):
         *,
         tp: TPGroup = SINGLE,
         pp: PPGroup = SINGLE_STAGE,
+        ep: EPGroup = SINGLE_EP,
         value_head: bool = False,
         num_values: int = 1,
         dtype: torch.dtype = torch.float32,
@@ -255,7 +297,7 @@ class Transformer(nn.Module):
         layers = sorted(
             {p.layer for p in w.params() if p.name in held and p.layer in range(w.num_layers)}
         )
-        self.layers = nn.ModuleDict({str(i): Layer(arch, tp, dtype) for i in layers})
+        self.layers = nn.ModuleDict({str(i): Layer(arch, tp, dtype, i, ep) for i in layers})
         last = "norm" in held
         self.norm = nn.Parameter(torch.ones(w.hidden, dtype=dtype)) if last else None
         # A critic's head is replicated (one output); an LM head is vocab-parallel.
@@ -269,7 +311,8 @@ class Transformer(nn.Module):
             if not value_head and "lm_head" in held
             else None
         )
-        self.head_dim = w.hidden // w.num_heads
+        self.head_dim = w.head_dim
+        self.ep = ep
         self.local_kv_heads = w.num_kv_heads // tp.size
         self.dtype = dtype
         if tp.megatron and not value_head and last:
@@ -373,12 +416,23 @@ class Transformer(nn.Module):
             assert hidden is not None, "a pipeline stage after the first needs hidden states"
             x = hidden
         for i, layer in enumerate(self.layers.values()):
-            x = layer(x, cos, sin, attn_mask, cache, i, start)
+            x = layer(x, cos, sin, attn_mask, cache, i, start, token_mask=mask)
         if cache is not None:
             cache.length = start + s
         if not self.pp.is_last:
             return x
         return self._head(x[:, head_from:])
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """The load-balancing loss of the last forward of this stage's MoE layers; None if dense."""
+        records: list[RoutingRecord] = []
+        for layer in self.layers.values():
+            assert isinstance(layer, Layer)
+            if layer.moe is not None and layer.moe.record is not None:
+                records.append(layer.moe.record)
+        if not records:
+            return None
+        return load_balancing_loss(records, self.arch.weights.num_experts)
 
     def decode_static(
         self, token: torch.Tensor, live: torch.Tensor, cache: KVCache, slot: torch.Tensor
