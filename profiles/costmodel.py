@@ -30,7 +30,7 @@ bus bandwidth and latency there (bandwidth is a property of the link).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -185,13 +185,13 @@ class CostModel:
     # The cost model of the host CPU that drives this device, for work done there (the
     # host optimizer step); `registry.fitted_cost_model` attaches the `cpu` profile's.
     host: CostModel | None = field(default=None, hash=False, compare=False, repr=False)
-    # Answers already given, by (op, parameter values): the simulator asks the same
-    # questions thousands of times while the planner re-scores plans.
     # Per op: exact key parts, log numeric key parts and the series, for nearest lookups.
     series_index: Mapping[Op, tuple[list[tuple[int | str, ...]], np.ndarray, list[Series]]] = field(
         default_factory=dict, hash=False, compare=False, repr=False
     )
-    memo: dict[tuple[object, ...], float] = field(
+    # Answers already given, by (op, parameter values) or a caller's key (`remember`): the
+    # simulator asks the same questions thousands of times while the planner re-scores plans.
+    _memo: dict[tuple[object, ...], float] = field(
         default_factory=dict, hash=False, compare=False, repr=False
     )
 
@@ -290,13 +290,17 @@ class CostModel:
             / self._roof(op, ref_params)
         )
 
+    def remember(self, key: tuple[object, ...], compute: Callable[[], float]) -> float:
+        """`compute()` the first time `key` is asked for, the same answer after: the
+        memo of quantities derived from this model (a layer's time, a decode step's)."""
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = compute()
+        return hit
+
     # Typed, memoised queries for the simulator. Sizes are clamped to at least one unit.
     def _memo_time(self, op: Op, params: dict[str, int | str]) -> float:
-        key = (op, *params.values())
-        hit = self.memo.get(key)
-        if hit is None:
-            hit = self.memo[key] = self.time_s(op, params)
-        return hit
+        return self.remember((op, *params.values()), lambda: self.time_s(op, params))
 
     def gemm_s(self, m: int, n: int, k: int) -> float:
         return self._memo_time(Op.GEMM, {"m": max(1, m), "n": max(1, n), "k": max(1, k)})

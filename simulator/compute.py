@@ -69,7 +69,7 @@ and FlashMLA do with absorbed weights, over the compressed cache: one shared
 KV head of kv_lora + rope dims per token. The absorbed decode's own GEMM
 shapes are not modelled (the prefill projections stand for them).
 
-Every function is memoised on its arguments in the cost model's memo, because
+Every function is memoised on its arguments through `CostModel.remember`, because
 the planner asks the same questions for thousands of plans.
 """
 
@@ -298,25 +298,26 @@ def layer_forward_kernels_s(
     With `decode_kv_len` > 0 the attention is a decode step against that many
     cached tokens (seq must then be 1).
     """
-    key = ("layer_fwd_kernels", model, t, batch, seq, decode_kv_len, e, ep_scope)
-    hit = cm.memo.get(key)
-    if hit is not None:
-        return hit
-    m = batch * seq
-    b = model.dtype.num_bytes
-    time_s = sum(cm.gemm_s(m, n, k) for n, k in _attention_gemm_shapes(model, t))
-    heads, kv_heads, head_dim = _attention_shape(model, t, decode=bool(decode_kv_len))
-    if decode_kv_len:
-        time_s += cm.attn_decode_s(batch, decode_kv_len, heads, kv_heads, head_dim)
-    else:
-        time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim)
-    time_s += _mean_mlp_s(cm, model, t, e, m, ep_scope, backward=False)
-    act = m * model.hidden_size * b
-    time_s += 2 * cm.elementwise_s(ElementwiseKind.RMSNORM, act)
-    time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
-    time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
-    cm.memo[key] = time_s
-    return time_s
+
+    def compute() -> float:
+        m = batch * seq
+        b = model.dtype.num_bytes
+        time_s = sum(cm.gemm_s(m, n, k) for n, k in _attention_gemm_shapes(model, t))
+        heads, kv_heads, head_dim = _attention_shape(model, t, decode=bool(decode_kv_len))
+        if decode_kv_len:
+            time_s += cm.attn_decode_s(batch, decode_kv_len, heads, kv_heads, head_dim)
+        else:
+            time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim)
+        time_s += _mean_mlp_s(cm, model, t, e, m, ep_scope, backward=False)
+        act = m * model.hidden_size * b
+        time_s += 2 * cm.elementwise_s(ElementwiseKind.RMSNORM, act)
+        time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
+        time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
+        return time_s
+
+    return cm.remember(
+        ("layer_fwd_kernels", model, t, batch, seq, decode_kv_len, e, ep_scope), compute
+    )
 
 
 def layer_forward_s(
@@ -346,27 +347,26 @@ def layer_backward_s(
     ep_scope: Scope = Scope.INTRA,
 ) -> float:
     """One layer's backward (no recomputation) on one rank; the mean over layers for MoE."""
-    key = ("layer_bwd", model, t, batch, seq, e, ep_scope)
-    hit = cm.memo.get(key)
-    if hit is not None:
-        return hit
-    m = batch * seq
-    b = model.dtype.num_bytes
-    time_s = sum(
-        cm.gemm_s(m, k, n) + cm.gemm_s(k, n, m) for n, k in _attention_gemm_shapes(model, t)
-    )
-    heads, kv_heads, head_dim = _attention_shape(model, t, decode=False)
-    time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim, backward=True)
-    time_s += _mean_mlp_s(cm, model, t, e, m, ep_scope, backward=True)
-    act = m * model.hidden_size * b
-    # The backward of norms and adds reads about twice what the forward does.
-    time_s += 4 * cm.elementwise_s(ElementwiseKind.RMSNORM, act)
-    time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
-    time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
-    launches = KERNELS_LAYER_BACKWARD + _tp_kernels(t) + _moe_kernels(model, backward=True)
-    time_s = overlapped_s(cm, time_s, launches, EXTRA_OPS_LAYER_BACKWARD)
-    cm.memo[key] = time_s
-    return time_s
+
+    def compute() -> float:
+        m = batch * seq
+        b = model.dtype.num_bytes
+        time_s = sum(
+            cm.gemm_s(m, k, n) + cm.gemm_s(k, n, m) for n, k in _attention_gemm_shapes(model, t)
+        )
+        heads, kv_heads, head_dim = _attention_shape(model, t, decode=False)
+        time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim, backward=True)
+        time_s += _mean_mlp_s(cm, model, t, e, m, ep_scope, backward=True)
+        act = m * model.hidden_size * b
+        # The backward of norms and adds reads about twice what the forward does.
+        time_s += 4 * cm.elementwise_s(ElementwiseKind.RMSNORM, act)
+        time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
+        time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
+        launches = KERNELS_LAYER_BACKWARD + _tp_kernels(t) + _moe_kernels(model, backward=True)
+        time_s = overlapped_s(cm, time_s, launches, EXTRA_OPS_LAYER_BACKWARD)
+        return time_s
+
+    return cm.remember(("layer_bwd", model, t, batch, seq, e, ep_scope), compute)
 
 
 def _head_forward_kernels_s(
@@ -416,30 +416,32 @@ def decode_step_s(
     A single decode batch passes the stages one after another, so pipeline
     parallelism in generation splits memory, not time (plus one send per stage).
     """
-    key = ("decode_step", model, tg, pg, batch, kv_len, engine)
-    hit = cm.memo.get(key)
-    if hit is not None:
-        return hit
-    layer = layer_forward_kernels_s(cm, model, tg, batch, 1, decode_kv_len=kv_len)
-    p2p = (pg - 1) * cm.collective_s(
-        CollectiveKind.SEND_RECV, batch * model.hidden_size * model.dtype.num_bytes, 2, Scope.INTRA
-    )
-    device_s = (
-        model.num_layers * layer
-        + _head_forward_kernels_s(cm, model, tg, batch, value_head=False)
-        + p2p
-    )
-    if cm.device_kind == "cuda" and DECODE_GRAPHS[engine]:
-        # One graph launch replaces the layers' and the head's launches.
-        time_s = max(device_s, (1 + EXTRA_OPS_DECODE_STEP) * op_overhead_s(cm))
-    else:
-        # The decode step's own ops replace the forward's: the sampler's step is not a
-        # scoring call.
-        kernels = model.num_layers * (
-            KERNELS_LAYER_FORWARD + _tp_kernels(tg) + _moe_kernels(model, backward=False)
+
+    def compute() -> float:
+        layer = layer_forward_kernels_s(cm, model, tg, batch, 1, decode_kv_len=kv_len)
+        p2p = (pg - 1) * cm.collective_s(
+            CollectiveKind.SEND_RECV,
+            batch * model.hidden_size * model.dtype.num_bytes,
+            2,
+            Scope.INTRA,
         )
-        kernels += KERNELS_HEAD_FORWARD[False]
-        extra = model.num_layers * EXTRA_OPS_LAYER_DECODE + EXTRA_OPS_DECODE_STEP
-        time_s = overlapped_s(cm, device_s, kernels, extra)
-    cm.memo[key] = time_s
-    return time_s
+        device_s = (
+            model.num_layers * layer
+            + _head_forward_kernels_s(cm, model, tg, batch, value_head=False)
+            + p2p
+        )
+        if cm.device_kind == "cuda" and DECODE_GRAPHS[engine]:
+            # One graph launch replaces the layers' and the head's launches.
+            time_s = max(device_s, (1 + EXTRA_OPS_DECODE_STEP) * op_overhead_s(cm))
+        else:
+            # The decode step's own ops replace the forward's: the sampler's step is not a
+            # scoring call.
+            kernels = model.num_layers * (
+                KERNELS_LAYER_FORWARD + _tp_kernels(tg) + _moe_kernels(model, backward=False)
+            )
+            kernels += KERNELS_HEAD_FORWARD[False]
+            extra = model.num_layers * EXTRA_OPS_LAYER_DECODE + EXTRA_OPS_DECODE_STEP
+            time_s = overlapped_s(cm, device_s, kernels, extra)
+        return time_s
+
+    return cm.remember(("decode_step", model, tg, pg, batch, kv_len, engine), compute)

@@ -39,6 +39,11 @@ class RecordingCostModel:
         self.gemms: list[tuple[int, int, int]] = []
         self.collectives: list[tuple[CollectiveKind, int, int]] = []
 
+    def remember(self, key, compute):
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
+
     def gemm_s(self, m: int, n: int, k: int) -> float:
         self.gemms.append((m, n, k))
         return 2.0 * m * n * k / FLOPS_PER_S
