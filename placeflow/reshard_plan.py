@@ -1,7 +1,7 @@
 """Where each weight lives in training and in generation, and the colocated transfer between them.
 
 Pure (no torch.distributed): `placeflow.executor.reshard` executes these plans,
-`placeflow.simulator.calls` costs them (bytes and buckets), tests check them
+`placeflow.simulator.callcosts` costs them (bytes and buckets), tests check them
 without processes. It lives in the root package, not in the executor, so that
 the simulator can import it (imports point one way). Rank arithmetic comes from
 `placeflow.layout` only. `TinyLlama.from_model_spec` describes any catalogue

@@ -4,7 +4,7 @@ An option is one (pool, GPU count, parallelism[, KV budget]) for one role,
 with its time in each stage of the step, the bytes it keeps on each GPU
 (`resident_bytes`) and the most it adds during one of its calls
 (`transient_bytes`). Costs come from the simulator's phase model
-(`placeflow.simulator.roles`), so that the solver and the simulator agree.
+(`placeflow.simulator.rolecosts`), so that the solver and the simulator agree.
 
 Stages: the step's dataflow has three barriers, so its time is the sum of
 three stages: generation (the actor, after its reshard), the forward calls
@@ -49,8 +49,8 @@ from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
 from placeflow.planner.space import candidate_counts, parallelism_options
 from placeflow.profiles.costmodel import CostModel
-from placeflow.simulator import calls
-from placeflow.simulator.roles import (
+from placeflow.simulator import callcosts
+from placeflow.simulator.rolecosts import (
     colocated_gen_extra_bytes,
     kv_bytes_per_seq,
     needs_reshard,
@@ -124,7 +124,7 @@ class CostTable:
         return round(seconds / self.time_unit_s)
 
 
-def _stage_times(costs: dict[Phase, calls.CallCost]) -> tuple[float, float, float]:
+def _stage_times(costs: dict[Phase, callcosts.CallCost]) -> tuple[float, float, float]:
     stages = [0.0] * NUM_STAGES
     for phase, cost in costs.items():
         stages[stage_of(phase)] += cost.time_s
@@ -133,7 +133,7 @@ def _stage_times(costs: dict[Phase, calls.CallCost]) -> tuple[float, float, floa
 
 def _actor_options(
     wl: Workload, par: RoleParallelism, pool: PoolSpec, cm: CostModel, memo: dict
-) -> list[tuple[int, dict[Phase, calls.CallCost], float]]:
+) -> list[tuple[int, dict[Phase, callcosts.CallCost], float]]:
     """(kv_seqs, costs incl. reshard, transient bytes) per KV budget for one actor layout.
 
     Generation and reshard depend only on the training layout, tg and the KV budget,
@@ -172,7 +172,7 @@ def _actor_options(
             memo[gen_key] = {p: c for p, c in generation.items() if p in GENERATION_STAGE}
             if needs_reshard(gen, par.zero):
                 scope = reshard_scope(0, pool.gpus_per_node, gen)
-                memo[gen_key][Phase.RESHARD] = calls.reshard_cost(
+                memo[gen_key][Phase.RESHARD] = callcosts.reshard_cost(
                     cm, wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
                 )
         costs = {**memo[rest_key], **memo[gen_key]}

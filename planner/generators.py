@@ -50,9 +50,9 @@ from placeflow.planner.space import _powers_of_two, candidate_counts, parallelis
 from placeflow.planner.variables import MIB
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
-from placeflow.simulator import calls
+from placeflow.simulator import callcosts
 from placeflow.simulator.memory import kv_capacity_seqs, weight_bytes_per_gpu
-from placeflow.simulator.roles import kv_bytes_per_seq, resident_bytes, role_call_costs
+from placeflow.simulator.rolecosts import kv_bytes_per_seq, resident_bytes, role_call_costs
 from placeflow.workload import Role, Workload
 
 
@@ -170,7 +170,7 @@ def generator_option(
     )
     generation = [c for phase, c in costs.items() if stage_of(phase) == 0]
     one_node = trainer_pool.name == pool.name and pool.num_nodes == 1
-    sync = calls.weight_sync_cost(
+    sync = callcosts.weight_sync_cost(
         trainer_cm, actor, tg, 1, Scope.INTRA if one_node else Scope.INTER
     )
     return GeneratorOption(

@@ -1,7 +1,7 @@
 """simulate(plan, cost_model) -> StepEstimate: one RL step of a plan, phase by phase.
 
 Steps: (1) the workload's dataflow graph; (2) each call's time and transient
-memory on its device set (`calls`); (3) resident memory per set and the KV
+memory on its device set (`callcosts`, `rolecosts`); (3) resident memory per set and the KV
 capacity left for generation; (4) the transitions the placement needs
 (`reshard` for a colocated actor, `weight_sync` for a generator apart); (5) the
 discrete-event schedule; (6) memory feasibility per set and phase.
@@ -26,10 +26,10 @@ from placeflow.phases import Phase
 from placeflow.plan import Plan
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
-from placeflow.simulator import calls, memory
+from placeflow.simulator import callcosts, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
 from placeflow.simulator.lengths import LengthModel
-from placeflow.simulator.roles import (
+from placeflow.simulator.rolecosts import (
     colocated_gen_extra_bytes,
     kv_bytes_per_seq,
     needs_reshard,
@@ -60,7 +60,7 @@ class _Call:
     phase: Phase
     roles: tuple[Role, ...]
     sets: tuple[int, ...]
-    cost: calls.CallCost
+    cost: callcosts.CallCost
     preds: tuple[Phase, ...]
 
 
@@ -114,7 +114,7 @@ def _role_costs_on(
     set_index: int,
     gen: GenLayout | None,
     kv_seqs: int,
-) -> dict[Phase, tuple[int, calls.CallCost]]:
+) -> dict[Phase, tuple[int, callcosts.CallCost]]:
     """`role`'s call costs on set `set_index`'s devices, priced with its pool's profile."""
     found = role_call_costs(
         plan.workload,
@@ -134,7 +134,7 @@ def _cost_calls(
 ) -> tuple[list[_Call], list[str]]:
     wl = plan.workload
     gen_set_index, kv_seqs, problem = _kv_seqs(plan, resident)
-    costs: dict[Phase, tuple[int, calls.CallCost]] = {}
+    costs: dict[Phase, tuple[int, callcosts.CallCost]] = {}
     for role in wl.roles:
         set_index = plan.set_of(role)
         gen = _gen_layout(plan) if role is Role.ACTOR and kv_seqs else None
@@ -146,12 +146,12 @@ def _cost_calls(
                 if phase in on_gen:
                     costs[phase] = on_gen[phase]
     if problem:
-        infinite = calls.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
+        infinite = callcosts.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
         costs[Phase.GENERATE] = (gen_set_index, infinite)
     out: list[_Call] = []
     for call, preds in dataflow_calls(wl):
         if call.kind == CallKind.CONTROLLER:
-            zero = calls.CallCost(time_s=0.0, transient_bytes=0.0, busy_s=0.0)
+            zero = callcosts.CallCost(time_s=0.0, transient_bytes=0.0, busy_s=0.0)
             out.append(_Call(phase=call.phase, roles=(), sets=(), cost=zero, preds=preds))
             continue
         assert call.role is not None
@@ -164,7 +164,7 @@ def _cost_calls(
     return _with_transitions(plan, cms, out), [problem] if problem else []
 
 
-def _contended(plan: Plan, set_index: int, cost: calls.CallCost) -> calls.CallCost:
+def _contended(plan: Plan, set_index: int, cost: callcosts.CallCost) -> callcosts.CallCost:
     """Stretch a call on CPU workers that share fewer cores than the set keeps busy.
 
     A phase of a set keeps all the set's devices busy; on a node with fewer
@@ -196,13 +196,13 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
             == plan.sets[gen_set].first_device // plan.pool_of(gen_set).gpus_per_node
         )
         scope = Scope.INTRA if same_node else Scope.INTER
-        cost = calls.weight_sync_cost(cm, actor, par.tg, par.pg, scope)
+        cost = callcosts.weight_sync_cost(cm, actor, par.tg, par.pg, scope)
         phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
     elif needs_reshard(gen, par.zero):
         scope = reshard_scope(
             plan.sets[actor_set].first_device, plan.pool_of(actor_set).gpus_per_node, gen
         )
-        cost = calls.reshard_cost(cm, actor, gen, scope, train_zero=par.zero)
+        cost = callcosts.reshard_cost(cm, actor, gen, scope, train_zero=par.zero)
         phase, sets = Phase.RESHARD, (actor_set,)
     else:
         return costed

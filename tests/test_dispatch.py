@@ -19,8 +19,8 @@ from placeflow.plan import RoleParallelism
 from placeflow.profiles.dispatch import measure_dispatch
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import DispatchKind, Op, Source
-from placeflow.simulator import calls
-from placeflow.simulator.roles import call_payload_bytes, role_call_costs, train_seq_len
+from placeflow.simulator import callcosts
+from placeflow.simulator.rolecosts import call_payload_bytes, role_call_costs, train_seq_len
 from placeflow.workload import Role, load_workload
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "examples" / "workloads"
@@ -56,7 +56,7 @@ def test_every_call_pays_its_round_trip_once() -> None:
     got = role_call_costs(wl, Role.REF, par, cm, first_device=0, gpus_per_node=4)
     seq = train_seq_len(wl)
     samples = wl.batch.num_samples
-    bare = calls.forward_cost(cm, wl.models[Role.REF], par, samples, seq, value_head=False)
+    bare = callcosts.forward_cost(cm, wl.models[Role.REF], par, samples, seq, value_head=False)
     payload = math.ceil(samples / 2) * seq * 13
     expected = bare.time_s + cm.dispatch_s(DispatchKind.RAY_CALL, payload)
     cost = got[Phase.REF_LOGPROB]

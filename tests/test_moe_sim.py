@@ -22,7 +22,7 @@ from placeflow.plan import RoleParallelism, load_plan
 from placeflow.profiles import ops
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.profiles.schema import CollectiveKind, Scope
-from placeflow.simulator import calls, compute, memory, simulate
+from placeflow.simulator import callcosts, compute, memory, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOPS_PER_S = 1e15
@@ -177,7 +177,7 @@ def test_gradients_reduce_dense_over_d_and_experts_over_d_over_e():
     model = TINY_MOE
     cm = RecordingCostModel()
     par = RoleParallelism(train=TrainLayout(d=8, e=4), zero=1)
-    calls.train_cost(cm, model, par, 64, 16, 1, 1, Scope.INTRA, value_head=False)
+    callcosts.train_cost(cm, model, par, 64, 16, 1, 1, Scope.INTRA, value_head=False)
     experts = memory.expert_params(model)
     dense = model.num_params() - experts
     rs = [c for c in cm.collectives if c[0] is CollectiveKind.REDUCE_SCATTER]
@@ -203,7 +203,7 @@ def test_colocated_moe_reshard_gathers_the_generation_shard():
     model = CATALOGUE["qwen3-30b-a3b"]
     gen = GenLayout(train=TrainLayout(t=2, d=16, e=4), tg=2)
     cm = RecordingCostModel()
-    cost = calls.reshard_cost(cm, model, gen, Scope.INTRA)
+    cost = callcosts.reshard_cost(cm, model, gen, Scope.INTRA)
     gen_shard = model.num_bytes() / 2
     train_shard = memory.weight_bytes_per_gpu(model, 2, 1, value_head=False, e=4)
     assert cost.transient_bytes == pytest.approx(gen_shard - train_shard)

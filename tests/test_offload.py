@@ -34,8 +34,8 @@ from placeflow.phases import Phase
 from placeflow.plan import OptimizerStep, RoleParallelism, load_plan, plan_to_dict
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.profiles.schema import CollectiveKind, Scope
-from placeflow.simulator import calls, memory
-from placeflow.simulator.roles import resident_bytes
+from placeflow.simulator import callcosts, memory
+from placeflow.simulator.rolecosts import resident_bytes
 from placeflow.simulator.simulate import cost_models_for, simulate
 from placeflow.workload import Role
 
@@ -110,8 +110,8 @@ def test_zero3_forward_gathers_each_layer(h100):
     model = get_model("llama-2-7b")
     one = RoleParallelism(train=TrainLayout(d=2), zero=1, micro_batch=4)
     three = dataclasses.replace(one, zero=3)
-    a = calls.forward_cost(h100, model, one, 16, 512, value_head=False)
-    b = calls.forward_cost(h100, model, three, 16, 512, value_head=False)
+    a = callcosts.forward_cost(h100, model, one, 16, 512, value_head=False)
+    b = callcosts.forward_cost(h100, model, three, 16, 512, value_head=False)
     layer_bytes = model.num_params_per_layer * 2  # bf16, t = 1
     gather = h100.collective_s(CollectiveKind.ALL_GATHER, layer_bytes, 2, Scope.INTRA)
     micro = math.ceil(16 / 2 / 4)
@@ -122,7 +122,7 @@ def test_zero3_forward_gathers_each_layer(h100):
 def test_zero3_actor_gathers_its_generation_weights(h100):
     """ZeRO-3 keeps M/(t·p·d): generating with tg = t still needs the rest, M − M/d."""
     from placeflow.layout import GenLayout
-    from placeflow.simulator.roles import needs_reshard
+    from placeflow.simulator.rolecosts import needs_reshard
 
     model = get_model("qwen2.5-72b")
     m = model.num_bytes()
@@ -130,7 +130,7 @@ def test_zero3_actor_gathers_its_generation_weights(h100):
     assert memory.colocated_gen_extra_bytes(model, gen, 1) == 0
     assert memory.colocated_gen_extra_bytes(model, gen, 3) == pytest.approx(m - m / 8)
     assert not needs_reshard(gen, 1) and needs_reshard(gen, 3)
-    cost = calls.reshard_cost(h100, model, gen, Scope.INTRA, train_zero=3)
+    cost = callcosts.reshard_cost(h100, model, gen, Scope.INTRA, train_zero=3)
     gather = h100.collective_s(CollectiveKind.ALL_GATHER, m, 8, Scope.INTRA)
     assert cost.time_s == pytest.approx(gather)
     assert cost.transient_bytes == pytest.approx(m - m / 8)
@@ -146,8 +146,8 @@ def test_host_step_is_priced_from_the_host_profile_and_the_link(h100):
     host = _host_step(device)
     args = (h100, model)
     kw = dict(num_samples=64, seq=512, ppo_epochs=1, mini_batches=2, dp_scope=Scope.INTRA)
-    d = calls.train_cost(*args, device, **kw, value_head=False)
-    h = calls.train_cost(*args, host, **kw, value_head=False)
+    d = callcosts.train_cost(*args, device, **kw, value_head=False)
+    h = callcosts.train_cost(*args, host, **kw, value_head=False)
     partition = math.ceil(model.num_params() / 2)
     cpu = fitted_cost_model("cpu")
     step = (

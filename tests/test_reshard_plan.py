@@ -29,7 +29,7 @@ from placeflow.reshard_plan import (
     plan_reshard,
     train_shard,
 )
-from placeflow.simulator import calls
+from placeflow.simulator import callcosts
 
 DENSE = sorted(n for n, m in CATALOGUE.items() if m.features <= TinyLlama.SUPPORTED)
 
@@ -80,7 +80,7 @@ def test_simulator_reshard_bytes_are_the_plans(name, p, t, tg, pg):
     spec = get_model(name)
     gen = GenLayout(train=TrainLayout(p=p, t=t, d=2), tg=tg, pg=pg)
     plan = plan_reshard(TinyLlama.from_model_spec(spec), gen)
-    cost = calls.reshard_cost(fitted_cost_model("h100-sxm"), spec, gen, Scope.INTRA)
+    cost = callcosts.reshard_cost(fitted_cost_model("h100-sxm"), spec, gen, Scope.INTRA)
     received = max(r.received_sharded_bytes + r.received_replicated_bytes for r in plan.ranks)
     assert cost.detail["bytes_received_per_gpu"] == received
     assert cost.detail["buckets"] == max(len(g.slots) for g in plan.groups)
@@ -97,7 +97,7 @@ def test_simulator_reshard_bytes_are_the_plans(name, p, t, tg, pg):
 def test_reshard_falls_back_when_tp_exceeds_kv_heads():
     spec = get_model("smollm2-135m")  # 3 KV heads
     gen = GenLayout(train=TrainLayout(t=6), tg=3)
-    cost = calls.reshard_cost(fitted_cost_model("h100-sxm"), spec, gen, Scope.INTRA)
+    cost = callcosts.reshard_cost(fitted_cost_model("h100-sxm"), spec, gen, Scope.INTRA)
     assert cost.detail["bytes_received_per_gpu"] == pytest.approx(
         colocated_transfer_bytes_per_rank(spec.num_bytes(), gen)
     )
@@ -169,12 +169,12 @@ def test_tensors_larger_than_a_bucket_are_split_across_buckets():
 
 def test_simulator_weight_sync_bytes_are_the_plans():
     spec = get_model("llama-2-7b")
-    cost = calls.weight_sync_cost(fitted_cost_model("h100-sxm"), spec, 2, 1, Scope.INTER)
+    cost = callcosts.weight_sync_cost(fitted_cost_model("h100-sxm"), spec, 2, 1, Scope.INTER)
     plan = plan_disjoint(
         TinyLlama.from_model_spec(spec),
         TrainLayout(),
         GeneratorLayout(tg=2),
-        calls.WEIGHT_SYNC_BUCKET_BYTES,
+        callcosts.WEIGHT_SYNC_BUCKET_BYTES,
     )
     top = max(plan.ranks, key=lambda t: sum(b.num_bytes for b in t.buckets))
     assert cost.detail["bytes_per_gen_rank"] == sum(b.num_bytes for b in top.buckets)

@@ -1,7 +1,7 @@
 """Optimizer offload: where a trained role's Adam state lives between phases.
 
 The plan's `offload_optimizer` and `optimizer_step` (placeflow.plan) pick one of
-three modes, as the simulator prices them (placeflow.simulator.calls):
+three modes, as the simulator prices them (placeflow.simulator.callcosts):
 
 - NONE: the state stays in the optimizer, on the device.
 - DEVICE_STEP (verl's optimizer offload): after each update the state tensors

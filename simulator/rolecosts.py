@@ -24,7 +24,7 @@ from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import DispatchKind, Scope
-from placeflow.simulator import calls, memory
+from placeflow.simulator import callcosts, memory
 from placeflow.simulator.lengths import LengthModel
 from placeflow.workload import Role, Workload
 
@@ -114,7 +114,9 @@ def call_payload_bytes(kind: str, samples_per_rank: int, prompt_len: int, seq: i
     return samples_per_rank * per_sample
 
 
-def with_dispatch(cm: CostModel, cost: calls.CallCost, payload_bytes: int) -> calls.CallCost:
+def with_dispatch(
+    cm: CostModel, cost: callcosts.CallCost, payload_bytes: int
+) -> callcosts.CallCost:
     """`cost` plus the Ray round trip of a call carrying `payload_bytes`."""
     dispatch_s = cm.dispatch_s(DispatchKind.RAY_CALL, payload_bytes)
     return dataclasses.replace(
@@ -135,11 +137,11 @@ def role_call_costs(
     gpus_per_node: int,
     gen: GenLayout | None = None,
     kv_seqs: int = 0,
-) -> dict[Phase, calls.CallCost]:
+) -> dict[Phase, callcosts.CallCost]:
     """Cost of every call `role` makes in one step (generation only with `gen` and kv_seqs >= 1)."""
     model = workload.models[role]
     seq = train_seq_len(workload)
-    out: dict[Phase, calls.CallCost] = {}
+    out: dict[Phase, callcosts.CallCost] = {}
     for call, _ in dataflow_calls(workload):
         if call.role is not role:
             continue
@@ -147,17 +149,17 @@ def role_call_costs(
             if gen is None:
                 continue
             assert kv_seqs >= 1, "callers check the KV capacity first"
-            shape = calls.GenerationShape(
+            shape = callcosts.GenerationShape(
                 num_seqs=math.ceil(call.num_samples / gen.num_replicas),
                 prompt_len=workload.batch.prompt_len,
                 lengths=LengthModel.of(workload.batch),  # a greedy baseline: same in expectation
                 kv_capacity_seqs=kv_seqs,
                 engine=workload.rollout_engine,
             )
-            cost = calls.generation_cost(cm, model, gen, shape)
+            cost = callcosts.generation_cost(cm, model, gen, shape)
             per_rank = shape.num_seqs
         elif call.kind == CallKind.FORWARD:
-            cost = calls.forward_cost(
+            cost = callcosts.forward_cost(
                 cm,
                 model,
                 par,
@@ -170,7 +172,7 @@ def role_call_costs(
             per_rank = math.ceil(call.num_samples / par.train.d)
         else:
             scope = dp_scope(first_device, gpus_per_node, par.train)
-            cost = calls.train_cost(
+            cost = callcosts.train_cost(
                 cm,
                 model,
                 par,
