@@ -1007,6 +1007,15 @@ def write_report(
         "total_s": round(total_s, 1),
         "sides": sides,
     }
+    # The file also holds the --worker-update measurements and earlier comparisons: keep them.
+    previous = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    for key in ("worker_update", "worker_update_history"):
+        if key in previous:
+            report[key] = previous[key]
+    if "sides" in previous:
+        kept = ("date", "placeflow_source", "machine", "ratio_vs_trl", "ratio_vs_trl_repeats")
+        earlier = {k: previous[k] for k in (*kept, "sides") if k in previous}
+        report["comparison_history"] = [*previous.get("comparison_history", []), earlier]
     RESULT.write_text(json.dumps(report, indent=1) + "\n")
     brief = {k: v for k, v in report.items() if k != "sides"}
     brief["tokens_per_s"] = {k: v["tokens_per_s"] for k, v in sides.items()}
