@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from test_reshard import oracle
 
 from placeflow.errors import SpecError
 from placeflow.executor.engines.hf import to_canonical, to_hf
@@ -82,31 +83,6 @@ CASES = [
 ]
 
 
-def _oracle(full: dict[str, torch.Tensor], gen: GenLayout, rank: int) -> dict[str, torch.Tensor]:
-    """Generation weights of `rank` sliced by hand: all experts, every weight cut by tg."""
-    _, gpp, gtp = gen.coords(rank)
-    per_stage = MOE.num_layers // gen.pg
-    q, kv = MOE.num_heads * MOE.head_dim, MOE.num_kv_heads * MOE.head_dim
-    out = {}
-    for name, w in full.items():
-        layer = int(name.split(".")[1]) if name.startswith("layers.") else None
-        if layer is not None and layer // per_stage != gpp:
-            continue
-        if (name == "embed" and gpp != 0) or (name in ("norm", "lm_head") and gpp != gen.pg - 1):
-            continue
-        if name.endswith("qkv"):
-            out[name] = torch.cat([x.chunk(gen.tg)[gtp] for x in w.split([q, kv, kv])])
-        elif name.endswith("gate_up"):
-            out[name] = torch.cat([x.chunk(gen.tg)[gtp] for x in w.chunk(2)])
-        elif name.endswith(("o_proj", "down_proj", "_down", ".down")):
-            out[name] = w.chunk(gen.tg, dim=1)[gtp]
-        elif name in ("embed", "lm_head"):
-            out[name] = w.chunk(gen.tg)[gtp]
-        else:
-            out[name] = w
-    return out
-
-
 def test_expert_reshard_gathers_every_expert_bit_exact():
     job = ReshardJob(model=MOE, cases=tuple(CASES), methods=(Method.PLANNED, Method.NAIVE),
                      world_size=4, port=free_port(), seed=SEED, return_params=True)  # fmt: skip
@@ -115,7 +91,7 @@ def test_expert_reshard_gathers_every_expert_bit_exact():
     assert len(results) == len(CASES) * 2 * 4
     for res in results:
         gen = CASES[res.case]
-        want = _oracle(full, gen, res.rank)
+        want = oracle(MOE, full, gen, res.rank)
         assert res.gen_params is not None
         got = {k: torch.from_numpy(v) for k, v in res.gen_params.items()}
         assert got.keys() == want.keys()

@@ -46,7 +46,10 @@ def case_id(gen: GenLayout) -> str:
 
 
 def oracle(model: TinyLlama, full: dict[str, torch.Tensor], gen: GenLayout, rank: int):
-    """Generation weights of `rank`, sliced by hand (no plan ranges): the test's oracle."""
+    """Generation weights of `rank`, sliced by hand (no plan ranges): the test's oracle.
+
+    Every weight is cut by tg alone, so a mixture of experts' generation shard holds
+    every expert (`tests/test_moe_exec.py` uses it for expert reshards too)."""
     _, gpp, gtp = gen.coords(rank)
     per_stage = model.num_layers // gen.pg
     q = model.num_heads * model.head_dim
@@ -63,7 +66,7 @@ def oracle(model: TinyLlama, full: dict[str, torch.Tensor], gen: GenLayout, rank
             out[name] = torch.cat([x.chunk(gen.tg)[gtp] for x in w.split([q, kv, kv])])
         elif name.endswith("gate_up"):
             out[name] = torch.cat([x.chunk(gen.tg)[gtp] for x in w.chunk(2)])
-        elif name.endswith(("o_proj", "down_proj")):
+        elif name.endswith(("o_proj", "down_proj", "_down", ".down")):  # dense, shared, expert
             out[name] = w.chunk(gen.tg, dim=1)[gtp]
         elif name in ("embed", "lm_head"):
             out[name] = w.chunk(gen.tg)[gtp]
