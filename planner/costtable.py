@@ -49,9 +49,8 @@ from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
 from placeflow.planner.space import candidate_counts, parallelism_options
 from placeflow.profiles.costmodel import CostModel
-from placeflow.simulator import callcosts
+from placeflow.simulator import callcosts, memory
 from placeflow.simulator.rolecosts import (
-    colocated_gen_extra_bytes,
     kv_bytes_per_seq,
     needs_reshard,
     reshard_scope,
@@ -148,7 +147,7 @@ def _actor_options(
         {min(cap, int(f * pool.gpu.usable_bytes // per_seq)) for f in KV_BUDGET_FRACTIONS}
     )
     out = []
-    extra = colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen, par.zero)
+    extra = memory.colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen, par.zero)
     rest_key = ("rest", dataclasses.replace(par, tg=1))
     if rest_key not in memo:
         memo[rest_key] = role_call_costs(

@@ -78,11 +78,6 @@ def kv_bytes_per_seq(workload: Workload, gen: GenLayout) -> float:
     )
 
 
-def colocated_gen_extra_bytes(actor: ModelSpec, gen: GenLayout, zero: int) -> float:
-    """Generation weights beyond the training weights they reuse (`memory`'s formula)."""
-    return memory.colocated_gen_extra_bytes(actor, gen, zero)
-
-
 def needs_reshard(gen: GenLayout, zero: int) -> bool:
     """A colocated actor reshards when generation groups span training ranks (dg > 1),
     when its training ranks hold only 1/e of the experts, or when ZeRO-3 left each rank

@@ -30,7 +30,6 @@ from placeflow.simulator import callcosts, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
 from placeflow.simulator.lengths import LengthModel
 from placeflow.simulator.rolecosts import (
-    colocated_gen_extra_bytes,
     kv_bytes_per_seq,
     needs_reshard,
     reshard_scope,
@@ -86,7 +85,7 @@ def _kv_seqs(plan: Plan, resident: list[float]) -> tuple[int, int, str | None]:
     set_index = gen_set if gen_set is not None else plan.set_of(Role.ACTOR)
     actor = plan.workload.models[Role.ACTOR]
     zero = plan.parallelism[Role.ACTOR].zero
-    extra = 0.0 if gen_set is not None else colocated_gen_extra_bytes(actor, gen, zero)
+    extra = 0.0 if gen_set is not None else memory.colocated_gen_extra_bytes(actor, gen, zero)
     capacity = plan.pool_of(set_index).gpu.usable_bytes
     free = capacity - resident[set_index] - extra
     per_seq = kv_bytes_per_seq(plan.workload, gen)
