@@ -131,6 +131,7 @@ def _tiny_moe(spec: ModelSpec, *, hidden: int, ep: int) -> MoESpec | None:
         shared_ffn_hidden_size=hidden if spec.moe.shared_ffn_hidden_size else 0,
         dense_layers=1 if spec.moe.dense_layers else 0,
         router_aux_loss_coef=spec.moe.router_aux_loss_coef,
+        norm_topk_prob=spec.moe.norm_topk_prob,
     )
 
 

@@ -63,7 +63,10 @@ class MoESpec:
     router (hidden x num_experts, no bias) and, as in DeepSeek, shared experts
     that every token uses (`shared_ffn_hidden_size` in total, 0 for none). The
     first `dense_layers` layers keep a dense MLP of the model's
-    `ffn_hidden_size` (DeepSeek's `first_k_dense_replace`).
+    `ffn_hidden_size` (DeepSeek's `first_k_dense_replace`). `norm_topk_prob`
+    says whether the k chosen experts' router probabilities are renormalised to
+    sum to one (Mixtral and DeepSeek-V3 always; Qwen3-MoE when its config says
+    so, and Hugging Face's default there is false).
     """
 
     num_experts: int
@@ -73,6 +76,7 @@ class MoESpec:
     dense_layers: int = 0
     # Weight of the load-balancing loss in training (HF's `router_aux_loss_coef`).
     router_aux_loss_coef: float = 0.001
+    norm_topk_prob: bool = True
 
     def check(self, owner: str, num_layers: int) -> None:
         _positive(
@@ -87,6 +91,11 @@ class MoESpec:
             raise SpecError(
                 f"model {owner!r}: moe.experts_per_token={self.experts_per_token} exceeds "
                 f"moe.num_experts={self.num_experts}"
+            )
+        if not isinstance(self.norm_topk_prob, bool):
+            raise SpecError(
+                f"model {owner!r}: moe.norm_topk_prob must be true or false, "
+                f"got {self.norm_topk_prob!r}"
             )
         for field in ("shared_ffn_hidden_size", "dense_layers"):
             value = getattr(self, field)
@@ -387,12 +396,16 @@ def _hf_moe(cfg: dict, model_type: str, where: Path) -> MoESpec | None:
                 "placeflow models an MoE MLP in every layer except mlp_only_layers"
             )
         return MoESpec(
-            num_experts=cfg["num_experts"],
+            num_experts=_qwen3_num_experts(cfg),
             experts_per_token=cfg["num_experts_per_tok"],
             expert_ffn_hidden_size=cfg["moe_intermediate_size"],
             router_aux_loss_coef=cfg.get("router_aux_loss_coef", 0.001),
             # Costs do not depend on where the dense layers sit, only on how many.
             dense_layers=len(cfg.get("mlp_only_layers") or ()),
+            # Hugging Face's Qwen3MoeConfig defaults to false; Qwen's released
+            # checkpoints write true. Reading the default keeps the routing the
+            # checkpoint was trained with.
+            norm_topk_prob=cfg.get("norm_topk_prob", False),
         )
     if model_type == "mixtral":
         return MoESpec(
@@ -410,8 +423,16 @@ def _hf_moe(cfg: dict, model_type: str, where: Path) -> MoESpec | None:
             expert_ffn_hidden_size=cfg["moe_intermediate_size"],
             shared_ffn_hidden_size=cfg.get("n_shared_experts", 0) * cfg["moe_intermediate_size"],
             dense_layers=cfg.get("first_k_dense_replace", 0),
+            norm_topk_prob=cfg.get("norm_topk_prob", True),
         )
     return None
+
+
+def _qwen3_num_experts(cfg: dict) -> int:
+    # Qwen's published configs say `num_experts`; transformers 5 saves the same
+    # number as `num_local_experts` (its attribute map), so a config written by
+    # `save_pretrained` has only that key.
+    return cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]
 
 
 def model_from_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
@@ -447,7 +468,7 @@ def model_from_hf_config(path: str | Path, *, name: str | None = None) -> ModelS
         "vocab_size",
     ]
     required += {
-        "qwen3_moe": ["num_experts", "num_experts_per_tok", "moe_intermediate_size"],
+        "qwen3_moe": ["num_experts_per_tok", "moe_intermediate_size"],
         "mixtral": ["num_local_experts", "num_experts_per_tok"],
         "deepseek_v3": [
             "n_routed_experts",
@@ -460,6 +481,8 @@ def model_from_hf_config(path: str | Path, *, name: str | None = None) -> ModelS
         ],
     }.get(model_type, [])
     missing = [k for k in required if k not in cfg]
+    if model_type == "qwen3_moe" and not {"num_experts", "num_local_experts"} & cfg.keys():
+        missing.append("num_experts (or num_local_experts)")
     if missing:
         raise SpecError(f"{p}: missing key(s) {', '.join(missing)}")
     try:

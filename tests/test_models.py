@@ -272,8 +272,16 @@ def test_qwen3_moe_dense_layers_and_unsupported_sparsity(tmp_path):
     assert _write(tmp_path, cfg).moe.dense_layers == 1
     with pytest.raises(SpecError, match="decoder_sparse_step=2 is not supported"):
         _write(tmp_path, {**cfg, "decoder_sparse_step": 2})
-    with pytest.raises(SpecError, match="missing key"):
+    with pytest.raises(SpecError, match=r"missing key\(s\) num_experts \(or num_local_experts\)"):
         _write(tmp_path, {k: v for k, v in cfg.items() if k != "num_experts"})
+    # transformers 5's save_pretrained spelling; HF's default routing leaves top-k
+    # weights unnormalised, and a config that says so is read that way.
+    saved = {k: v for k, v in cfg.items() if k != "num_experts"} | {"num_local_experts": 4}
+    assert _write(tmp_path, saved).moe.num_experts == 4
+    assert _write(tmp_path, saved).moe.norm_topk_prob is False
+    assert _write(tmp_path, {**cfg, "norm_topk_prob": True}).moe.norm_topk_prob is True
+    with pytest.raises(SpecError, match="norm_topk_prob must be true or false"):
+        _write(tmp_path, {**cfg, "norm_topk_prob": "yes"})
 
 
 @pytest.mark.parametrize(

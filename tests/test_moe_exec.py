@@ -182,10 +182,19 @@ def test_load_balancing_loss_is_hf_formula():
     assert float(got.detach()) > k  # an unbalanced router costs more than the balanced k
 
 
-@pytest.mark.parametrize("moe", [False, True], ids=["qwen3", "qwen3-moe"])
-def test_logits_match_transformers_qwen3(moe: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("moe", "norm_topk_prob", "published_keys"),
+    [(False, True, True), (True, True, True), (True, False, False)],
+    ids=["qwen3", "qwen3-moe", "qwen3-moe-unnormalised-saved-keys"],
+)
+def test_logits_match_transformers_qwen3(
+    moe: bool, norm_topk_prob: bool, published_keys: bool, tmp_path: Path
+) -> None:
     """transformers' own Qwen3 / Qwen3-MoE (every weight randomised, norms too): QK-norm,
-    head_dim 16 on hidden 48 with 4 heads, a dense first layer, top-2 of 4 experts."""
+    head_dim 16 on hidden 48 with 4 heads, a dense first layer, top-2 of 4 experts,
+    with and without renormalised top-k weights; the config read as Qwen publishes it
+    (`num_experts`) and as transformers 5 saves it (`num_local_experts`, and no
+    `norm_topk_prob` key when it is the default false)."""
     transformers = pytest.importorskip("transformers")
     common = dict(
         vocab_size=96, hidden_size=48, intermediate_size=40, num_hidden_layers=2,
@@ -197,7 +206,7 @@ def test_logits_match_transformers_qwen3(moe: bool, tmp_path: Path) -> None:
     if moe:
         cfg = transformers.Qwen3MoeConfig(
             **common, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
-            norm_topk_prob=True, mlp_only_layers=[0],
+            norm_topk_prob=norm_topk_prob, mlp_only_layers=[0],
         )  # fmt: skip
         hf = transformers.Qwen3MoeForCausalLM(cfg)
     else:
@@ -209,12 +218,18 @@ def test_logits_match_transformers_qwen3(moe: bool, tmp_path: Path) -> None:
             p.copy_(1 + 0.1 * noise if "norm" in name else 0.1 * noise)
     hf.eval()
     hf.config.save_pretrained(tmp_path)
-    if moe:  # transformers 5 writes num_local_experts; Qwen's published configs num_experts
-        cfg_path = tmp_path / "config.json"
-        saved = json.loads(cfg_path.read_text())
-        cfg_path.write_text(json.dumps({**saved, "num_experts": saved["num_local_experts"]}))
+    cfg_path = tmp_path / "config.json"
+    saved = json.loads(cfg_path.read_text())
+    if moe and published_keys:  # Qwen's published configs say num_experts
+        saved["num_experts"] = saved.pop("num_local_experts")
+    elif moe:
+        saved.pop("num_experts", None)
+        if not norm_topk_prob:  # a config that leaves it out means HF's default, false
+            saved.pop("norm_topk_prob", None)
+    cfg_path.write_text(json.dumps(saved))
     spec = model_from_hf_config(tmp_path)
     assert spec.qk_norm and spec.head_dim == 16 and (spec.moe is not None) is moe
+    assert spec.moe is None or spec.moe.norm_topk_prob is norm_topk_prob
     weights = TinyLlama.from_model_spec(spec)
     ours = Transformer(Arch.of(spec))
     state = dict(hf.state_dict())

@@ -2,7 +2,8 @@
 
 The layer is Qwen3-MoE's and DeepSeek's: a router (hidden -> experts, no
 bias) scores every token, softmax in float32, the top k experts are kept and
-their weights renormalised to sum to one (`norm_topk_prob`), each chosen
+their weights renormalised to sum to one when the model says so
+(`norm_topk_prob`; otherwise they stay the softmax probabilities), each chosen
 expert is a SwiGLU MLP, and shared experts (DeepSeek) run on every token.
 
 Expert parallelism EP = e splits the experts into e contiguous blocks, one per
@@ -123,6 +124,7 @@ class MoEMLP(nn.Module):
         shared_ffn: int = 0,
         ep: EPGroup = SINGLE_EP,
         dtype: torch.dtype = torch.float32,
+        norm_topk_prob: bool = True,
     ) -> None:
         super().__init__()
         if num_experts % ep.size:
@@ -130,6 +132,7 @@ class MoEMLP(nn.Module):
         if not 0 < top_k <= num_experts:
             raise ValueError(f"top_k must be in 1..{num_experts}, got {top_k}")
         self.num_experts, self.top_k, self.ep = num_experts, top_k, ep
+        self.norm_topk_prob = norm_topk_prob
         self.local = num_experts // ep.size
         self.first = ep.rank * self.local  # global index of this rank's first expert
         self.router = nn.Parameter(torch.empty(num_experts, hidden, dtype=dtype))
@@ -146,11 +149,13 @@ class MoEMLP(nn.Module):
         self.record: RoutingRecord | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(weights, experts) of shape (tokens, top_k), renormalised top-k softmax, and the
-        float32 probabilities over all experts (tokens, experts)."""
+        """(weights, experts) of shape (tokens, top_k): the top-k softmax probabilities,
+        renormalised when `norm_topk_prob`; and the float32 probabilities over all
+        experts (tokens, experts)."""
         probs = torch.softmax((x @ self.router.t()).float(), dim=-1)
         weights, experts = probs.topk(self.top_k, dim=-1)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(x.dtype), experts, probs
 
     def _experts(self, x: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:

@@ -90,6 +90,7 @@ class Arch:
     compute_dtype: torch.dtype = torch.float32  # matmuls and attention (see the docstring)
     experts_per_token: int = 0  # top-k of a mixture of experts (0: dense)
     router_aux_loss_coef: float = 0.0  # weight of the load-balancing loss in training
+    norm_topk_prob: bool = True  # renormalise the top-k router weights (MoESpec)
 
     @classmethod
     def of(cls, spec: ModelSpec) -> Arch:
@@ -105,6 +106,7 @@ class Arch:
             compute_dtype=COMPUTE_DTYPES[spec.dtype],
             experts_per_token=spec.moe.experts_per_token if spec.moe else 0,
             router_aux_loss_coef=spec.moe.router_aux_loss_coef if spec.moe else 0.0,
+            norm_topk_prob=spec.moe.norm_topk_prob if spec.moe else True,
         )
 
 
@@ -175,7 +177,8 @@ class Layer(nn.Module):
                     "engines; train and generate a mixture of experts with t = 1 and tg = 1"
                 )
             self.moe = MoEMLP(w.hidden, w.expert_ffn, w.num_experts, arch.experts_per_token,
-                              shared_ffn=w.shared_ffn, ep=ep, dtype=dtype)  # fmt: skip
+                              shared_ffn=w.shared_ffn, ep=ep, dtype=dtype,
+                              norm_topk_prob=arch.norm_topk_prob)  # fmt: skip
         else:
             self.gate_up = nn.Parameter(torch.empty(2 * w.ffn // t, w.hidden, dtype=dtype))
             self.down_proj = nn.Parameter(torch.empty(w.hidden, w.ffn // t, dtype=dtype))
