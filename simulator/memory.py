@@ -52,13 +52,18 @@ def expert_params(model: ModelSpec) -> int:
     return model.num_moe_layers * model.moe.num_experts * per_expert
 
 
+def dense_and_expert_params(model: ModelSpec, *, value_head: bool) -> tuple[int, int]:
+    """(dense parameters, routed-expert parameters): the split every per-rank size uses."""
+    experts = expert_params(model)
+    return model.num_params(value_head=value_head) - experts, experts
+
+
 def shard_params(
     model: ModelSpec, layout: TrainLayout, *, value_head: bool
 ) -> tuple[tuple[float, int], ...]:
     """(parameters on one GPU, size of the data-parallel group that replicates them):
     the dense part over d, the routed experts over the expert-DP group d/e."""
-    experts = expert_params(model)
-    dense = model.num_params(value_head=value_head) - experts
+    dense, experts = dense_and_expert_params(model, value_head=value_head)
     mp = layout.t * layout.p
     parts: tuple[tuple[float, int], ...] = ((dense / mp, layout.d),)
     if experts:
@@ -69,8 +74,10 @@ def shard_params(
 def weight_bytes_per_gpu(
     model: ModelSpec, t: int, p: int, *, value_head: bool, e: int = 1
 ) -> float:
-    experts = expert_params(model)
-    dense = model.num_params(value_head=value_head) - experts
+    """Weights of one rank of a t·p model-parallel group, experts over e, nothing split
+    over data parallelism: `kept_weight_bytes_per_gpu` without ZeRO-3, for shapes that
+    have no data-parallel size (a generation replica, a training shard's t·p block)."""
+    dense, experts = dense_and_expert_params(model, value_head=value_head)
     return (dense + experts / e) * model.dtype.num_bytes / (t * p)
 
 
