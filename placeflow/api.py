@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from placeflow.cluster import ClusterSpec, load_cluster
 from placeflow.errors import SpecError
 from placeflow.plan import Plan, load_plan
+from placeflow.tomlio import parse_enum
 from placeflow.workload import Workload, load_workload
 
 if TYPE_CHECKING:
@@ -72,11 +73,7 @@ def plan(
     from placeflow.profiles.registry import fitted_cost_model
 
     c, w = _cluster(cluster), _workload(workload)
-    try:
-        obj = Objective(objective)
-    except ValueError:
-        known = ", ".join(o.value for o in Objective)
-        raise SpecError(f"unknown objective {objective!r}; known: {known}") from None
+    obj = parse_enum(Objective, objective, None, "objective")
     costs = {p.profile: fitted_cost_model(p.profile) for p in c.pools}
     return plan_search(
         c,
@@ -240,12 +237,7 @@ def export(plan: Plan | PathLike, to: str = "verl") -> Export:
     `train_ppo_ray` flags), with what that framework cannot express of it."""
     from placeflow.export import Target, export_plan
 
-    try:
-        target = Target(to)
-    except ValueError:
-        known = ", ".join(t.value for t in Target)
-        raise SpecError(f"unknown export target {to!r}; known: {known}") from None
-    return export_plan(_plan(plan), target)
+    return export_plan(_plan(plan), parse_enum(Target, to, None, "export target"))
 
 
 __all__ = [

@@ -26,6 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from placeflow.errors import SpecError
+from placeflow.tomlio import parse_enum
 
 
 class DType(StrEnum):
@@ -40,12 +41,7 @@ class DType(StrEnum):
     @staticmethod
     def parse(value: str, where: str = "dtype") -> DType:
         aliases = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
-        value = aliases.get(value, value)
-        try:
-            return DType(value)
-        except ValueError:
-            known = ", ".join(d.value for d in DType)
-            raise SpecError(f"{where}: unknown dtype {value!r}; known: {known}") from None
+        return parse_enum(DType, aliases.get(value, value), where, "dtype")
 
 
 def _positive(owner: str, values: dict[str, object]) -> None:

@@ -61,7 +61,7 @@ from placeflow.frozen import frozen
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.modcall import answer_calls
 from placeflow.models import ModelSpec
-from placeflow.tomlio import Table, load_spec
+from placeflow.tomlio import Table, load_spec, parse_enum
 from placeflow.workload import (
     Role,
     Workload,
@@ -342,13 +342,7 @@ _PAR_KEYS = (
 
 
 def _optimizer_step(name: str, where: str) -> OptimizerStep:
-    try:
-        return OptimizerStep(name)
-    except ValueError:
-        raise SpecError(
-            f"{where}: unknown optimizer_step {name!r}; "
-            f"known: {', '.join(s.value for s in OptimizerStep)}"
-        ) from None
+    return parse_enum(OptimizerStep, name, where, "optimizer_step")
 
 
 def _parallelism_from_table(t: Table) -> RoleParallelism:

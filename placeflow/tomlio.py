@@ -10,12 +10,25 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Callable, Iterable
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
 from placeflow.errors import SpecError
 
 T = TypeVar("T")
+E = TypeVar("E", bound=StrEnum)
+
+
+def parse_enum(cls: type[E], value: str, where: str | None, what: str) -> E:
+    """`value` as a member of `cls`; anything else is a SpecError listing the members
+    (`where: unknown <what> 'x'; known: a, b`, without `where: ` when it is None)."""
+    try:
+        return cls(value)
+    except ValueError:
+        known = ", ".join(m.value for m in cls)
+        prefix = f"{where}: " if where else ""
+        raise SpecError(f"{prefix}unknown {what} {value!r}; known: {known}") from None
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

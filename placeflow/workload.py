@@ -46,7 +46,7 @@ from placeflow.catalogue import CATALOGUE, get_model
 from placeflow.errors import SpecError
 from placeflow.frozen import frozen
 from placeflow.models import ModelSpec
-from placeflow.tomlio import Table, load_spec
+from placeflow.tomlio import Table, load_spec, parse_enum
 
 
 class Algorithm(StrEnum):
@@ -339,12 +339,7 @@ class Workload:
 
 def parse_role(name: str, where: str) -> Role:
     """A role by name; an unknown name is a SpecError listing the roles."""
-    try:
-        return Role(name)
-    except ValueError:
-        raise SpecError(
-            f"{where}: unknown role {name!r}; roles: {', '.join(r.value for r in Role)}"
-        ) from None
+    return parse_enum(Role, name, where, "role")
 
 
 _BATCH_KEYS = tuple(f.name for f in dataclasses.fields(BatchSpec))
@@ -414,14 +409,7 @@ def workload_from_dict(
     directory of the file it came from; None: the working directory)."""
     t = Table(data, where)
     t.reject_unknown(_WORKLOAD_KEYS)
-    algo_name = t.get_str("algorithm")
-    try:
-        algorithm = Algorithm(algo_name)
-    except ValueError:
-        raise SpecError(
-            f"{where}: unknown algorithm {algo_name!r}; "
-            f"known: {', '.join(a.value for a in Algorithm)}"
-        ) from None
+    algorithm = parse_enum(Algorithm, t.get_str("algorithm"), where, "algorithm")
     models_t = t.table("models")
     models = {
         parse_role(role, models_t.where): resolve_model(models_t.get_str(role), base_dir)
@@ -474,13 +462,7 @@ def workload_from_dict(
 
 
 def _rollout_engine(name: str, where: str) -> RolloutEngine:
-    try:
-        return RolloutEngine(name)
-    except ValueError:
-        raise SpecError(
-            f"{where}: unknown rollout_engine {name!r}; "
-            f"known: {', '.join(e.value for e in RolloutEngine)}"
-        ) from None
+    return parse_enum(RolloutEngine, name, where, "rollout_engine")
 
 
 def load_workload(path: str | Path) -> Workload:
