@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from placeflow.models import DType
 from placeflow.profiles import ops
 from placeflow.profiles.datasheet import A100_80GB_SXM, GB, H100_SXM, DatasheetFigures
 from placeflow.profiles.registry import SHIPPED_DIR, load_profile
@@ -132,7 +133,8 @@ RECIPES = (
 
 # World sizes of the NVL72 domain priced beyond the sibling's largest intra-node world.
 LARGE_DOMAIN_WORLDS = (16, 32, 64, 72)
-DTYPE_BYTES = 2  # bf16 / fp16 entries; a ratio of two rooflines, so it only picks the bound
+# bf16 / fp16 entries; a ratio of two rooflines, so it only picks the bound
+DTYPE_BYTES = DType.BF16.num_bytes
 
 
 def roofline_s(op: Op, params: Mapping[str, int | str], fig: DatasheetFigures) -> float:
