@@ -368,20 +368,72 @@ class CostModel:
         return self._memo_time(Op.DISPATCH, {"kind": kind, "num_bytes": max(1, num_bytes)})
 
     def collective_s(
-        self, kind: CollectiveKind, num_bytes: int, world_size: int, scope: Scope
+        self,
+        kind: CollectiveKind,
+        num_bytes: int,
+        world_size: int,
+        scope: Scope,
+        *,
+        ranks_per_node: int = 1,
     ) -> float:
-        """A collective over `world_size` ranks; zero for one rank or no bytes."""
+        """A collective over `world_size` ranks; zero for one rank or no bytes.
+
+        Across nodes (`Scope.INTER`) the group's shape matters: `ranks_per_node`
+        of its ranks share each node (see `_spanning_collective_s`). The profile's
+        inter-node entries are per GPU (one NIC each); 1 prices the group as one
+        rank per node.
+        """
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
         if self.host_local:
             scope = Scope.INTRA
+        if scope is Scope.INTER and ranks_per_node > 1:
+            return self._spanning_collective_s(kind, int(num_bytes), world_size, ranks_per_node)
+        return self._flat_collective_s(kind, int(num_bytes), world_size, scope)
+
+    def _flat_collective_s(
+        self, kind: CollectiveKind, num_bytes: int, world_size: int, scope: Scope
+    ) -> float:
         params: dict[str, int | str] = {
             "kind": kind.value,
             "world_size": world_size,
             "scope": scope.value,
-            "num_bytes": int(num_bytes),
+            "num_bytes": max(1, num_bytes),
         }
         return self._memo_time(Op.COLLECTIVE, params)
+
+    def _spanning_collective_s(
+        self, kind: CollectiveKind, num_bytes: int, world_size: int, ranks_per_node: int
+    ) -> float:
+        """A collective of n ranks spread over nodes with g of them on each, as NCCL's
+        rings run it.
+
+        NCCL runs one ring per channel and gives each channel its own NIC, so a
+        ring that crosses nodes with g ranks on each uses g NICs in parallel: the
+        bytes each NIC carries are 1/g of a one-rank-per-node ring's. Priced as the
+        inter-node entry at 1/g of the bytes (latency unchanged), but never faster
+        than the NVLink hops of the same ring: the intra-node entry of g ranks
+        carrying the same bus bytes. An all-to-all does not share NICs (each rank
+        sends its own share over its own NIC): only the (n - g)/(n - 1) of each
+        rank's bus bytes that leave its node go over the NIC. Send/recv is one pair.
+        """
+        n, g = world_size, ranks_per_node
+        if not 1 < g < n or n % g:
+            raise SpecError(
+                f"a collective across nodes needs ranks_per_node in 2..{n - 1} dividing its "
+                f"world size {n}; got {g}"
+            )
+        if kind is CollectiveKind.SEND_RECV:
+            return self._flat_collective_s(kind, num_bytes, n, Scope.INTER)
+        if kind is CollectiveKind.ALL_TO_ALL:
+            leaving = num_bytes * (n - g) / (n - 1)
+            return self._flat_collective_s(kind, math.ceil(leaving), n, Scope.INTER)
+        nic = self._flat_collective_s(kind, math.ceil(num_bytes / g), n, Scope.INTER)
+        bus = num_bytes * ops.collective_bus_factor(kind, n)
+        nvlink = self._flat_collective_s(
+            kind, math.ceil(bus / ops.collective_bus_factor(kind, g)), g, Scope.INTRA
+        )
+        return max(nic, nvlink)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placeflow.errors import ProfileSchemaError
+from placeflow.errors import ProfileSchemaError, SpecError
+from placeflow.profiles import ops
 from placeflow.profiles.costmodel import (
     CostModel,
     ProfileCoverageError,
@@ -170,3 +171,53 @@ def test_profile_round_trip_and_schema_version(tmp_path):
     path.write_text('{"hello": 1}')
     with pytest.raises(ProfileSchemaError, match="not a placeflow profile"):
         load_profile_file(path)
+
+
+def _collective_profile() -> Profile:
+    """Collectives following t = a + bus bytes / W exactly: a NIC of 1e9 B/s per GPU
+    across nodes, 4e9 B/s of bus bandwidth within one."""
+    entries = []
+    for size in (1 << b for b in range(10, 31, 2)):
+        for kind in ("all_reduce", "all_gather", "all_to_all", "send_recv"):
+            for world in (2, 4, 8, 16):
+                for scope, lat, bw in (("intra", 5e-6, 4e9), ("inter", 20e-6, 1e9)):
+                    if (scope == "intra" and world > 8) or (kind == "send_recv" and world != 2):
+                        continue
+                    bus = size * ops.collective_bus_factor(kind, world)
+                    params = {"kind": kind, "world_size": world, "scope": scope, "num_bytes": size}
+                    entries.append(entry(Op.COLLECTIVE, params, lat + bus / bw))
+    prov = Provenance(
+        source=Source.MEASURED, device_name="oracle", torch_version="n/a", dtype="bf16",
+        date="2026-11-23",
+    )  # fmt: skip
+    return Profile(name="oracle-net", device_kind="cuda", provenance=prov, entries=tuple(entries))
+
+
+def test_collectives_across_nodes_use_one_nic_per_rank_of_the_node():
+    """NCCL's rings over g ranks per node use g NICs: hand-computed from the oracle."""
+    model = CostModel.fit(_collective_profile())
+    ar, ag, a2a = CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.ALL_TO_ALL
+    size = 1 << 26
+    # One rank per node: the flat inter-node entry (16 ranks, 2·15/16 bus factor, one NIC).
+    flat = 20e-6 + size * 2 * 15 / 16 / 1e9
+    assert model.collective_s(ar, size, 16, Scope.INTER) == pytest.approx(flat, rel=1e-9)
+    # 4 ranks on each of 4 nodes: 4 NICs carry the ring's bytes.
+    four = 20e-6 + size / 4 * 2 * 15 / 16 / 1e9
+    got = model.collective_s(ar, size, 16, Scope.INTER, ranks_per_node=4)
+    assert got == pytest.approx(four, rel=1e-6)
+    # 8 ranks on each of 2 nodes, all-gather: 8 NICs are faster than the NVLink hops
+    # (4e9 B/s), so the NVLink bound decides: bus bytes 15/16 of the size over 4e9 B/s
+    # (a size between profiled points: log-log interpolation, hence 1e-3).
+    nvlink = 5e-6 + size * 15 / 16 / 4e9
+    got = model.collective_s(ag, size, 16, Scope.INTER, ranks_per_node=8)
+    assert got == pytest.approx(nvlink, rel=1e-3)
+    assert got >= 20e-6 + size / 8 * 15 / 16 / 1e9
+    # All-to-all: each rank's own NIC carries the share that leaves its node, 12 of 16.
+    leaving = 20e-6 + size * 12 / 15 * 15 / 16 / 1e9
+    got = model.collective_s(a2a, size, 16, Scope.INTER, ranks_per_node=4)
+    assert got == pytest.approx(leaving, rel=1e-3)
+    # Send/recv is one pair: the group's shape does not matter.
+    sr = CollectiveKind.SEND_RECV
+    assert model.collective_s(sr, size, 2, Scope.INTER) == pytest.approx(20e-6 + size / 1e9)
+    with pytest.raises(SpecError, match=r"ranks_per_node in 2\.\.15 dividing its world size 16"):
+        model.collective_s(ar, size, 16, Scope.INTER, ranks_per_node=16)
