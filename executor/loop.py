@@ -286,10 +286,8 @@ class RLLoop:
 
     def encode(self, examples: Sequence[Example]) -> list[list[int]]:
         """Prompt token ids, cut to the workload's prompt length (from the left)."""
-        return [
-            self.tok.encode(prompt_text(ex, self.tok, self.data.chat_template))[-self.w.batch.prompt_len :]
-            for ex in examples
-        ]
+        chat, n = self.data.chat_template, self.w.batch.prompt_len
+        return [self.tok.encode(prompt_text(ex, self.tok, chat))[-n:] for ex in examples]
 
     def step(self, step: int) -> StepRecord:
         rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)

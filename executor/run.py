@@ -46,7 +46,7 @@ from placeflow.executor.controller import Controller
 from placeflow.executor.data import chat_renderer, data_of, load_examples, num_steps
 from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.errors import ExecutorError
-from placeflow.executor.loggers import LoggerKind, Loggers, check_loggers
+from placeflow.executor.loggers import LoggerKind, Loggers, check_loggers, named_metrics
 from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokenizer_for
 from placeflow.executor.rewards import load_reward_function
 from placeflow.fsio import atomic_write_text
@@ -367,6 +367,7 @@ def _train(
                 rec = loop.step(step)
                 records.append(rec)
                 record = _record_json(rec)
+                record |= named_metrics(record, plan.num_gpus)  # verl's and NeMo-RL's names
                 with (run_dir / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps(record) + "\n")
                 loggers.log(record, step)
