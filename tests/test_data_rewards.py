@@ -188,6 +188,30 @@ def test_parquet_with_a_missing_column(tmp_path: Path) -> None:
     assert ex.prompt == "1+1="
 
 
+def test_bad_parquet_files_name_file_row_and_key(tmp_path: Path) -> None:
+    """Parquet as JSONL: an empty table, a column of the wrong type, a file that is not
+    parquet; each a one-line error naming the file (and the row and key)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(
+        pa.table({"prompt": pa.array([], pa.string()), "answer": pa.array([], pa.string())}), empty
+    )
+    typed = tmp_path / "typed.parquet"
+    pq.write_table(pa.table({"prompt": ["1+1=", "2+2="], "answer": [[2], [4]]}), typed)
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet")
+    for path, expected in [
+        (empty, "empty.parquet: no rows; give at least one row with 'prompt' and 'answer'"),
+        (typed, "typed.parquet: row 1: key 'answer': expected a string or a number, got list"),
+        (junk, "junk.parquet: not a readable parquet file"),
+    ]:
+        with pytest.raises(SpecError) as err:
+            load_examples(path, _spec(path))
+        assert expected in str(err.value) and "\n" not in str(err.value)
+
+
 def test_schedule_epochs_are_permutations_and_reproducible() -> None:
     examples = [Example(prompt=str(i), answer=str(i)) for i in range(10)]
     sched = PromptSchedule(examples, prompts_per_step=4, seed=7)
