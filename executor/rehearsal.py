@@ -24,9 +24,9 @@ What changes:
 - the data and the reward function stay the workload's own: the rehearsal reads
   the real dataset files and scores with the real function (where the run would,
   on the driver or in Ray tasks), so that a missing file, a bad row or a reward
-  function that does not load shows before GPUs are booked. (A dataset whose
-  prompts are chat messages needs the model's chat template, which the tiny
-  models' byte tokenizer does not have: such a plan's rehearsal says so.)
+  function that does not load shows before GPUs are booked. (Prompts rendered
+  with the model's chat template cannot be: the tiny models' byte tokenizer has
+  none, and such a plan's rehearsal is refused, saying so.)
 
 The rehearsed plan is named `<plan>-rehearsal` and its run manifest records
 which plan it rehearses, so that no figure from it is taken for the GPU run's.
@@ -59,6 +59,12 @@ WORKER_BYTES = 450 << 20
 def rehearsal_plan(plan: Plan) -> Plan:
     """The plan's layout on CPU workers with tiny models and a tiny batch (see module doc)."""
     w = plan.workload
+    if w.data is not None and w.data.chat_template:
+        raise SpecError(
+            f"plan {plan.name!r}: [data] chat_template = true renders prompts with the model's "
+            "chat template, which the rehearsal's tiny models (byte tokenizer) do not have; "
+            "rehearse with a workload whose prompts are strings and chat_template = false"
+        )
     models = _tiny_models(plan)
     workload = dataclasses.replace(
         w,

@@ -535,3 +535,22 @@ def test_report_shows_chat_prompts_as_text() -> None:
     assert sample_prompt("1+1=") == "1+1="
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
     assert sample_prompt(chat) == "system: Be brief.\nuser: 1+1?"
+
+
+def test_rehearsal_keeps_the_workloads_data_and_reward_function(tmp_path: Path) -> None:
+    """A GPU plan rehearsed on CPU reads its own dataset and scores with its own reward
+    function (no substitute); chat-template prompts, which the tiny models cannot render,
+    are refused with the reason."""
+    from placeflow.executor.rehearsal import rehearsal_plan
+
+    plan = load_plan(PLANS / "ppo-7b-split-h100x16.toml")
+    (tmp_path / "r.py").write_text(REWARD_FILE)
+    train = tmp_path / "train.jsonl"
+    write_rows(TASKS["arith"].rows(8, seed=0), train)
+    reward = f"{tmp_path / 'r.py'}:compute_score"
+    w = dataclasses.replace(plan.workload, data=DataSpec(train=train), reward_function=reward)
+    tiny = rehearsal_plan(dataclasses.replace(plan, workload=w)).workload
+    assert tiny.reward_function == reward and tiny.data == w.data
+    chat = dataclasses.replace(w, data=DataSpec(train=train, chat_template=True))
+    with pytest.raises(SpecError, match=r"chat_template = true .* rehearsal's tiny models"):
+        rehearsal_plan(dataclasses.replace(plan, workload=chat))
