@@ -9,10 +9,13 @@ What it does, as a user would:
    exact-answer reward `examples/rewards/arith_exact.py:compute_score` (the
    response's last number equals the sum);
 4. `placeflow run` with validation (greedy, no training) every K steps;
-5. the first and last validation exact-accuracy, the curve, the command and the
-   machine's load into benchmarks/results/smollm2_learns.json.
+5. the run report (`placeflow report`, RUN_DIR/report.html), whose first figure is
+   the validation curve;
+6. the first and last validation exact-accuracy, the curve, the command, the report's
+   path and the machine's load into benchmarks/results/smollm2_learns.json.
 
     python benchmarks/smollm2_learns.py --steps 16 --validate-every 8
+    python benchmarks/smollm2_learns.py --report-only   # the report of the recorded run
 
 The oracle is the held-out split: rows the run never trains on, scored by the
 exact answer only (no partial credit).
@@ -119,6 +122,26 @@ def load() -> dict[str, Any]:
     return {"loadavg": os.getloadavg(), "cpus": os.cpu_count(), "top_processes_pcpu": top}
 
 
+def report_of(run_dir: Path) -> dict[str, Any]:
+    """The run's plotly report (RUN_DIR/report.html), checked to draw the validation
+    curve: its figure's points are validation.jsonl's."""
+    from placeflow.reports.run import run_report
+
+    path = run_report(run_dir)
+    html = path.read_text()
+    val = [json.loads(x) for x in (run_dir / "validation.jsonl").read_text().splitlines()]
+    points = json.dumps(
+        {"x": [v["step"] for v in val], "y": [v["val/exact_match"] for v in val]},
+        separators=(",", ":"),
+    )[1:-1]  # plotly writes the trace's x and y so, in this order
+    title = f"Validation ({val[0]['val/num_prompts']} held-out prompts, greedy)"
+    return {
+        "report": str(path),
+        "report_draws_validation_curve": points in html and title in html,
+        "report_command": f"placeflow report {run_dir}",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16)
@@ -134,7 +157,18 @@ def main() -> None:
     parser.add_argument("--val-rows", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/placeflow-smollm2"))
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the run report of the run the results file records, and record it",
+    )
     args = parser.parse_args()
+    if args.report_only:
+        result = json.loads(RESULT.read_text())
+        result |= report_of(Path(result["run_dir"]))
+        RESULT.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {result['report']}; recorded in {RESULT}")
+        return
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     plan = prepare(work, args)
@@ -167,7 +201,7 @@ def main() -> None:
         "validation_samples_last": val[-1]["samples"],
         "run_dir": str(run_dir),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    } | report_of(run_dir)
     RESULT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("validation_curve", "first_exact", "last_exact")}))
     print(f"wrote {RESULT}")

@@ -13,7 +13,8 @@ is only the framework. Fairness, as set up here and checked in the run:
 - same batch: step k on both sides has the `arith` task's prompts
   `Task.problems(prompts_per_step, derived_seed(seed, k))`, each sampled
   `samples_per_prompt` times (TRL: a `datasets.Dataset` of those prompts in step
-  order, `shuffle_dataset=False`, `num_generations = samples_per_prompt`); the
+  order, `shuffle_dataset=False`, `num_generations = samples_per_prompt`;
+  placeflow: a JSONL file of them in step order, `[data] shuffle = false`); the
   reward is `Task.score` on both sides. Micro-batches have `micro_batch` samples
   on both sides.
 - same fixed completion lengths: placeflow `[rl] ignore_stop = true` with
@@ -190,7 +191,7 @@ def layouts(num_threads: int) -> list[Layout]:
 
 
 def step_problems(s: Settings, step: int) -> list[Problem]:
-    """The prompts of `step`, exactly as placeflow's `RLLoop.problems` draws them."""
+    """The prompts of `step`: both sides train on these (placeflow from a file of them)."""
     return get_task(TASK).problems(s.prompts_per_step, derived_seed(s.seed, step))
 
 
@@ -418,6 +419,10 @@ algorithm = "grpo"
 reward_function = "{task}"
 models = {{ actor = "{checkpoint}" }}
 
+[workload.data]
+train = "{data}"
+shuffle = false
+
 [workload.batch]
 prompts_per_step = {prompts}
 samples_per_prompt = {samples}
@@ -448,8 +453,9 @@ recompute = false
 """
 
 
-def plan_toml(s: Settings, checkpoint: Path, layout: Layout, prompt_len: int) -> str:
+def plan_toml(s: Settings, checkpoint: Path, layout: Layout, prompt_len: int, data: Path) -> str:
     return PLAN_TOML.format(
+        data=data,
         workers=layout.num_workers,
         threads=layout.threads_per_worker,
         task=TASK,
@@ -466,6 +472,7 @@ def plan_toml(s: Settings, checkpoint: Path, layout: Layout, prompt_len: int) ->
 def run_placeflow(s: Settings, checkpoint: Path, layout: Layout) -> SideRun:
     import ray
 
+    from placeflow.executor.data import write_rows
     from placeflow.executor.engines.tokenizer import HFTokenizer
     from placeflow.executor.run import RunConfig, run_plan
     from placeflow.plan import plan_from_dict
@@ -475,7 +482,11 @@ def run_placeflow(s: Settings, checkpoint: Path, layout: Layout) -> SideRun:
     prompt_len = max(
         len(tok.encode(p.prompt)) for k in range(s.total_steps) for p in step_problems(s, k)
     )  # the longest prompt: nothing is cut
-    text = plan_toml(s, checkpoint, layout, prompt_len)
+    # The same prompts as TRL's, in step order: step k reads rows k·n .. k·n + n - 1.
+    data = Path(tempfile.mkdtemp(prefix="trl-bench-data-")) / "prompts.jsonl"
+    problems = [p for k in range(s.total_steps) for p in step_problems(s, k)]
+    write_rows([{"prompt": p.prompt, "answer": p.answer} for p in problems], data)
+    text = plan_toml(s, checkpoint, layout, prompt_len, data)
     plan = plan_from_dict(tomllib.loads(text), "benchmark plan", ROOT)
     threads: list[int] = []
     setup: list[float] = []
@@ -879,7 +890,8 @@ def summarise(runs: dict[str, list[SideRun]], s: Settings) -> tuple[dict[str, An
 
 FAIRNESS = {
     "weights": "one transformers checkpoint directory (SmolLM2-135M-Instruct, fp32) loaded by both",
-    "batch": "same arith prompts per step (placeflow's derived_seed(seed, step)), same "
+    "batch": "same arith prompts per step (Task.problems(n, derived_seed(seed, step)); "
+    "placeflow reads them from a JSONL file in step order, unshuffled), same "
     "samples_per_prompt (TRL num_generations), same micro-batch, same Task.score reward",
     "completion_length": "placeflow ignore_stop=true, response_len=L; TRL max_completion_length=L, "
     "min_new_tokens=L; checked: all completions L tokens, equal tokens per step on all sides",

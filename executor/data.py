@@ -10,10 +10,13 @@ into a nested column, as verl's parquet files have it), and `data_source` and
 
 Step k's prompts are rows k·n .. k·n + n - 1 of the run's sequence (n prompts
 per step): the rows of epoch e in an order shuffled with a seed from the run
-seed and e, so that a resumed run sees the same prompts. A workload without
-`[data]` takes its prompts from its built-in task's generator instead, seeded
-per step (`executor/tasks.py`; `examples/data/generate.py` writes the same
-generator's rows to a file).
+seed and e, so that a resumed run sees the same prompts.
+
+A workload without `[data]` reads the dataset shipped for the built-in checker its
+`reward_function` names (`examples/data/arith.jsonl`, `reverse.jsonl`, written by
+`examples/data/generate.py`), through the same path as any dataset (`data_of`); one
+scored by a reward model alone reads `arith`'s prompts. Any other reward function
+needs `[data]`: the ground truths it checks come from there.
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from placeflow.errors import SpecError
-from placeflow.workload import DATA_SUFFIXES, DataSpec
+from placeflow.executor.tasks import TASKS
+from placeflow.workload import DATA_SUFFIXES, DataSpec, Workload
+
+# The shipped datasets of the built-in tasks (a source checkout's examples/data).
+BUILTIN_DATA_DIR = Path(__file__).resolve().parents[1] / "examples" / "data"
+# The prompts of a workload scored by a reward model alone.
+REWARD_MODEL_TASK = "arith"
 
 # A chat prompt: [{"role": "user", "content": "..."}, ...]
 Messages = list[dict[str, str]]
@@ -40,6 +49,27 @@ class Example:
     answer: str  # the ground truth, as text
     data_source: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+def data_of(w: Workload) -> DataSpec:
+    """`w`'s [data], or the shipped dataset of its built-in checker (see the module doc);
+    a one-line SpecError when it has neither."""
+    if w.data is not None:
+        return w.data
+    task = w.reward_function or REWARD_MODEL_TASK
+    if task not in TASKS:
+        raise SpecError(
+            f"workload {w.name!r}: reward_function {task!r} needs [data] (train = a JSONL or "
+            "parquet file of prompts and the ground truths it checks); only the built-in "
+            f"checkers ({', '.join(TASKS)}) have a shipped dataset"
+        )
+    path = BUILTIN_DATA_DIR / f"{task}.jsonl"
+    if not path.is_file():
+        raise SpecError(
+            f"workload {w.name!r} has no [data] and the {task!r} dataset is not at {path}; "
+            f"write it with `python examples/data/generate.py --shipped`, or give [data] train"
+        )
+    return DataSpec(train=path)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

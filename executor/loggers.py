@@ -52,6 +52,23 @@ VERL_TIMING: dict[Phase, str] = {
 RENAMED = {"step_time_s": "timing_s/step"}
 
 
+def named_metrics(record: Mapping[str, Any], num_gpus: int) -> dict[str, float]:
+    """A step record's figures under the names users read elsewhere: verl's `timing_s/*`
+    per phase (summed where two phases share one) and the step, and the throughput per
+    device of the plan (`perf/throughput`, tokens/s/GPU). metrics.jsonl holds them beside
+    placeflow's own `phases` and `tokens_per_s`."""
+    out: dict[str, float] = {}
+    for key, name in RENAMED.items():
+        if key in record:
+            out[name] = float(record[key])
+    if "tokens_per_s" in record:  # NeMo-RL's and verl's throughput: per device of the plan
+        out["perf/throughput"] = float(record["tokens_per_s"]) / num_gpus
+    for phase, seconds in record.get("phases", {}).items():
+        name = VERL_TIMING[Phase(phase)]
+        out[name] = out.get(name, 0.0) + float(seconds)
+    return out
+
+
 def logged_scalars(record: Mapping[str, Any], num_gpus: int) -> dict[str, float]:
     """The numbers of one metrics.jsonl record (or validation record) to log, by name;
     `num_gpus`: the plan's devices, for the throughput per GPU."""
@@ -61,14 +78,7 @@ def logged_scalars(record: Mapping[str, Any], num_gpus: int) -> dict[str, float]
             continue
         if math.isfinite(value):
             out[key] = float(value)
-            if key in RENAMED:
-                out[RENAMED[key]] = float(value)
-    if "tokens_per_s" in out:  # NeMo-RL's and verl's throughput: per device of the plan
-        out["perf/throughput"] = out["tokens_per_s"] / num_gpus
-    for phase, seconds in record.get("phases", {}).items():
-        name = VERL_TIMING[Phase(phase)]
-        out[name] = out.get(name, 0.0) + float(seconds)
-    return out
+    return out | named_metrics(record, num_gpus)
 
 
 class MetricLogger(Protocol):

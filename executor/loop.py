@@ -51,7 +51,7 @@ from placeflow.executor import rl
 from placeflow.executor.balance import Partition, WorkModel, balanced_partition
 from placeflow.executor.batch import Batch
 from placeflow.executor.controller import Controller
-from placeflow.executor.data import Example, PromptSchedule, load_examples, prompt_text
+from placeflow.executor.data import Example, PromptSchedule, data_of, load_examples, prompt_text
 from placeflow.executor.dispatch import DispatchLayout, collect, split_by_dp
 from placeflow.executor.engines.offload import OffloadMode
 from placeflow.executor.engines.roles import (
@@ -78,7 +78,6 @@ from placeflow.executor.rewards import (
     log_errors,
     score_items,
 )
-from placeflow.executor.tasks import TASKS, get_task
 from placeflow.executor.timeline import Launched, StepClock
 from placeflow.models import Feature
 from placeflow.phases import Phase
@@ -208,22 +207,17 @@ class RLLoop:
         self.reward_fn = (
             load_reward_function(self.w.reward_function) if self.w.reward_function else None
         )
-        data = self.w.data
-        # Without [data], prompts come from the built-in task the reward function names; a
-        # workload scored by a reward model alone draws them from `arith`.
-        self.schedule = (
-            PromptSchedule(
-                load_examples(data.train, data),
-                self.w.batch.prompts_per_step,
-                seed=derived_seed(self.seed, "data") % 2**31,
-                shuffle=data.shuffle,
-            )
-            if data is not None
-            else None
+        # [data], or the shipped dataset of a built-in checker (executor/data.py).
+        self.data = data = data_of(self.w)
+        self.schedule = PromptSchedule(
+            load_examples(data.train, data),
+            self.w.batch.prompts_per_step,
+            seed=derived_seed(self.seed, "data") % 2**31,
+            shuffle=data.shuffle,
         )
         self.validation: list[Example] = (
             load_examples(data.validation, data)[: data.validation_size]
-            if data is not None and data.validation is not None
+            if data.validation is not None
             else []
         )
         self.multiplier = self.w.rl.lambda_init  # Safe-RLHF's Lagrange multiplier (a state)
@@ -288,20 +282,12 @@ class RLLoop:
     # --- one step ----------------------------------------------------------
     def examples(self, step: int) -> list[Example]:
         """Step `step`'s prompts and ground truths."""
-        if self.schedule is not None:
-            return self.schedule.rows(step)
-        name = self.w.reward_function
-        task = get_task(name if name in TASKS else "arith")
-        problems = task.problems(self.w.batch.prompts_per_step, derived_seed(self.seed, step))
-        return [Example(prompt=p.prompt, answer=p.answer, data_source=task.name) for p in problems]
+        return self.schedule.rows(step)
 
     def encode(self, examples: Sequence[Example]) -> list[list[int]]:
         """Prompt token ids, cut to the workload's prompt length (from the left)."""
-        chat = self.w.data is not None and self.w.data.chat_template
-        return [
-            self.tok.encode(prompt_text(ex, self.tok, chat))[-self.w.batch.prompt_len :]
-            for ex in examples
-        ]
+        chat, n = self.data.chat_template, self.w.batch.prompt_len
+        return [self.tok.encode(prompt_text(ex, self.tok, chat))[-n:] for ex in examples]
 
     def step(self, step: int) -> StepRecord:
         rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
@@ -345,8 +331,7 @@ class RLLoop:
             "tokens_per_s": tokens / wall,
             "response_len_mean": float(mask.sum(1).float().mean()),
         }
-        if self.schedule is not None:
-            rec.metrics["epoch"] = float(self.schedule.epoch_of(step))
+        rec.metrics["epoch"] = float(self.schedule.epoch_of(step))
         if "old_logprobs" in batch.tensors and not self.one_step_off:
             # (else the update measured it on its own forward, or the policy lag did)
             diff = (batch.tensors["rollout_logprobs"] - batch.tensors["old_logprobs"]).abs()
@@ -556,19 +541,12 @@ class RLLoop:
 
     def responses(self, batch: Batch) -> list[str]:
         """The responses as text, decoded without special tokens (as verl hands them to
-        reward functions). A built-in task's checker is given its stop after a response
-        that ended with the end token, as placeflow's runs always gave it (with the byte
-        tokenizer, whose end token is the newline byte itself, the newline then comes
-        twice, so that those checkers' exact score stays out of reach: see tasks.py)."""
-        t, task = batch.tensors, TASKS.get(self.w.reward_function or "")
-        out = []
-        for i in range(len(batch)):
-            ids = t[RESPONSE][i, : int(t[RESPONSE_MASK][i].sum())].tolist()
-            text = self.tok.decode(ids)
-            if task is not None and ids and ids[-1] == self.tok.eos_id:
-                text += task.stop
-            out.append(text)
-        return out
+        reward functions)."""
+        t = batch.tensors
+        return [
+            self.tok.decode(t[RESPONSE][i, : int(t[RESPONSE_MASK][i].sum())].tolist())
+            for i in range(len(batch))
+        ]
 
     def score(self, texts: Sequence[str], examples: Sequence[Example], spp: int) -> Scores:
         """The reward function on `texts` (`spp` responses per example, in order): on the

@@ -21,7 +21,12 @@ What changes:
 - the batch shrinks to a few samples per DP rank (the same number of
   mini-batches up to 4, and a sample count that splits over every role's
   replicas and the generation replicas), prompts and responses of 16 tokens;
-- a rule-based reward the executor does not know is replaced by `arith`.
+- the data and the reward function stay the workload's own: the rehearsal reads
+  the real dataset files and scores with the real function (where the run would,
+  on the driver or in Ray tasks), so that a missing file, a bad row or a reward
+  function that does not load shows before GPUs are booked. (Prompts rendered
+  with the model's chat template cannot be: the tiny models' byte tokenizer has
+  none, and such a plan's rehearsal is refused, saying so.)
 
 The rehearsed plan is named `<plan>-rehearsal` and its run manifest records
 which plan it rehearses, so that no figure from it is taken for the GPU run's.
@@ -36,7 +41,6 @@ from pathlib import Path
 from placeflow.cluster import ClusterSpec
 from placeflow.errors import SpecError
 from placeflow.executor.engines.tokenizer import ByteTokenizer
-from placeflow.executor.tasks import TASKS
 from placeflow.hardware import DeviceKind, get_hardware
 from placeflow.models import DType, Feature, ModelSpec, MoESpec
 from placeflow.plan import Plan, RoleParallelism
@@ -55,16 +59,18 @@ WORKER_BYTES = 450 << 20
 def rehearsal_plan(plan: Plan) -> Plan:
     """The plan's layout on CPU workers with tiny models and a tiny batch (see module doc)."""
     w = plan.workload
+    if w.data is not None and w.data.chat_template:
+        raise SpecError(
+            f"plan {plan.name!r}: [data] chat_template = true renders prompts with the model's "
+            "chat template, which the rehearsal's tiny models (byte tokenizer) do not have; "
+            "rehearse with a workload whose prompts are strings and chat_template = false"
+        )
     models = _tiny_models(plan)
-    reward = w.reward_function
-    if reward is not None and reward not in TASKS:
-        reward = "arith"
     workload = dataclasses.replace(
         w,
         name=f"{w.name}-rehearsal",
         models={role: models[spec.name] for role, spec in w.models.items()},
         batch=_tiny_batch(plan),
-        reward_function=reward,
     )
     parallelism = {
         role: dataclasses.replace(par, micro_batch=min(par.micro_batch, 4))

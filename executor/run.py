@@ -43,10 +43,10 @@ from tqdm import tqdm
 from placeflow.errors import SpecError
 from placeflow.executor.checkpoints import RunLock, Skipped, newest_verified, read_json, seal
 from placeflow.executor.controller import Controller
-from placeflow.executor.data import chat_renderer, load_examples, num_steps
+from placeflow.executor.data import chat_renderer, data_of, load_examples, num_steps
 from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.errors import ExecutorError
-from placeflow.executor.loggers import LoggerKind, Loggers, check_loggers
+from placeflow.executor.loggers import LoggerKind, Loggers, check_loggers, named_metrics
 from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokenizer_for
 from placeflow.executor.rewards import load_reward_function
 from placeflow.fsio import atomic_write_text
@@ -230,21 +230,21 @@ def preflight(plan: Plan, steps: int | None = None) -> Any:
     if w.reward_function is not None:
         load_reward_function(w.reward_function)
     tokenizer = tokenizer_for(plan)
-    if w.data is not None:
-        train = load_examples(w.data.train, w.data)
-        if w.data.validation is not None:
-            load_examples(w.data.validation, w.data)
-        if w.data.chat_template:
-            chat_renderer(tokenizer)
-        n = w.batch.prompts_per_step
-        if w.data.epochs is not None and steps is not None:
-            available = num_steps(len(train), n, w.data.epochs)
-            if steps > available:
-                raise SpecError(
-                    f"{w.data.train}: {len(train)} rows give {available} steps of {n} prompts "
-                    f"in {w.data.epochs} epoch(s), fewer than the {steps} asked; lower --steps "
-                    "or raise [data] epochs"
-                )
+    data = data_of(w)  # [data], or a built-in checker's shipped dataset
+    train = load_examples(data.train, data)
+    if data.validation is not None:
+        load_examples(data.validation, data)
+    if data.chat_template:
+        chat_renderer(tokenizer)
+    n = w.batch.prompts_per_step
+    if data.epochs is not None and steps is not None:
+        available = num_steps(len(train), n, data.epochs)
+        if steps > available:
+            raise SpecError(
+                f"{data.train}: {len(train)} rows give {available} steps of {n} prompts "
+                f"in {data.epochs} epoch(s), fewer than the {steps} asked; lower --steps "
+                "or raise [data] epochs"
+            )
     return tokenizer
 
 
@@ -367,6 +367,7 @@ def _train(
                 rec = loop.step(step)
                 records.append(rec)
                 record = _record_json(rec)
+                record |= named_metrics(record, plan.num_gpus)  # verl's and NeMo-RL's names
                 with (run_dir / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps(record) + "\n")
                 loggers.log(record, step)

@@ -1,10 +1,11 @@
-"""Built-in verifiable tasks: a seeded prompt generator and a graded checker each.
+"""Built-in verifiable tasks: a seeded problem generator and a graded checker each.
 
-They are ordinary data and reward functions: `examples/data/generate.py` writes a
-task's problems to a JSONL or parquet file that `[data]` reads, and
-`executor/rewards.py` offers each checker as a reward function under the task's
-name. A workload with such a `reward_function` and no `[data]` draws its prompts
-from the generator directly, seeded per step (as every run did before `[data]`).
+The executor never draws prompts from these generators: `examples/data/generate.py`
+writes a task's problems to a JSONL or parquet file, and a run reads prompts only
+through `[data]` (`executor/data.py`). The shipped datasets `examples/data/arith.jsonl`
+and `reverse.jsonl` are written by that script and serve a workload that has no
+`[data]` and names the task's checker (`executor/data.py`, `data_of`). Each checker
+is offered as a reward function under the task's name (`executor/rewards.py`).
 
 `arith` asks for the sum of two small numbers ("17+5=") and checks the response,
 which should be the digits of the sum followed by a newline. Its score is graded
@@ -15,15 +16,12 @@ so that a policy starting from random weights gets a signal before it can add:
   + 0.6 · (share of the answer's characters the response has in the right place)
 
 An exact answer scores 1.0 and only an exact answer does. `reverse` asks for a
-short lowercase word backwards ("abc>") with the same grading over letters.
-Prompts come from a generator seeded per step, so a run is reproducible and a
-resumed run sees the same prompts. The loop hands these checkers the response
-with the stop appended when it ended with the end token (a real tokenizer's end
-token is dropped when decoded). With the byte tokenizer of the random-init
-models the end token is the newline byte itself, which decoding keeps, so the
-newline comes twice and the exact score (1.0) is out of their reach: they learn
-the format, digits and length. The learning tests are calibrated on that score;
-`examples/rewards/arith_exact.py` is an exact-answer reward for real models.
+short lowercase word backwards ("abc>") with the same grading over letters. The
+checker reads the response as every reward function gets it, decoded without
+special tokens: with the byte tokenizer of the random-init models the end token is
+the newline byte itself, which decoding keeps, so a response that stopped ends with
+the newline; a real tokenizer drops its end token, so for real models
+`examples/rewards/arith_exact.py` (the last number of the response) is the reward.
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ class Task:
         return [self.make(rng) for _ in range(count)]
 
     def score(self, problem: Problem, response: str) -> float:
-        """The graded score of `response` (text as decoded, stop included if produced)."""
+        """The graded score of `response` (text as decoded)."""
         return self.score_answer(problem.answer, response)
 
     def score_answer(self, answer: str, response: str) -> float:

@@ -25,8 +25,9 @@ GRPO and ReMax drop the critic, and may drop the reward model in favour of a
 rule-based `reward_function`; Safe-RLHF adds a cost model (5 models).
 
 Prompts come from `[data]` (JSONL or parquet files, `executor/data.py`); a
-workload without it draws them from the generator of its built-in
-`reward_function` (`arith`, `reverse`: `executor/tasks.py`). Every path a
+workload without it is run on the dataset shipped for its built-in checker
+(`reward_function = "arith"` or `"reverse"`; `arith`'s with a reward model alone),
+`examples/data/<name>.jsonl`, written by `examples/data/generate.py`. Every path a
 workload names (a model's `config.json` or checkpoint directory, the data files,
 a `file.py:function` reward) is relative to the workload file, as a plan's
 `workload` and `cluster` are relative to the plan file; it is stored resolved

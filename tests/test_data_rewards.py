@@ -12,16 +12,21 @@ verl's names.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from placeflow.errors import SpecError
 from placeflow.executor.data import (
+    BUILTIN_DATA_DIR,
     Example,
     PromptSchedule,
+    data_of,
     load_examples,
     num_steps,
     read_rows,
@@ -37,7 +42,7 @@ from placeflow.executor.rewards import (
 from placeflow.executor.tasks import TASKS
 from placeflow.phases import Phase
 from placeflow.plan import Plan, load_plan
-from placeflow.workload import DataSpec, load_workload
+from placeflow.workload import DataSpec, Role, load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "examples" / "plans"
@@ -81,6 +86,58 @@ def test_generator_rows_are_the_task_problems() -> None:
     for p in problems:  # the answer is the sum: an independent check of the generator
         a, b = p.prompt.rstrip("=").split("+")
         assert int(p.answer) == int(a) + int(b)
+
+
+def _generate_script() -> Any:
+    """examples/data/generate.py as a module (the examples are not a package)."""
+    path = ROOT / "examples" / "data" / "generate.py"
+    spec = importlib.util.spec_from_file_location("placeflow_examples_generate", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shipped_datasets_are_the_generator_script_output(tmp_path: Path) -> None:
+    """Every dataset in examples/data is what `generate.py --shipped` writes, byte for byte,
+    and the built-in checkers' datasets are where the executor looks for them."""
+    generate = _generate_script()
+    written = generate.write_shipped(tmp_path)
+    assert {p.name for p in written} == {
+        p.name for p in (ROOT / "examples" / "data").glob("*.jsonl")
+    }
+    for path in written:
+        assert path.read_bytes() == (ROOT / "examples" / "data" / path.name).read_bytes(), path
+    assert BUILTIN_DATA_DIR == ROOT / "examples" / "data"
+    for task in TASKS:
+        assert (BUILTIN_DATA_DIR / f"{task}.jsonl").is_file()
+
+
+def test_a_workload_without_data_reads_its_checkers_dataset() -> None:
+    """No [data]: the built-in checker's shipped dataset through the same path as any
+    dataset (rows validated, shuffled epochs); a reward model alone reads arith's; any other
+    reward function is told to give [data]."""
+    w = load_plan(PLANS / "grpo-tiny-cpu4-colocate.toml").workload
+    assert w.data is None and w.reward_function == "arith"
+    data = data_of(w)
+    assert data == DataSpec(train=BUILTIN_DATA_DIR / "arith.jsonl")
+    rows = load_examples(data.train, data)
+    assert len(rows) == 2048 and all(e.data_source == "arith" for e in rows)
+    for e in rows[:50]:  # the rows are arith problems with their sums
+        assert isinstance(e.prompt, str)
+        a, b = e.prompt.rstrip("=").split("+")
+        assert int(e.answer) == int(a) + int(b)
+    reverse = data_of(dataclasses.replace(w, reward_function="reverse"))
+    assert reverse.train == BUILTIN_DATA_DIR / "reverse.jsonl"
+    scored_by_model = dataclasses.replace(
+        w, models={**w.models, Role.REWARD: w.models[Role.ACTOR]}, reward_function=None
+    )
+    assert data_of(scored_by_model).train == BUILTIN_DATA_DIR / "arith.jsonl"
+    with pytest.raises(SpecError, match=r"reward_function 'math' needs \[data\] \(train = "):
+        data_of(dataclasses.replace(w, reward_function="math"))
+    with_data = dataclasses.replace(w, data=DataSpec(train=BUILTIN_DATA_DIR / "arith-val.jsonl"))
+    assert data_of(with_data) is with_data.data
 
 
 def test_nested_answer_key_reads_verl_rows(tmp_path: Path) -> None:
@@ -129,6 +186,30 @@ def test_parquet_with_a_missing_column(tmp_path: Path) -> None:
         load_examples(path, _spec(path))
     [ex] = load_examples(path, _spec(path, prompt_key="question"))
     assert ex.prompt == "1+1="
+
+
+def test_bad_parquet_files_name_file_row_and_key(tmp_path: Path) -> None:
+    """Parquet as JSONL: an empty table, a column of the wrong type, a file that is not
+    parquet; each a one-line error naming the file (and the row and key)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(
+        pa.table({"prompt": pa.array([], pa.string()), "answer": pa.array([], pa.string())}), empty
+    )
+    typed = tmp_path / "typed.parquet"
+    pq.write_table(pa.table({"prompt": ["1+1=", "2+2="], "answer": [[2], [4]]}), typed)
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet")
+    for path, expected in [
+        (empty, "empty.parquet: no rows; give at least one row with 'prompt' and 'answer'"),
+        (typed, "typed.parquet: row 1: key 'answer': expected a string or a number, got list"),
+        (junk, "junk.parquet: not a readable parquet file"),
+    ]:
+        with pytest.raises(SpecError) as err:
+            load_examples(path, _spec(path))
+        assert expected in str(err.value) and "\n" not in str(err.value)
 
 
 def test_schedule_epochs_are_permutations_and_reproducible() -> None:
@@ -244,6 +325,12 @@ response_len = 8
     no_model.write_text((base / "workloads" / "w.toml").read_text().replace("llama1b", "llama2b"))
     with pytest.raises(SpecError, match=r"models/llama2b/config.json not found \(a model path"):
         load_workload(no_model)
+    # A checkpoint directory (one holding config.json) is named the same way.
+    as_dir = base / "workloads" / "dir.toml"
+    as_dir.write_text(
+        (base / "workloads" / "w.toml").read_text().replace("llama1b/config.json", "llama1b")
+    )
+    assert load_workload(as_dir).models[next(iter(w.models))].num_layers == 2
 
 
 # --- loggers ---------------------------------------------------------------------------------
@@ -353,6 +440,39 @@ def test_grpo_from_parquet_scored_in_ray_tasks(ray_cluster: None, tmp_path: Path
     assert (tmp_path / "run" / "tensorboard").is_dir()
 
 
+VERL_NAMES = {
+    "timing_s/gen": "generate",
+    "timing_s/old_log_prob": "old_logprob",
+    "timing_s/ref": "ref_logprob",
+    "timing_s/update_actor": "actor_update",
+    "timing_s/update_critic": "critic_update",
+    "timing_s/weight_sync": "reshard",  # colocated: the reshard is verl's weight sync
+}
+
+
+def test_ppo_run_logs_verl_timing_names_and_tokens_per_gpu(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """A PPO run without [data]: prompts from the shipped arith dataset; metrics.jsonl and
+    TensorBoard both hold every phase under verl's name and the throughput per GPU."""
+    from placeflow.executor.run import RunConfig, read_metrics, run_plan
+
+    plan = load_plan(PLANS / "ppo-tiny-cpu4-colocate.toml")
+    assert plan.workload.data is None and plan.num_gpus == 4
+    run_plan(plan, tmp_path / "run", RunConfig(steps=2, progress=False))
+    lines = read_metrics(tmp_path / "run")
+    shipped = {r["prompt"] for r in read_rows(BUILTIN_DATA_DIR / "arith.jsonl")}
+    tb = _tensorboard_scalars(tmp_path / "run")
+    for m in lines:
+        for name, phase in VERL_NAMES.items():
+            assert m[name] == m["phases"][phase], name
+        assert m["perf/throughput"] == pytest.approx(m["tokens_per_s"] / 4)
+        assert {s["prompt"] for s in m["samples"]} <= shipped
+    for name in [*VERL_NAMES, "perf/throughput"]:
+        assert [s for s, _ in tb[name]] == [0, 1], name
+        assert [v for _, v in tb[name]] == pytest.approx([m[name] for m in lines]), name
+
+
 def test_epochs_bound_the_steps(tmp_path: Path) -> None:
     from placeflow.executor.run import preflight
 
@@ -415,3 +535,22 @@ def test_report_shows_chat_prompts_as_text() -> None:
     assert sample_prompt("1+1=") == "1+1="
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
     assert sample_prompt(chat) == "system: Be brief.\nuser: 1+1?"
+
+
+def test_rehearsal_keeps_the_workloads_data_and_reward_function(tmp_path: Path) -> None:
+    """A GPU plan rehearsed on CPU reads its own dataset and scores with its own reward
+    function (no substitute); chat-template prompts, which the tiny models cannot render,
+    are refused with the reason."""
+    from placeflow.executor.rehearsal import rehearsal_plan
+
+    plan = load_plan(PLANS / "ppo-7b-split-h100x16.toml")
+    (tmp_path / "r.py").write_text(REWARD_FILE)
+    train = tmp_path / "train.jsonl"
+    write_rows(TASKS["arith"].rows(8, seed=0), train)
+    reward = f"{tmp_path / 'r.py'}:compute_score"
+    w = dataclasses.replace(plan.workload, data=DataSpec(train=train), reward_function=reward)
+    tiny = rehearsal_plan(dataclasses.replace(plan, workload=w)).workload
+    assert tiny.reward_function == reward and tiny.data == w.data
+    chat = dataclasses.replace(w, data=DataSpec(train=train, chat_template=True))
+    with pytest.raises(SpecError, match=r"chat_template = true .* rehearsal's tiny models"):
+        rehearsal_plan(dataclasses.replace(plan, workload=chat))

@@ -36,7 +36,13 @@ def _plan(name: str) -> Plan:
 def _deterministic(metrics: list[dict]) -> list[dict]:
     """Metrics without the wall-clock fields."""
     return [
-        {k: v for k, v in m.items() if k not in TIMING and k not in ("phases", "timeline")}
+        {
+            k: v
+            for k, v in m.items()
+            if k not in TIMING
+            and k not in ("phases", "timeline")
+            and not k.startswith(("timing_s/", "perf/"))  # verl's phase seconds, tokens/s/GPU
+        }
         for m in metrics
     ]
 

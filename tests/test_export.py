@@ -2,15 +2,25 @@
 
 The oracles: verl's own config (its hydra defaults, from the installed `verl`
 package, composed without importing verl) accepts every override, and the
-composed values are the plan's: pool sizes, per-role tensor and pipeline sizes,
-rollout tensor size, micro-batches, batch shape; what verl cannot place as the
-plan does is named in the notes, role by role. OpenRLHF's flags are checked
-against hand-read values of the same plans.
+composed values are the plan's: pool sizes, per-role tensor, pipeline, expert and
+(implied) data-parallel sizes, rollout tensor size, micro-batches, optimizer
+sharding and offload, recomputation, batch shape; what verl cannot place as the
+plan does is named in the notes, role by role. OpenRLHF's flags are parsed by
+the argument parser of the installed OpenRLHF's own `train_ppo_ray` (its source
+run up to `parse_args`, without importing OpenRLHF), which refuses an unknown
+flag or a value of the wrong type, and the parsed values are the plan's.
+
+Both targets are installed without their dependencies (they pull a CUDA torch):
+pip install --no-deps verl==0.9.1 openrlhf==0.11.2
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import importlib.util
+import os
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +29,7 @@ import pytest
 from placeflow.cli import main
 from placeflow.export import Target, export_plan
 from placeflow.export.verl import CONFIG_NAME
-from placeflow.plan import Plan, load_plan
+from placeflow.plan import OptimizerStep, Plan, load_plan
 from placeflow.workload import Role
 
 PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"
@@ -65,8 +75,25 @@ def test_verl_export_composes_and_matches_the_plan(name: str) -> None:
         par = plan.parallelism[role]
         assert _get(cfg, f"{key}.megatron.tensor_model_parallel_size") == par.train.t, role
         assert _get(cfg, f"{key}.megatron.pipeline_model_parallel_size") == par.train.p, role
+    _assert_optimizers_match(cfg, plan)
+    # verl's data parallelism is the rest of the pool: the plan's d for every role there.
+    pool = actor_set.num_devices
+    for role, key in [
+        (Role.ACTOR, "actor_rollout_ref.actor"),
+        (Role.REF, "actor_rollout_ref.ref"),
+        (Role.CRITIC, "critic"),
+    ]:
+        if plan.set_of(role) == plan.set_of(Role.ACTOR):
+            t = _get(cfg, f"{key}.megatron.tensor_model_parallel_size")
+            p = _get(cfg, f"{key}.megatron.pipeline_model_parallel_size")
+            assert pool // (t * p) == plan.parallelism[role].train.d, role
     actor = plan.parallelism[Role.ACTOR]
     assert _get(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size") == actor.tg
+    assert _get(cfg, "actor_rollout_ref.rollout.pipeline_model_parallel_size") == actor.pg
+    assert _get(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing") == actor.recompute
+    assert _get(cfg, "critic.model.enable_gradient_checkpointing") == (
+        plan.parallelism[Role.CRITIC].recompute
+    )
     assert _get(cfg, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") == actor.micro_batch
     assert _get(cfg, "critic.ppo_micro_batch_size_per_gpu") == (
         plan.parallelism[Role.CRITIC].micro_batch
@@ -103,6 +130,47 @@ def test_verl_export_composes_and_matches_the_plan(name: str) -> None:
     assert moved == noted - {Role.REWARD}
 
 
+def _assert_optimizers_match(cfg: Any, plan: Plan) -> None:
+    """ZeRO, expert parallelism and offload of the trained roles, as verl composed them."""
+    for role, key, optim in [
+        (Role.ACTOR, "actor_rollout_ref.actor", "actor_rollout_ref.actor.optim"),
+        (Role.CRITIC, "critic", "critic.optim"),
+    ]:
+        if role not in plan.workload.models:
+            continue
+        par = plan.parallelism[role]
+        assert _get(cfg, f"{key}.megatron.expert_model_parallel_size") == par.train.e, role
+        assert _get(cfg, f"{key}.megatron.use_distributed_optimizer") == (par.zero >= 1), role
+        host = par.offload_optimizer and par.optimizer_step is OptimizerStep.HOST
+        assert _get(cfg, f"{key}.megatron.optimizer_offload") == (
+            par.offload_optimizer and not host
+        ), role
+        overrides = _get(cfg, f"{optim}.override_optimizer_config") or {}
+        assert overrides.get("optimizer_cpu_offload", False) == host, role
+        if host:
+            assert overrides["optimizer_offload_fraction"] == 1.0
+
+
+def _with_offload(plan: Plan, step: OptimizerStep) -> Plan:
+    parallelism = dict(plan.parallelism)
+    for role in (Role.ACTOR, Role.CRITIC):
+        parallelism[role] = dataclasses.replace(
+            parallelism[role], offload_optimizer=True, optimizer_step=step
+        )
+    return dataclasses.replace(plan, parallelism=parallelism)
+
+
+@pytest.mark.parametrize("step", list(OptimizerStep))
+def test_verl_offload_follows_the_plan(step: OptimizerStep) -> None:
+    """Optimizer offload with the update on the device (verl's optimizer_offload) or on
+    the host (Megatron-core's CPU optimizer) composes and lands where the plan says."""
+    plan = _with_offload(load_plan(PLANS / "ppo-7b-split-h100x16.toml"), step)
+    cfg = _verl_config(list(export_plan(plan, Target.VERL).arguments))
+    _assert_optimizers_match(cfg, plan)
+    flags = _openrlhf_args(export_plan(plan, Target.OPENRLHF).arguments)
+    assert getattr(flags, "ds.adam_offload") is True
+
+
 def test_verl_rejects_an_unknown_key() -> None:
     """The compose check can fail: a key verl's schema lacks is refused."""
     from hydra.errors import ConfigCompositionException
@@ -111,43 +179,86 @@ def test_verl_rejects_an_unknown_key() -> None:
         _verl_config(["actor_rollout_ref.actor.megatron.no_such_key=1"])
 
 
-def _flags(args: tuple[str, ...]) -> dict[str, str | bool]:
-    out: dict[str, str | bool] = {}
-    items = list(args)
-    while items:
-        flag = items.pop(0)
-        out[flag] = items.pop(0) if items and not items[0].startswith("--") else True
-    return out
+def _openrlhf_parser() -> argparse.ArgumentParser:
+    """The argument parser of the installed OpenRLHF's `train_ppo_ray`: its source from
+    `parser = argparse.ArgumentParser()` up to `parse_args`, run on its own (OpenRLHF's
+    import needs deepspeed and a GPU build of vLLM)."""
+    spec = importlib.util.find_spec("openrlhf")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("OpenRLHF is not installed (pip install --no-deps openrlhf==0.11.2)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "cli" / "train_ppo_ray.py"
+    lines = path.read_text().splitlines()
+    start = next(i for i, x in enumerate(lines) if "parser = argparse.ArgumentParser()" in x)
+    end = next(i for i, x in enumerate(lines) if "args = parser.parse_args()" in x)
+    body = "\n".join(x[4:] for x in lines[start:end])  # out of `if __name__ == "__main__":`
+    scope: dict[str, Any] = {"argparse": argparse, "os": os, "datetime": datetime}
+    exec(compile(body, str(path), "exec"), scope)
+    parser: argparse.ArgumentParser = scope["parser"]
+    parser.exit_on_error = False
+    return parser
+
+
+def _openrlhf_args(args: tuple[str, ...]) -> argparse.Namespace:
+    """`args` parsed by OpenRLHF's parser: an unknown flag or a bad value fails the test."""
+    ns, unknown = _openrlhf_parser().parse_known_args(list(args))
+    assert not unknown, f"flags OpenRLHF's train_ppo_ray does not have: {unknown}"
+    return ns
+
+
+def test_openrlhf_parser_rejects_an_unknown_flag() -> None:
+    """The parse check can fail: a flag train_ppo_ray lacks is refused."""
+    with pytest.raises(AssertionError, match="--actor_num_nodes"):
+        _openrlhf_args(("--actor_num_nodes", "1"))  # OpenRLHF < 0.10's spelling
 
 
 @pytest.mark.parametrize(
     ("name", "colocation", "gpus"),
     [
-        ("ppo-7b-colocate-h100x16", {"--colocate_all_models"}, (16, 16, 16, 16)),
+        ("ppo-7b-colocate-h100x16", {"colocate_all"}, (16, 16, 16, 16)),
         (
             "ppo-7b-split-h100x16",
-            {"--colocate_actor_ref", "--colocate_critic_reward"},
+            {"colocate_actor_ref", "colocate_critic_reward"},
             (8, 8, 8, 8),
         ),
         ("ppo-7b-standalone-h100x16", set(), (8, 4, 2, 2)),
     ],
 )
-def test_openrlhf_flags(name: str, colocation: set[str], gpus: tuple[int, ...]) -> None:
+def test_openrlhf_flags_parse_and_match_the_plan(
+    name: str, colocation: set[str], gpus: tuple[int, ...]
+) -> None:
     plan = load_plan(PLANS / f"{name}.toml")
-    flags = _flags(export_plan(plan, Target.OPENRLHF).arguments)
-    assert {f for f in flags if f.startswith("--colocate")} == colocation
+    args = _openrlhf_args(export_plan(plan, Target.OPENRLHF).arguments)
+    flag = vars(args)
+    assert {k for k in ("colocate_all", "colocate_actor_ref", "colocate_critic_reward")
+            if flag[f"train.{k}"]} == colocation  # fmt: skip
     for role, n in zip(("actor", "critic", "ref", "reward"), gpus, strict=True):
-        nodes, per_node = (
-            int(flags[f"--{role}_num_nodes"]),
-            int(flags[f"--{role}_num_gpus_per_node"]),
-        )
-        assert nodes * per_node == n, role
-    actor = plan.parallelism[Role.ACTOR]
+        assert flag[f"{role}.num_nodes"] * flag[f"{role}.num_gpus_per_node"] == n, role
+        assert n == plan.sets[plan.set_of(Role(role))].num_devices
+    actor, critic = plan.parallelism[Role.ACTOR], plan.parallelism[Role.CRITIC]
     # One engine per tg GPUs of the devices that generate (the actor's).
-    assert int(flags["--vllm_num_engines"]) * actor.tg == gpus[0]
-    assert flags["--vllm_tensor_parallel_size"] == str(actor.tg)
-    assert flags["--micro_train_batch_size"] == str(actor.micro_batch)
-    assert flags["--train_batch_size"] == "256"  # 1024 samples in 4 mini-batches
+    assert flag["vllm.num_engines"] * actor.tg == gpus[0]
+    assert flag["vllm.tensor_parallel_size"] == actor.tg
+    assert flag["ds.tensor_parallel_size"] == actor.train.t
+    assert flag["ds.zero_stage"] == max(actor.zero, critic.zero)
+    assert flag["train.micro_batch_size"] == actor.micro_batch
+    assert flag["rollout.micro_batch_size"] == plan.parallelism[Role.REF].micro_batch
+    assert flag["actor.gradient_checkpointing_enable"] == (actor.recompute or critic.recompute)
+    assert flag["ds.adam_offload"] == (actor.offload_optimizer or critic.offload_optimizer)
+    b = plan.workload.batch
+    assert flag["train.batch_size"] == 256  # 1024 samples in 4 mini-batches
+    assert flag["rollout.batch_size"] == b.prompts_per_step
+    assert flag["rollout.n_samples_per_prompt"] == b.samples_per_prompt
+    assert flag["data.max_len"] == b.prompt_len + b.response_len
+    assert flag["rollout.max_new_tokens"] == b.response_len
+    assert flag["train.max_epochs"] == b.ppo_epochs
+    assert flag["algo.advantage.estimator"] == "gae"
+
+
+@pytest.mark.parametrize("path", sorted(PLANS.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_example_plan_parses_as_openrlhf_flags(path: Path) -> None:
+    plan = load_plan(path)
+    args = vars(_openrlhf_args(export_plan(plan, Target.OPENRLHF).arguments))
+    assert args["rollout.n_samples_per_prompt"] == plan.workload.batch.samples_per_prompt
 
 
 def _plan_with_generator() -> Plan:
@@ -175,7 +286,7 @@ def test_cli_export_writes_a_script(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer" in text
     assert "#   - critic: the plan runs it apart" in text
     assert main(["export", str(PLANS / "ppo-7b-colocate-h100x16.toml"), "--to", "openrlhf"]) == 0
-    assert "--colocate_all_models" in capsys.readouterr().out
+    assert "--train.colocate_all" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exc:
         main(["export", str(PLANS / "ppo-7b-colocate-h100x16.toml"), "--to", "nope"])
     assert exc.value.code == 2

@@ -3,31 +3,81 @@
     python examples/data/generate.py arith --count 256 --seed 1 --out arith-train.jsonl
     python examples/data/generate.py arith --count 64 --seed 2 --out val.parquet \
         --question "What is {prompt} Answer with the number only."
+    python examples/data/generate.py --shipped     # rewrite the datasets in this folder
 
 Rows follow verl's layout: `prompt` (a string, or with --question one chat
 message to render with the model's chat template), `answer` (the ground truth)
 and `data_source` (the task). The same seed writes the same rows.
+
+The datasets shipped in this folder are this script's output (`SHIPPED`; a test
+checks them byte for byte): `arith.jsonl` and `reverse.jsonl` are the prompts of a
+workload that has no [data] and is scored by that task's checker (or by a reward
+model alone: `arith`), `arith-train.jsonl` and `arith-val.jsonl` the tiny
+dataset example's (examples/workloads/grpo-tiny-data-cpu.toml).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from placeflow.executor.data import write_rows
 from placeflow.executor.tasks import TASKS
 
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A dataset file in this folder and the arguments that write it."""
+
+    file: str
+    task: str
+    count: int
+    seed: int
+
+
+# 2,048 rows: a test run (16 prompts a step, up to ~100 steps) seldom passes over them
+# twice; later epochs repeat them, shuffled anew.
+SHIPPED = (
+    Shipped(file="arith.jsonl", task="arith", count=2048, seed=0),
+    Shipped(file="reverse.jsonl", task="reverse", count=2048, seed=0),
+    Shipped(file="arith-train.jsonl", task="arith", count=256, seed=1),
+    Shipped(file="arith-val.jsonl", task="arith", count=32, seed=2),
+)
+
+
+def write_shipped(directory: Path = HERE) -> list[Path]:
+    """Every shipped dataset, written under `directory`."""
+    out = []
+    for s in SHIPPED:
+        write_rows(TASKS[s.task].rows(s.count, s.seed), directory / s.file)
+        out.append(directory / s.file)
+    return out
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("task", choices=sorted(TASKS))
-    parser.add_argument("--count", type=int, required=True, help="rows to write")
+    parser.add_argument("task", nargs="?", choices=sorted(TASKS))
+    parser.add_argument("--count", type=int, help="rows to write")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True, help="a .jsonl or .parquet file")
+    parser.add_argument("--out", type=Path, help="a .jsonl or .parquet file")
     parser.add_argument(
         "--question", help="chat format: the user message, with {prompt} for the problem"
     )
+    parser.add_argument(
+        "--shipped", action="store_true", help="rewrite the datasets shipped in examples/data"
+    )
     args = parser.parse_args()
+    if args.shipped:
+        if args.task or args.out or args.count:
+            parser.error("--shipped takes no task, --count or --out")
+        for path in write_shipped():
+            print(f"wrote {path}")
+        return
+    if args.task is None or args.out is None or args.count is None:
+        parser.error("give a task, --count and --out (or --shipped)")
     if args.count < 1:
         parser.error(f"--count must be at least 1, got {args.count}")
     rows = TASKS[args.task].rows(args.count, args.seed, question=args.question)

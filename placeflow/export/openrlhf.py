@@ -1,32 +1,47 @@
 """A plan as the flags of OpenRLHF's `train_ppo_ray` (DeepSpeed training, vLLM rollout).
 
-OpenRLHF gives each model its own GPUs (`--<role>_num_nodes`,
-`--<role>_num_gpus_per_node`) unless told to colocate: actor with reference
-(`--colocate_actor_ref`), critic with reward (`--colocate_critic_reward`), or
-everything, vLLM engines included (`--colocate_all_models`). Generation runs in
-`--vllm_num_engines` engines of `--vllm_tensor_parallel_size` GPUs: on GPUs of
+The flags are those of OpenRLHF 0.11 (`--<section>.<name>`; releases before 0.10
+spelled them `--<section>_<name>`, e.g. `--actor_num_nodes`); tests/test_export.py
+parses every export with the installed release's own argument parser.
+
+OpenRLHF gives each model its own GPUs (`--<role>.num_nodes`,
+`--<role>.num_gpus_per_node`) unless told to colocate: actor with reference
+(`--train.colocate_actor_ref`), critic with reward (`--train.colocate_critic_reward`),
+or everything, vLLM engines included (`--train.colocate_all`). Generation runs in
+`--vllm.num_engines` engines of `--vllm.tensor_parallel_size` GPUs: on GPUs of
 their own unless all models are colocated. Training is DeepSpeed ZeRO data
-parallel (`--zero_stage`, `--adam_offload`), with DeepSpeed tensor parallelism
-(`--ds_tensor_parallel_size`, one size for all models) and no pipeline.
+parallel (`--ds.zero_stage`, `--ds.adam_offload`), with DeepSpeed tensor
+parallelism (`--ds.tensor_parallel_size`, one size for all models) and no pipeline.
 
 What the flags cannot say is listed: other colocations (a reward with the
 actor, say), generation on the actor's own devices unless everything is
-colocated, per-role tensor sizes, pipeline parallelism, Safe-RLHF's cost model.
+colocated, per-role tensor sizes, pipeline parallelism, per-role micro-batches
+and ZeRO stages, experts over an expert-parallel axis, ReMax's greedy baseline,
+Safe-RLHF's cost model.
 """
 
 from __future__ import annotations
 
 from placeflow.export import Export, Target
 from placeflow.export.common import nodes_of, set_label
+from placeflow.models import DType
 from placeflow.plan import Plan
 from placeflow.workload import Algorithm, Role
 
 COMMAND = ("python3", "-m", "openrlhf.cli.train_ppo_ray")
+# OpenRLHF has no ReMax (a greedy baseline per prompt); its REINFORCE (no baseline) is the
+# closest, and says so in the notes.
 ADV_ESTIMATOR = {Algorithm.PPO: "gae", Algorithm.GRPO: "group_norm", Algorithm.REMAX: "reinforce"}
 # The colocations OpenRLHF has a flag for, as sets of roles.
 PAIRS = {
-    frozenset({Role.ACTOR, Role.REF}): "--colocate_actor_ref",
-    frozenset({Role.CRITIC, Role.REWARD}): "--colocate_critic_reward",
+    frozenset({Role.ACTOR, Role.REF}): "--train.colocate_actor_ref",
+    frozenset({Role.CRITIC, Role.REWARD}): "--train.colocate_critic_reward",
+}
+# OpenRLHF's model flags per role (the reference loads the actor's model).
+MODEL_FLAG = {
+    Role.ACTOR: "--actor.model_name_or_path",
+    Role.CRITIC: "--critic.model_name_or_path",
+    Role.REWARD: "--reward.model_name_or_path",
 }
 
 
@@ -36,7 +51,7 @@ def export(plan: Plan) -> Export:
     placement = [frozenset(roles) for roles in plan.placement]
     everything = len(placement) == 1
     if everything:
-        flags.append("--colocate_all_models")
+        flags.append("--train.colocate_all")
     for roles in placement:
         if len(roles) > 1 and not everything:
             if roles in PAIRS:
@@ -53,9 +68,9 @@ def export(plan: Plan) -> Export:
         i = plan.set_of(role)
         shape = nodes_of(plan, i) or (1, plan.sets[i].num_devices)
         flags += [
-            f"--{role}_num_nodes",
+            f"--{role}.num_nodes",
             str(shape[0]),
-            f"--{role}_num_gpus_per_node",
+            f"--{role}.num_gpus_per_node",
             str(shape[1]),
         ]
     flags += _rollout(plan, everything, notes)
@@ -68,8 +83,9 @@ def export(plan: Plan) -> Export:
         arguments=tuple(flags),
         unexpressed=tuple(notes),
         to_set=(
-            "--pretrain, --reward_pretrain and --critic_pretrain hold placeflow's model names; "
-            "point them at the checkpoints, and give --prompt_data",
+            "the --<role>.model_name_or_path flags hold placeflow's model names; point them at "
+            "the checkpoints, and give --data.prompt_dataset (and --data.input_key, "
+            "--data.label_key)",
         ),
     )
 
@@ -83,11 +99,11 @@ def _rollout(plan: Plan, everything: bool, notes: list[str]) -> list[str]:
         notes.append(
             f"the plan generates on the actor's devices ({set_label(plan, Role.ACTOR)}); "
             f"OpenRLHF's {engines} vLLM engines then need {devices} GPUs of their own "
-            "(it shares them only with --colocate_all_models)"
+            "(it shares them only with --train.colocate_all)"
         )
     if par.pg > 1:
         notes.append(f"generation pipeline pg={par.pg}: vLLM engines here are tensor parallel only")
-    return ["--vllm_num_engines", str(engines), "--vllm_tensor_parallel_size", str(par.tg)]
+    return ["--vllm.num_engines", str(engines), "--vllm.tensor_parallel_size", str(par.tg)]
 
 
 def _training(plan: Plan, notes: list[str]) -> list[str]:
@@ -100,42 +116,80 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
         notes.append(
             "per-role tensor sizes ("
             + ", ".join(f"{r} t={t}" for r, t in tps.items())
-            + "): DeepSpeed's --ds_tensor_parallel_size is one for all; the actor's is used"
+            + "): DeepSpeed's --ds.tensor_parallel_size is one for all; the actor's is used"
         )
     if any(plan.parallelism[r].train.p > 1 for r in w.roles):
         notes.append("pipeline parallelism: OpenRLHF's DeepSpeed training has none")
-    if w.algorithm not in ADV_ESTIMATOR:
+    if any(plan.parallelism[r].train.e > 1 for r in w.roles):
+        notes.append("expert parallelism: OpenRLHF's DeepSpeed training has none")
+    zeros = {p.zero for p in trained}
+    if len(zeros) > 1:
+        notes.append(f"ZeRO stages {sorted(zeros)}: --ds.zero_stage is one for all; the highest")
+    # OpenRLHF: one micro-batch for the updates, one for the forward passes of experience.
+    for flag, roles in (
+        ("--train.micro_batch_size", (Role.ACTOR, Role.CRITIC)),
+        ("--rollout.micro_batch_size", (Role.REF, Role.REWARD)),
+    ):
+        sizes = {r: plan.parallelism[r].micro_batch for r in roles if r in w.models}
+        if len(set(sizes.values())) > 1:
+            notes.append(
+                f"micro-batches ({', '.join(f'{r} {m}' for r, m in sizes.items())}): {flag} "
+                f"is one for {' and '.join(map(str, sizes))}; the {next(iter(sizes))}'s is used"
+            )
+    if rl.kl_coef == 0 and Role.REF in w.models:
+        notes.append(
+            "ref: with a KL coefficient of 0 OpenRLHF starts no reference model "
+            "(--algo.kl.init_coef 0); the plan places one"
+        )
+    if w.algorithm is Algorithm.REMAX:
+        notes.append("remax: OpenRLHF has no greedy baseline; exported as REINFORCE (reinforce)")
+    elif w.algorithm not in ADV_ESTIMATOR:
         notes.append(f"{w.algorithm}: OpenRLHF has no such algorithm; exported as PPO (gae)")
+    forward = next((r for r in (Role.REF, Role.REWARD) if r in w.models), Role.ACTOR)
     flags = [
-        "--advantage_estimator", ADV_ESTIMATOR.get(w.algorithm, "gae"),
-        "--ds_tensor_parallel_size", str(actor.train.t),
-        "--zero_stage", str(max(p.zero for p in trained)),
-        "--rollout_batch_size", str(b.prompts_per_step),
-        "--n_samples_per_prompt", str(b.samples_per_prompt),
-        "--train_batch_size", str(b.num_samples // b.mini_batches),
-        "--micro_train_batch_size", str(actor.micro_batch),
-        "--micro_rollout_batch_size", str(plan.parallelism[Role.REF].micro_batch
-                                          if Role.REF in w.models else actor.micro_batch),
-        "--max_epochs", str(b.ppo_epochs),
-        "--prompt_max_len", str(b.prompt_len),
-        "--generate_max_len", str(b.response_len),
-        "--actor_learning_rate", str(rl.lr),
-        "--critic_learning_rate", str(rl.critic_lr),
-        "--eps_clip", str(rl.clip_ratio),
-        "--value_clip", str(rl.value_clip),
-        "--gamma", str(rl.gamma),
-        "--lambd", str(rl.lam),
-        "--temperature", str(rl.temperature),
-        "--top_p", str(rl.top_p),
-        "--init_kl_coef", str(rl.kl_coef),
-        "--pretrain", w.models[Role.ACTOR].name,
+        "--algo.advantage.estimator", ADV_ESTIMATOR.get(w.algorithm, "gae"),
+        "--ds.tensor_parallel_size", str(actor.train.t),
+        "--ds.zero_stage", str(max(zeros)),
+        "--ds.param_dtype", _dtype(plan, notes),
+        "--rollout.batch_size", str(b.prompts_per_step),
+        "--rollout.n_samples_per_prompt", str(b.samples_per_prompt),
+        "--train.batch_size", str(b.num_samples // b.mini_batches),
+        "--train.micro_batch_size", str(actor.micro_batch),
+        "--rollout.micro_batch_size", str(plan.parallelism[forward].micro_batch),
+        "--train.max_epochs", str(b.ppo_epochs),
+        "--data.max_len", str(b.prompt_len + b.response_len),
+        "--rollout.max_new_tokens", str(b.response_len),
+        "--actor.adam.lr", str(rl.lr),
+        "--actor.eps_clip", str(rl.clip_ratio),
+        "--algo.advantage.gamma", str(rl.gamma),
+        "--algo.advantage.lambd", str(rl.lam),
+        "--rollout.temperature", str(rl.temperature),
+        "--rollout.top_p", str(rl.top_p),
+        "--algo.kl.init_coef", str(rl.kl_coef),
     ]  # fmt: skip
-    if Role.REWARD in w.models:
-        flags += ["--reward_pretrain", w.models[Role.REWARD].name]
+    if rl.entropy_coef:
+        flags += ["--actor.entropy_coef", str(rl.entropy_coef)]
+    if w.algorithm is not Algorithm.PPO and rl.kl_coef > 0:
+        # placeflow's GRPO and ReMax put the k3 KL in the loss, as OpenRLHF's GRPO recipe
+        flags += ["--algo.kl.use_loss", "--algo.kl.estimator", "k3"]
     if Role.CRITIC in w.models:
-        flags += ["--critic_pretrain", w.models[Role.CRITIC].name]
+        flags += ["--critic.adam.lr", str(rl.critic_lr), "--critic.value_clip", str(rl.value_clip)]
+    for role, flag in MODEL_FLAG.items():
+        if role in w.models:
+            flags += [flag, w.models[role].name]
     if any(p.offload_optimizer for p in trained):
-        flags.append("--adam_offload")
+        flags.append("--ds.adam_offload")
+    # One switch, in the actor's section, for every model DeepSpeed trains.
     if any(p.recompute for p in trained):
-        flags.append("--gradient_checkpointing")
+        flags.append("--actor.gradient_checkpointing_enable")
+    if w.async_one_step_off and plan.generator_set() is not None:
+        flags.append("--train.async_enable")
     return flags
+
+
+def _dtype(plan: Plan, notes: list[str]) -> str:
+    dtype = plan.workload.models[Role.ACTOR].dtype
+    if dtype in (DType.BF16, DType.FP16):
+        return str(dtype)
+    notes.append(f"{dtype} training: OpenRLHF trains in bf16 or fp16; bf16 is used")
+    return str(DType.BF16)

@@ -13,16 +13,21 @@ size (placeflow's tg). The mapping:
   actor / ref / critic t, p     <role>.megatron.tensor_model_parallel_size, pipeline_...
   actor tg, pg                  actor_rollout_ref.rollout.tensor_model_parallel_size, pipeline_...
   micro_batch                   ppo_micro_batch_size_per_gpu, log_prob_micro_batch_size_per_gpu
+  e (experts over DP)           <role>.megatron.expert_model_parallel_size
   zero >= 1                     megatron.use_distributed_optimizer
   recompute                     <model>.enable_gradient_checkpointing
-  offload_optimizer             megatron.optimizer_offload
+  offload_optimizer (step on    megatron.optimizer_offload
+    the device)
+  offload_optimizer, step on    +<role>.optim.override_optimizer_config.optimizer_cpu_offload
+    the host                      (Megatron-core's CPU optimizer), optimizer_offload_fraction=1
   reward set of its own         reward.reward_model.enable_resource_pool, nnodes, n_gpus_per_node
   prompts, samples, lengths     data.train_batch_size, rollout.n, data.max_*_length
   mini_batches, ppo_epochs      actor.ppo_mini_batch_size (prompts), actor.ppo_epochs
 
 What verl's config cannot say is listed: a critic or reference apart from the
 actor (verl's examples/split_placement does it by changing the trainer's code),
-a generator set of its own, a pool that is not whole nodes, Safe-RLHF.
+a generator set of its own, a pool that is not whole nodes, ZeRO-2/3 (Megatron's
+distributed optimizer is ZeRO-1), Safe-RLHF's cost model.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ MEGATRON_KEY = {
     Role.REF: "actor_rollout_ref.ref.megatron",
     Role.CRITIC: "critic.megatron",
 }
+# Where the trained roles' optimizer settings live.
+OPTIM_KEY = {Role.ACTOR: "actor_rollout_ref.actor.optim", Role.CRITIC: "critic.optim"}
 
 
 def export(plan: Plan) -> Export:
@@ -63,6 +70,11 @@ def export(plan: Plan) -> Export:
     for role, key in MEGATRON_KEY.items():
         if role in w.models:
             out |= _megatron(plan, role, key)
+            if role is not Role.REF and plan.parallelism[role].zero >= 2:
+                notes.append(
+                    f"{role}: ZeRO-{plan.parallelism[role].zero}; Megatron's distributed "
+                    "optimizer shards the optimizer state only (ZeRO-1)"
+                )
     # Activation recomputation is per model in verl: the actor's (shared with the ref).
     out["actor_rollout_ref.model.enable_gradient_checkpointing"] = par_of(
         plan, Role.ACTOR
@@ -171,10 +183,20 @@ def _megatron(plan: Plan, role: Role, key: str) -> dict[str, object]:
     out: dict[str, object] = {
         f"{key}.tensor_model_parallel_size": par.train.t,
         f"{key}.pipeline_model_parallel_size": par.train.p,
+        # e is carved out of d, expert TP = t: Megatron's defaults for the other sizes
+        f"{key}.expert_model_parallel_size": par.train.e,
     }
     if role is not Role.REF:  # the trained roles' optimizer
         out[f"{key}.use_distributed_optimizer"] = par.zero >= 1
-        out[f"{key}.optimizer_offload"] = par.offload_optimizer
+        # verl's optimizer offload: the Adam state leaves the device between updates and
+        # comes back for the step (placeflow's offload with the step on the device).
+        out[f"{key}.optimizer_offload"] = par.offload_optimizer and not par.host_optimizer_step
+        if par.host_optimizer_step:
+            # The step on the CPU: Megatron-core's CPU optimizer, through verl's pass-through
+            # of Megatron optimizer settings (a key the default config lacks: "+").
+            optim = OPTIM_KEY[role]
+            out[f"+{optim}.override_optimizer_config.optimizer_cpu_offload"] = True
+            out[f"+{optim}.override_optimizer_config.optimizer_offload_fraction"] = 1.0
     return out
 
 
