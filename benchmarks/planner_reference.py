@@ -132,14 +132,15 @@ def main() -> None:
                 a.get("hash") != b.get("hash")
                 for a, b in zip(reference[i].get("rows", []), case.get("rows", []), strict=True)
             )
-            print(case["case"], case["cpu_s"], "SAME" if not diff else diff, f"hash diffs {hashes}")
+            print(case["case"], case["cpu_s"], diff or "SAME", f"hash diffs {hashes}")
         else:
             print(case["case"], case["cpu_s"], case["status"], flush=True)
     if args.out:
         args.out.write_text(
             json.dumps(
                 {
-                    "command": "python " + " ".join(["benchmarks/planner_reference.py", *sys.argv[1:]]),
+                    "command": "python "
+                    + " ".join(["benchmarks/planner_reference.py", *sys.argv[1:]]),
                     "date": time.strftime("%Y-%m-%d"),
                     "load_avg_1m": round(os.getloadavg()[0], 2),
                     "cases": cases,

@@ -133,11 +133,16 @@ def reference_options(wl: Workload, role: Role, pool: PoolSpec, n: int, cm: Cost
                         )
                     )
         else:
-            costs = role_call_costs(wl, role, par, cm, first_device=0, gpus_per_node=pool.gpus_per_node)
+            costs = role_call_costs(
+                wl, role, par, cm, first_device=0, gpus_per_node=pool.gpus_per_node
+            )
             variants = [(0, costs, 0.0)]
         for kv_seqs, costs, gen_bytes in variants:
             transient = max(
-                [gen_bytes, *(c.transient_bytes for p, c in costs.items() if p not in GENERATION_STAGE)]
+                [
+                    gen_bytes,
+                    *(c.transient_bytes for p, c in costs.items() if p not in GENERATION_STAGE),
+                ]
             )
             short = resident + transient - capacity
             if short > 0:
@@ -248,7 +253,9 @@ def test_cost_table_equals_the_naive_reference(a100, case) -> None:
 def test_search_rows_equal_a_search_over_the_reference_table(a100, case, monkeypatch) -> None:
     cluster, wl = a100_problem(*case)
     got = plan_search(cluster, wl, a100)
-    monkeypatch.setattr(search_module, "build_cost_table", lambda wl, cl, cms, **_: reference_table(wl, cl, cms))
+    monkeypatch.setattr(
+        search_module, "build_cost_table", lambda wl, cl, cms, **_: reference_table(wl, cl, cms)
+    )
     monkeypatch.setattr(search_module, "with_generators", lambda table, *_, **__: table)
     want = plan_search(cluster, wl, a100)
     assert got.status == want.status
