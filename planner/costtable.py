@@ -45,6 +45,7 @@ import numpy as np
 
 from placeflow.cluster import ClusterSpec, PoolSpec
 from placeflow.dataflow import CallKind, ModelCall
+from placeflow.layout import GenLayout
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
 from placeflow.planner.pareto import pareto_mask
@@ -58,6 +59,7 @@ from placeflow.simulator.rolecosts import (
     needs_reshard,
     reshard_scope,
     resident_bytes,
+    resident_key,
     role_calls,
 )
 from placeflow.workload import Role, Workload
@@ -146,51 +148,83 @@ class _Prices:
     """
 
     def __init__(self, wl: Workload, role: Role, pool: PoolSpec, cm: CostModel) -> None:
-        self.wl, self.pool, self.cm = wl, pool, cm
+        self.wl, self.role, self.pool, self.cm = wl, role, pool, cm
         calls = role_calls(wl, role)
         self.rest = tuple(c for c in calls if c.kind != CallKind.GENERATE)
         self.generate = tuple(c for c in calls if c.kind == CallKind.GENERATE)
         self._memo: dict[tuple[object, ...], callcosts.CallCost] = {}
+        self._resident: dict[tuple[object, ...], float] = {}
+        self._kv: dict[tuple[object, ...], list[tuple[int, float]]] = {}
+        self._generation: dict[tuple[object, ...], float] = {}
+        self._reshards: dict[tuple[object, ...], callcosts.CallCost] = {}
 
-    def _price(self, call: ModelCall, key: tuple[object, ...], par: RoleParallelism, **gen):
+    def _price(self, call: ModelCall, par: RoleParallelism) -> callcosts.CallCost:
+        key = (call.phase, *call_key(call, par))
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = call_cost(
-                self.wl,
-                call,
-                par,
-                self.cm,
-                first_device=0,
-                gpus_per_node=self.pool.gpus_per_node,
-                **gen,
+                self.wl, call, par, self.cm, first_device=0, gpus_per_node=self.pool.gpus_per_node
             )
         return hit
 
+    def resident(self, par: RoleParallelism) -> float:
+        key = resident_key(par)
+        hit = self._resident.get(key)
+        if hit is None:
+            hit = self._resident[key] = resident_bytes(self.wl.models[self.role], self.role, par)
+        return hit
+
+    def kv_variants(self, par: RoleParallelism) -> list[tuple[int, float]]:
+        """The actor's (KV budget, generation transient bytes) for one layout: each budget
+        (sequences per replica, >= 1) with the generation weights it adds and its cache."""
+        key = (par.train, par.tg, par.pg, par.zero)
+        kv = self._kv.get(key)
+        if kv is None:
+            budgets, per_seq = _kv_budgets(self.wl, par, self.pool)
+            model = self.wl.models[Role.ACTOR]
+            extra = memory.colocated_gen_extra_bytes(model, par.gen_layout(), par.zero)
+            u = self.wl.gpu_memory_utilization
+            kv = self._kv[key] = [(b, extra + b * per_seq / u) for b in budgets]
+        return kv
+
     def rest_costs(self, par: RoleParallelism) -> dict[Phase, callcosts.CallCost]:
         """Every call but generation, in the dataflow's order."""
-        return {c.phase: self._price(c, (c.phase, *call_key(c, par)), par) for c in self.rest}
+        return {c.phase: self._price(c, par) for c in self.rest}
 
-    def generation_costs(
-        self, par: RoleParallelism, kv_seqs: int
-    ) -> dict[Phase, callcosts.CallCost]:
-        """The actor's generation calls with `kv_seqs` of KV budget, then its reshard."""
-        gen = par.gen_layout()
-        out = {
-            c.phase: self._price(
-                c, (c.phase, *call_key(c, par), kv_seqs), par, gen=gen, kv_seqs=kv_seqs
-            )
-            for c in self.generate
-        }
-        if needs_reshard(gen, par.zero):
-            key = (Phase.RESHARD, par.train, par.tg, par.pg, par.zero)
-            hit = self._memo.get(key)
-            if hit is None:
-                scope = reshard_scope(0, self.pool.gpus_per_node, gen)
-                hit = self._memo[key] = callcosts.reshard_cost(
-                    self.cm, self.wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
+    def generation_s(self, par: RoleParallelism, kv_seqs: int) -> float:
+        """The actor's generation stage with `kv_seqs` of KV budget: its generation calls,
+        then its reshard (summed in that order, as `_stage_times` sums a call dict)."""
+        key = (par.train, par.tg, par.pg, par.zero, kv_seqs)
+        hit = self._generation.get(key)
+        if hit is None:
+            gen = par.gen_layout()
+            costs = {
+                c.phase: call_cost(
+                    self.wl,
+                    c,
+                    par,
+                    self.cm,
+                    first_device=0,
+                    gpus_per_node=self.pool.gpus_per_node,
+                    gen=gen,
+                    kv_seqs=kv_seqs,
                 )
-            out[Phase.RESHARD] = hit
-        return out
+                for c in self.generate
+            }
+            if needs_reshard(gen, par.zero):
+                costs[Phase.RESHARD] = self._reshard(par, gen)
+            hit = self._generation[key] = _stage_times(costs)[0]
+        return hit
+
+    def _reshard(self, par: RoleParallelism, gen: GenLayout) -> callcosts.CallCost:
+        key = (par.train, par.tg, par.pg, par.zero)
+        hit = self._reshards.get(key)
+        if hit is None:
+            scope = reshard_scope(0, self.pool.gpus_per_node, gen)
+            hit = self._reshards[key] = callcosts.reshard_cost(
+                self.cm, self.wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
+            )
+        return hit
 
 
 def _kv_budgets(wl: Workload, par: RoleParallelism, pool: PoolSpec) -> tuple[list[int], float]:
@@ -270,7 +304,7 @@ def _options_for(wl: Workload, role: Role, pool: PoolSpec, n: int, cm: CostModel
     apart: list = []
     best_short, best_where = math.inf, ""
     for par in parallelism_options(model, role, n, pool):
-        resident = resident_bytes(model, role, par)
+        resident = prices.resident(par)
         rest = prices.rest_costs(par)
         rest_transient = max((c.transient_bytes for c in rest.values()), default=0.0)
         rest_stages = _stage_times(rest)
@@ -279,9 +313,7 @@ def _options_for(wl: Workload, role: Role, pool: PoolSpec, n: int, cm: CostModel
         else:
             if par.tg == 1 and resident + rest_transient <= capacity:
                 apart.append((par, 0, rest_stages, resident, rest_transient))
-            budgets, per_seq = _kv_budgets(wl, par, pool)
-            extra = memory.colocated_gen_extra_bytes(model, par.gen_layout(), par.zero)
-            variants = [(kv, extra + kv * per_seq / wl.gpu_memory_utilization) for kv in budgets]
+            variants = prices.kv_variants(par)
         for kv_seqs, gen_bytes in variants:
             transient = max(gen_bytes, rest_transient)
             short = resident + transient - capacity
@@ -290,8 +322,8 @@ def _options_for(wl: Workload, role: Role, pool: PoolSpec, n: int, cm: CostModel
                     best_short, best_where = short, _where(n, pool, par)
                 continue
             stages = rest_stages
-            if kv_seqs:
-                stages = _stage_times({**rest, **prices.generation_costs(par, kv_seqs)})
+            if kv_seqs:  # the rest has no generation-stage call
+                stages = (prices.generation_s(par, kv_seqs), rest_stages[1], rest_stages[2])
             found.append((par, kv_seqs, stages, resident, transient))
     return _Found(
         front=_front_of(found, role, pool.name, n),

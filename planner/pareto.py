@@ -10,59 +10,34 @@ from __future__ import annotations
 
 import numpy as np
 
+# Up to this many rows the front is returned in index order, beyond in lexicographic
+# order of the rows: the order of the earlier chunked implementation, which the solver's
+# variable order (and so its choice among equal optima) follows.
 _CHUNK = 256
-# Positive weights for the filter of `pareto_indices`: rounds of a few weight vectors
-# each (fixed, so that results are repeatable).
-_WEIGHTS = np.random.default_rng(0).uniform(0.05, 1.0, size=(4, 12, 8))
-
-
-def _small_front(points: np.ndarray) -> np.ndarray:
-    """`pareto_indices` of a few rows, all pairs at once (of equal rows the first is kept)."""
-    no_worse = (points[:, None, :] <= points[None, :, :]).all(axis=2)  # [i, j]: i <= j
-    equal = no_worse & no_worse.T
-    dominated = (no_worse & ~equal).any(axis=0)
-    repeated = np.triu(equal, 1).any(axis=0)
-    return np.flatnonzero(~dominated & ~repeated)
 
 
 def pareto_indices(points: np.ndarray) -> np.ndarray:
     """Indices of the rows no other row dominates (<= everywhere, < somewhere); of equal
-    rows one is kept.
+    rows the first is kept. In index order for up to `_CHUNK` rows, else in
+    lexicographic order of the rows.
 
-    First a cheap filter: a row minimising a weighted sum with positive weights is
-    on the front, so a few such rows (`_WEIGHTS`, round by round among the rows
-    left) remove most dominated rows at once. Then the survivors, lexicographically
-    sorted (a row can only be dominated by an earlier one), are checked in chunks
-    against the front so far and against their own chunk (dominance is transitive,
-    so a row dominated by a dropped row is dominated by a kept one too).
+    Sweep over the rows in lexicographic order (ties by index): the first row left
+    is on the front (only a lexicographically smaller row can dominate it, and each
+    of those is on the front or dominated by a row that is, which would have removed
+    it), so keep it and remove every row it dominates or equals. Each round is one
+    vectorised comparison; there are as many rounds as rows on the front, which is
+    small next to the rows in the planner's fronts.
     """
-    if len(points) <= _CHUNK:
-        return _small_front(points)
-    low = points.min(axis=0)
-    scaled = (points - low) / (points.max(axis=0) - low + 1)
-    survivors = np.arange(len(points))
-    for weights in _WEIGHTS:
-        if len(survivors) <= _CHUNK:
-            break
-        rows = points[survivors]
-        sums = scaled[survivors] @ weights[:, : points.shape[1]].T
-        dominated = np.zeros(len(rows), dtype=bool)
-        for anchor in rows[np.unique(np.argmin(sums, axis=0))]:
-            dominated |= (rows >= anchor).all(axis=1) & (rows != anchor).any(axis=1)
-        survivors = survivors[~dominated]
-    unique, first = np.unique(points[survivors], axis=0, return_index=True)
-    first = survivors[first]
-    front = np.empty((0, points.shape[1]), dtype=points.dtype)
-    kept: list[np.ndarray] = []
-    for start in range(0, len(unique), _CHUNK):
-        chunk = unique[start : start + _CHUNK]
-        by_front = (front[:, None, :] <= chunk[None, :, :]).all(axis=2).any(axis=0)
-        within = np.all(chunk[:, None, :] <= chunk[None, :, :], axis=2)
-        np.fill_diagonal(within, False)  # rows are distinct: <= everywhere is dominance
-        keep = ~(by_front | within.any(axis=0))
-        front = np.concatenate([front, chunk[keep]])
-        kept.append(first[start : start + _CHUNK][keep])
-    return np.concatenate(kept)
+    n = len(points)
+    order = np.lexsort((np.arange(n), *points.T[::-1]))
+    rows, index = points[order], order
+    kept = []
+    while len(index):
+        kept.append(index[0])
+        left = ~(rows >= rows[0]).all(axis=1)
+        rows, index = rows[left], index[left]
+    out = np.array(kept, dtype=np.intp)
+    return np.sort(out) if n <= _CHUNK else out
 
 
 def pareto_mask(points: np.ndarray) -> np.ndarray:

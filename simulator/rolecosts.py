@@ -230,6 +230,11 @@ def role_call_costs(
     }
 
 
+def resident_key(par: RoleParallelism) -> tuple[object, ...]:
+    """The fields of `par` that `resident_bytes` reads: equal keys, equal bytes."""
+    return (par.train, par.zero, par.offload_optimizer)
+
+
 def resident_bytes(model: ModelSpec, role: Role, par: RoleParallelism) -> float:
     """Bytes per GPU a role keeps between its calls (weights; plus grads and Adam if trained)."""
     if role in (Role.ACTOR, Role.CRITIC):
