@@ -122,16 +122,21 @@ def _last_role(
     res, tr = head.crit[:, 3], head.crit[:, 4]
     # fit[a, p]: partial choice p fits beside option a of the last role (5).
     fit = res[None, :] + rows[:, 3:4] + np.maximum(tr[None, :], rows[:, 4:5]) <= capacity_mib
-    masks, which = np.unique(fit, axis=0, return_inverse=True)
-    fronts = []
-    for mask in masks:
-        inside = np.flatnonzero(mask)
-        fronts.append(inside[pareto_indices(head.crit[inside, :NUM_STAGES])])
-    pairs = [(p, a) for a in range(len(rows)) for p in fronts[which.reshape(-1)[a]]]
-    if not pairs:
+    # Options with the same fitting choices share a front: keyed by the packed mask.
+    packed = np.packbits(fit, axis=1)
+    fronts: dict[bytes, np.ndarray] = {}
+    per_option = []
+    for a in range(len(rows)):
+        front = fronts.get(key := packed[a].tobytes())
+        if front is None:
+            inside = np.flatnonzero(fit[a])
+            front = fronts[key] = inside[pareto_indices(head.crit[inside, :NUM_STAGES])]
+        per_option.append(front)
+    ps = np.concatenate(per_option) if per_option else np.zeros(0, dtype=np.intp)
+    if not len(ps):
         empty = np.zeros((0, head.choice.shape[1] + 1), dtype=np.int64)
         return empty, np.zeros((0, NUM_STAGES + 3), dtype=np.int64)
-    ps, options = np.array(pairs).T
+    options = np.repeat(np.arange(len(rows)), [len(f) for f in per_option])
     crit = head.crit[ps] + rows[options]
     crit[:, 4] = np.maximum(head.crit[ps, 4], rows[options, 4])
     crit[:, 5] = rows[options, 5]  # A: only the actor, which comes last, sets it

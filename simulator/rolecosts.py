@@ -12,7 +12,6 @@ per call before the device work (the ranks' calls travel in parallel).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable
 from functools import cache
@@ -114,9 +113,9 @@ def with_dispatch(
 ) -> callcosts.CallCost:
     """`cost` plus the Ray round trip of a call carrying `payload_bytes`."""
     dispatch_s = cm.dispatch_s(DispatchKind.RAY_CALL, payload_bytes)
-    return dataclasses.replace(
-        cost,
+    return callcosts.CallCost(
         time_s=cost.time_s + dispatch_s,
+        transient_bytes=cost.transient_bytes,
         busy_s=cost.busy_s + dispatch_s,
         detail={**cost.detail, "dispatch_s": dispatch_s, "payload_bytes": payload_bytes},
     )
