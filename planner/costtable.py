@@ -17,9 +17,17 @@ the chosen budget to the actor's set. The full simulator, which re-scores the
 top plans, gives generation all the memory left.
 
 Options dominated in every stage time and both memory figures by another
-option of the same role, pool and count are dropped (Pareto pruning, by sort and
-sweep: in lexicographic order a dominating option comes first, so each option is
-checked once against the front kept so far, in one vectorised comparison).
+option of the same role, pool and count are dropped (Pareto pruning on arrays,
+`planner.pareto`; options are built for the front only).
+
+Each call is priced once per distinct key (`_Prices`): a call's cost depends
+on a few fields of the parallelism (`rolecosts.call_key`), so the forward
+calls are shared by the memory-saver choices and tg, the updates by tg, and
+generation with its reshard by the micro-batch and savers; the actor's trainer
+options (generation apart) reuse the same priced calls. The costs are the
+simulator's `rolecosts.call_cost`, so an option's numbers are those the
+simulator's `role_call_costs` gives it (`tests/test_planner_table_oracle.py`
+checks the table against pricing every option in full).
 
 On a large cluster the table is the search's biggest cost (one entry per
 whole-node count). `build_cost_table` takes a deadline: it costs the GPU counts

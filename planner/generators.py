@@ -9,7 +9,8 @@ begins with a bucketed weight sync from trainer to generator
 - Trainer options (`RoleOption` with gen_apart): the actor's layouts on n
   devices of pool q costed without generation, reshard or KV cache — its
   stage times are the forward and update calls only, its transient memory the
-  largest of those calls'.
+  largest of those calls'. The cost table builds them with the colocated
+  options, from the same priced calls (`CostTable.trainer_options`).
 - Generator options (`GeneratorOption`): m devices of pool q', a generation
   tensor size tg, and the weight sync from a trainer on pool q. With pg = 1
   (see planner.space) the generator runs dg = m/tg replicas of tg ranks; each

@@ -3,6 +3,9 @@
 `role_call_costs` answers "what do this role's calls cost with this
 parallelism on these devices" without a whole Plan, so that the planner's
 cost table and the simulator's full step use the same phase model.
+`call_cost` prices one of the calls; `call_key` and `resident_key` name the
+fields of the parallelism a call's cost and the resident bytes read, so that
+the planner, which asks for thousands of parallelisms, prices each key once.
 
 Every call is also a controller -> worker Ray call whose round trip carries
 the rank's shard of the batch there and its result back (`call_payload_bytes`);
