@@ -299,7 +299,7 @@ class CostModel:
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = compute()
-        return hit  # type: ignore[no-any-return]
+        return hit
 
     # Typed, memoised queries for the simulator. Sizes are clamped to at least one unit.
     # The memo key is (op, *parameter values), built before the parameters' dict, which
@@ -309,14 +309,14 @@ class CostModel:
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = self.time_s(op, params)
-        return hit  # type: ignore[no-any-return]
+        return hit
 
     def gemm_s(self, m: int, n: int, k: int) -> float:
         m, n, k = max(1, m), max(1, n), max(1, k)
         hit = self._memo.get((Op.GEMM, m, n, k))
         if hit is None:
             hit = self._memo_time(Op.GEMM, {"m": m, "n": n, "k": k})
-        return hit  # type: ignore[no-any-return]
+        return hit
 
     def attn_prefill_s(
         self,
@@ -355,7 +355,7 @@ class CostModel:
         hit = self._memo.get((Op.ELEMENTWISE, kind, num_bytes))
         if hit is None:
             hit = self._memo_time(Op.ELEMENTWISE, {"kind": kind, "num_bytes": num_bytes})
-        return hit  # type: ignore[no-any-return]
+        return hit
 
     def optimizer_s(self, num_params: int) -> float:
         return self._memo_time(Op.OPTIMIZER, {"num_params": max(1, num_params)})
@@ -394,7 +394,7 @@ class CostModel:
             scope = Scope.INTRA
         hit = self._memo.get((Op.COLLECTIVE, kind.value, world_size, scope.value, int(num_bytes)))
         if hit is not None:
-            return hit  # type: ignore[no-any-return]
+            return hit
         params: dict[str, int | str] = {
             "kind": kind.value,
             "world_size": world_size,

@@ -58,12 +58,15 @@ def _stage_times(costs: dict[Phase, callcosts.CallCost]) -> tuple[float, float, 
     return stages[0], stages[1], stages[2]
 
 
+def _criteria(o: RoleOption | GeneratorOption) -> tuple[float, ...]:
+    """What the table's fronts compare (the docstrings of costtable and generators)."""
+    if isinstance(o, GeneratorOption):
+        return (o.num_gpus, o.load_s, o.sync_s)
+    return (*o.stage_s, o.resident_bytes, o.transient_bytes)
+
+
 def _dominates(a: RoleOption | GeneratorOption, b: RoleOption | GeneratorOption) -> bool:
-    if isinstance(a, GeneratorOption):
-        mine, theirs = (a.num_gpus, a.load_s, a.sync_s), (b.num_gpus, b.load_s, b.sync_s)  # type: ignore[union-attr]
-    else:
-        mine = (*a.stage_s, a.resident_bytes, a.transient_bytes)
-        theirs = (*b.stage_s, b.resident_bytes, b.transient_bytes)  # type: ignore[union-attr]
+    mine, theirs = _criteria(a), _criteria(b)
     return all(x <= y for x, y in zip(mine, theirs, strict=True)) and mine != theirs
 
 
@@ -224,10 +227,10 @@ def a100_problem(workload_file: str, model: str, num_gpus: int) -> tuple[Cluster
 CASES = [
     ("ppo-llama2-7b.toml", "llama-2-7b", 16),
     ("ppo-llama2-7b.toml", "llama-2-13b", 8),
-    ("ppo-llama2-7b.toml", "llama-2-70b", 16),
+    ("ppo-llama2-7b.toml", "llama-2-70b", 8),
     ("ppo-llama2-7b-async.toml", "llama-2-7b", 8),
     ("grpo-qwen2.5-7b.toml", "qwen2.5-7b", 16),
-    ("grpo-qwen2.5-7b.toml", "qwen3-30b-a3b", 16),
+    ("grpo-qwen2.5-7b.toml", "qwen3-30b-a3b", 8),
 ]
 
 
@@ -249,7 +252,7 @@ def test_cost_table_equals_the_naive_reference(a100, case) -> None:
     assert got.generators == want.generators
 
 
-@pytest.mark.parametrize("case", CASES[:2] + CASES[3:5], ids=lambda c: f"{c[1]}@{c[2]}")
+@pytest.mark.parametrize("case", CASES[1:2] + CASES[3:5], ids=lambda c: f"{c[1]}@{c[2]}")
 def test_search_rows_equal_a_search_over_the_reference_table(a100, case, monkeypatch) -> None:
     cluster, wl = a100_problem(*case)
     got = plan_search(cluster, wl, a100)
