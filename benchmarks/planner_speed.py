@@ -11,7 +11,9 @@ plan. Writes benchmarks/results/planner_speed.json.
 
 The machine is shared: the wall time depends on its load, the CPU time much
 less (CP-SAT runs one worker per placement solve by default; see
-`planner.solve`), so both are recorded.
+`planner.solve`), so both are recorded, with the share of all cores that other
+processes used while the row ran (`cpu_monitor.CpuMonitor`, psutil from the
+`bench` extra; omitted without it).
 
     python benchmarks/planner_speed.py [--sizes 16,64,128,256,512,1024] [--models llama-2-7b,...]
 """
@@ -19,6 +21,7 @@ less (CP-SAT runs one worker per placement solve by default; see
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -27,6 +30,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from cpu_monitor import CpuMonitor  # benchmarks/, next to this file
 
 from placeflow.catalogue import CATALOGUE
 from placeflow.cluster import ClusterSpec, load_cluster
@@ -88,6 +93,27 @@ def run_one(num_gpus: int, model: str, time_limit_s: float) -> dict[str, object]
     return row
 
 
+def one_row(
+    num_gpus: int,
+    model: str,
+    time_limit_s: float,
+    monitor: CpuMonitor | None,
+    *,
+    script: Path = Path(__file__),
+    env: dict[str, str] | None = None,
+) -> dict[str, object]:
+    """`run_one` in a fresh process (of `script`, with `env`), with the share of all cores
+    other processes used meanwhile."""
+    one = [sys.executable, str(script), "--one", f"{num_gpus},{model}"]
+    one += ["--time-limit", str(time_limit_s)]
+    start = time.time()
+    done = subprocess.run(one, check=True, capture_output=True, text=True, env=env)
+    row: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    if monitor is not None:
+        row["others_cpu_frac"] = round(monitor.other_frac(start, time.time()), 2)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="16,64,128,256,512,1024")
@@ -104,14 +130,16 @@ def main() -> None:
     out = ROOT / "benchmarks/results/planner_speed.json"
     previous = json.loads(out.read_text())["rows"] if args.append and out.exists() else []
     rows = list(previous)
-    for model in args.models.split(","):
-        for n in (int(x) for x in args.sizes.split(",")):
-            one = [sys.executable, __file__, "--one", f"{n},{model}"]
-            one += ["--time-limit", str(args.time_limit)]
-            done = subprocess.run(one, check=True, capture_output=True, text=True)
-            row = json.loads(done.stdout.strip().splitlines()[-1])
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    with contextlib.ExitStack() as stack:
+        try:
+            monitor: CpuMonitor | None = stack.enter_context(CpuMonitor())
+        except ImportError:  # psutil (the bench extra) missing: no record of the others' CPU
+            monitor = None
+        for model in args.models.split(","):
+            for n in (int(x) for x in args.sizes.split(",")):
+                row = one_row(n, model, args.time_limit, monitor)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     out.write_text(
         json.dumps(
             {

@@ -17,9 +17,17 @@ the chosen budget to the actor's set. The full simulator, which re-scores the
 top plans, gives generation all the memory left.
 
 Options dominated in every stage time and both memory figures by another
-option of the same role, pool and count are dropped (Pareto pruning, by sort and
-sweep: in lexicographic order a dominating option comes first, so each option is
-checked once against the front kept so far, in one vectorised comparison).
+option of the same role, pool and count are dropped (Pareto pruning on arrays,
+`planner.pareto`; options are built for the front only).
+
+Each call is priced once per distinct key (`_Prices`): a call's cost depends
+on a few fields of the parallelism (`rolecosts.call_key`), so the forward
+calls are shared by the memory-saver choices and tg, the updates by tg, and
+generation with its reshard by the micro-batch and savers; the actor's trainer
+options (generation apart) reuse the same priced calls. The costs are the
+simulator's `rolecosts.call_cost`, so an option's numbers are those the
+simulator's `role_call_costs` gives it (`tests/test_planner_table_oracle.py`
+checks the table against pricing every option in full).
 
 On a large cluster the table is the search's biggest cost (one entry per
 whole-node count). `build_cost_table` takes a deadline: it costs the GPU counts
@@ -33,29 +41,34 @@ sizes; `CostTable.complete` says whether every count was costed.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from placeflow.cluster import ClusterSpec, PoolSpec
+from placeflow.dataflow import CallKind, ModelCall
+from placeflow.layout import GenLayout
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
+from placeflow.planner.pareto import pareto_mask
 from placeflow.planner.space import candidate_counts, parallelism_options
 from placeflow.profiles.costmodel import CostModel
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.rolecosts import (
+    call_cost,
+    call_key,
     kv_bytes_per_seq,
     needs_reshard,
     reshard_scope,
     resident_bytes,
-    role_call_costs,
+    resident_key,
+    role_calls,
 )
 from placeflow.workload import Role, Workload
 
@@ -108,6 +121,9 @@ class CostTable:
     complete: bool = True  # False when the deadline stopped the build before every count
     # The actor's generator-set options (planner.generators); empty: always colocated.
     generators: tuple[GeneratorOption, ...] = ()
+    # The actor's options that leave generation to a generator set (gen_apart), costed
+    # with the others; `planner.generators.with_generators` adds them to `options`.
+    trainer_options: dict[TableKey, list[RoleOption]] = field(default_factory=dict)
 
     @cached_property
     def time_unit_s(self) -> float:
@@ -130,15 +146,98 @@ def _stage_times(costs: dict[Phase, callcosts.CallCost]) -> tuple[float, float, 
     return stages[0], stages[1], stages[2]
 
 
-def _actor_options(
-    wl: Workload, par: RoleParallelism, pool: PoolSpec, cm: CostModel, memo: dict
-) -> list[tuple[int, dict[Phase, callcosts.CallCost], float]]:
-    """(kv_seqs, costs incl. reshard, transient bytes) per KV budget for one actor layout.
+class _Prices:
+    """The calls of one role on one (pool, count), each priced once per distinct key.
 
-    Generation and reshard depend only on the training layout, tg and the KV budget,
-    the other calls not on tg or the budget: each part is costed once per key in
-    `memo` (one count of one pool) rather than once per combination.
+    A call's cost depends on a few fields of the parallelism only
+    (`rolecosts.call_key`): the forward calls not on the memory savers or tg, the
+    updates not on tg, generation and reshard on the layout, tg, ZeRO and the KV
+    budget. Options that share those share the priced call.
     """
+
+    def __init__(self, wl: Workload, role: Role, pool: PoolSpec, cm: CostModel) -> None:
+        self.wl, self.role, self.pool, self.cm = wl, role, pool, cm
+        calls = role_calls(wl, role)
+        self.rest = tuple(c for c in calls if c.kind != CallKind.GENERATE)
+        self.generate = tuple(c for c in calls if c.kind == CallKind.GENERATE)
+        self._memo: dict[tuple[object, ...], callcosts.CallCost] = {}
+        self._resident: dict[tuple[object, ...], float] = {}
+        self._kv: dict[tuple[object, ...], list[tuple[int, float]]] = {}
+        self._generation: dict[tuple[object, ...], float] = {}
+        self._reshards: dict[tuple[object, ...], callcosts.CallCost] = {}
+
+    def _price(self, call: ModelCall, par: RoleParallelism) -> callcosts.CallCost:
+        key = (call.phase, *call_key(call, par))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = call_cost(
+                self.wl, call, par, self.cm, first_device=0, gpus_per_node=self.pool.gpus_per_node
+            )
+        return hit
+
+    def resident(self, par: RoleParallelism) -> float:
+        key = resident_key(par)
+        hit = self._resident.get(key)
+        if hit is None:
+            hit = self._resident[key] = resident_bytes(self.wl.models[self.role], self.role, par)
+        return hit
+
+    def kv_variants(self, par: RoleParallelism) -> list[tuple[int, float]]:
+        """The actor's (KV budget, generation transient bytes) for one layout: each budget
+        (sequences per replica, >= 1) with the generation weights it adds and its cache."""
+        key = (par.train, par.tg, par.pg, par.zero)
+        kv = self._kv.get(key)
+        if kv is None:
+            budgets, per_seq = _kv_budgets(self.wl, par, self.pool)
+            model = self.wl.models[Role.ACTOR]
+            extra = memory.colocated_gen_extra_bytes(model, par.gen_layout(), par.zero)
+            u = self.wl.gpu_memory_utilization
+            kv = self._kv[key] = [(b, extra + b * per_seq / u) for b in budgets]
+        return kv
+
+    def rest_costs(self, par: RoleParallelism) -> dict[Phase, callcosts.CallCost]:
+        """Every call but generation, in the dataflow's order."""
+        return {c.phase: self._price(c, par) for c in self.rest}
+
+    def generation_s(self, par: RoleParallelism, kv_seqs: int) -> float:
+        """The actor's generation stage with `kv_seqs` of KV budget: its generation calls,
+        then its reshard (summed in that order, as `_stage_times` sums a call dict)."""
+        key = (par.train, par.tg, par.pg, par.zero, kv_seqs)
+        hit = self._generation.get(key)
+        if hit is None:
+            gen = par.gen_layout()
+            costs = {
+                c.phase: call_cost(
+                    self.wl,
+                    c,
+                    par,
+                    self.cm,
+                    first_device=0,
+                    gpus_per_node=self.pool.gpus_per_node,
+                    gen=gen,
+                    kv_seqs=kv_seqs,
+                )
+                for c in self.generate
+            }
+            if needs_reshard(gen, par.zero):
+                costs[Phase.RESHARD] = self._reshard(par, gen)
+            hit = self._generation[key] = _stage_times(costs)[0]
+        return hit
+
+    def _reshard(self, par: RoleParallelism, gen: GenLayout) -> callcosts.CallCost:
+        key = (par.train, par.tg, par.pg, par.zero)
+        hit = self._reshards.get(key)
+        if hit is None:
+            scope = reshard_scope(0, self.pool.gpus_per_node, gen)
+            hit = self._reshards[key] = callcosts.reshard_cost(
+                self.cm, self.wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
+            )
+        return hit
+
+
+def _kv_budgets(wl: Workload, par: RoleParallelism, pool: PoolSpec) -> tuple[list[int], float]:
+    """The actor's KV budgets (sequences per replica, >= 1) for one layout, and the bytes
+    one sequence's KV cache takes per GPU."""
     gen = par.gen_layout()
     per_seq = kv_bytes_per_seq(wl, gen)
     seqs_needed = math.ceil(wl.batch.num_samples / gen.num_replicas)
@@ -146,116 +245,108 @@ def _actor_options(
     budgets = sorted(
         {min(cap, int(f * pool.gpu.usable_bytes // per_seq)) for f in KV_BUDGET_FRACTIONS}
     )
-    out = []
-    extra = memory.colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen, par.zero)
-    rest_key = ("rest", dataclasses.replace(par, tg=1))
-    if rest_key not in memo:
-        memo[rest_key] = role_call_costs(
-            wl, Role.ACTOR, par, cm, first_device=0, gpus_per_node=pool.gpus_per_node
+    return [b for b in budgets if b >= 1], per_seq
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Found:
+    """A role's options on one (pool, count): its front, the actor's trainer options
+    (generation apart), and the smallest memory shortfall of the options that do not fit."""
+
+    front: list[RoleOption]
+    apart: list[RoleOption]
+    shortfall: float
+    where: str
+
+
+def _where(n: int, pool: PoolSpec, par: RoleParallelism) -> str:
+    return (
+        f"{n} x {pool.name} with p={par.train.p} t={par.train.t} "
+        f"d={par.train.d} e={par.train.e} zero={par.zero} "
+        f"micro_batch={par.micro_batch}"
+    )
+
+
+def _front_of(
+    rows: list[tuple[RoleParallelism, int, tuple[float, float, float], float, float]],
+    role: Role,
+    pool: str,
+    n: int,
+    gen_apart: bool = False,
+) -> list[RoleOption]:
+    """The rows (par, kv_seqs, stage times, resident, transient) no other dominates, as
+    options, in their given order."""
+    if not rows:
+        return []
+    crit = np.array([(*s, res, tr) for _, _, s, res, tr in rows], dtype=float)
+    keep = pareto_mask(crit)
+    return [
+        RoleOption(
+            role=role,
+            pool=pool,
+            num_gpus=n,
+            par=par,
+            kv_seqs=kv_seqs,
+            stage_s=stages,
+            resident_bytes=res,
+            transient_bytes=tr,
+            gen_apart=gen_apart,
         )
-    for kv_seqs in budgets:
-        if kv_seqs < 1:
-            continue
-        gen_key = ("gen", par.train, par.tg, par.zero, kv_seqs)
-        if gen_key not in memo:
-            generation = role_call_costs(
-                wl,
-                Role.ACTOR,
-                par,
-                cm,
-                first_device=0,
-                gpus_per_node=pool.gpus_per_node,
-                gen=gen,
-                kv_seqs=kv_seqs,
-            )
-            memo[gen_key] = {p: c for p, c in generation.items() if p in GENERATION_STAGE}
-            if needs_reshard(gen, par.zero):
-                scope = reshard_scope(0, pool.gpus_per_node, gen)
-                memo[gen_key][Phase.RESHARD] = callcosts.reshard_cost(
-                    cm, wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
-                )
-        costs = {**memo[rest_key], **memo[gen_key]}
-        # The KV cache is gpu_memory_utilization of the memory generation finds free, so it
-        # books kv/u: resident + extra + kv/u <= usable  <=>  kv <= u·(usable − resident − extra).
-        out.append((kv_seqs, costs, extra + kv_seqs * per_seq / wl.gpu_memory_utilization))
-    return out
+        for (par, kv_seqs, stages, res, tr), k in zip(rows, keep, strict=True)
+        if k
+    ]
 
 
-def _options_for(
-    wl: Workload, role: Role, pool: PoolSpec, n: int, cm: CostModel
-) -> tuple[list[RoleOption], float, str]:
-    """Pareto-optimal options of `role` on n GPUs of `pool`, and the smallest shortfall."""
+def _options_for(wl: Workload, role: Role, pool: PoolSpec, n: int, cm: CostModel) -> _Found:
+    """Pareto-optimal options of `role` on n GPUs of `pool`, and the smallest shortfall.
+
+    For the actor, each layout is offered with each KV budget that fits (the KV
+    cache is gpu_memory_utilization of the memory generation finds free, so it
+    books kv/u: resident + extra + kv/u <= usable), and, with tg = 1, as a
+    trainer whose generation runs apart (no generation, reshard or KV cache).
+    """
     model = wl.models[role]
     capacity = pool.gpu.usable_bytes
-    found: list[RoleOption] = []
-    best_short, best_reason = math.inf, ""
-    memo: dict = {}
+    prices = _Prices(wl, role, pool, cm)
+    found: list = []
+    apart: list = []
+    best_short, best_where = math.inf, ""
     for par in parallelism_options(model, role, n, pool):
-        resident = resident_bytes(model, role, par)
-        if role is Role.ACTOR:
-            variants = _actor_options(wl, par, pool, cm, memo)
+        resident = prices.resident(par)
+        rest = prices.rest_costs(par)
+        rest_transient = max((c.transient_bytes for c in rest.values()), default=0.0)
+        rest_stages = _stage_times(rest)
+        if role is not Role.ACTOR:
+            variants: list[tuple[int, float]] = [(0, 0.0)]
         else:
-            costs = role_call_costs(
-                wl, role, par, cm, first_device=0, gpus_per_node=pool.gpus_per_node
-            )
-            variants = [(0, costs, 0.0)]
-        for kv_seqs, costs, gen_bytes in variants:
-            transient = max(
-                [
-                    gen_bytes,
-                    *(c.transient_bytes for p, c in costs.items() if p not in GENERATION_STAGE),
-                ]
-            )
+            if par.tg == 1 and resident + rest_transient <= capacity:
+                apart.append((par, 0, rest_stages, resident, rest_transient))
+            variants = prices.kv_variants(par)
+        for kv_seqs, gen_bytes in variants:
+            transient = max(gen_bytes, rest_transient)
             short = resident + transient - capacity
             if short > 0:
                 if short < best_short:
-                    best_short = short
-                    best_reason = (
-                        f"{n} x {pool.name} with p={par.train.p} t={par.train.t} "
-                        f"d={par.train.d} e={par.train.e} zero={par.zero} "
-                        f"micro_batch={par.micro_batch}"
-                    )
+                    best_short, best_where = short, _where(n, pool, par)
                 continue
-            found.append(
-                RoleOption(
-                    role=role,
-                    pool=pool.name,
-                    num_gpus=n,
-                    par=par,
-                    kv_seqs=kv_seqs,
-                    stage_s=_stage_times(costs),
-                    resident_bytes=resident,
-                    transient_bytes=transient,
-                )
-            )
-    kept = pareto_front(found)
-    return kept, best_short, best_reason
-
-
-def _criteria(o: RoleOption) -> tuple[float, ...]:
-    return (*o.stage_s, o.resident_bytes, o.transient_bytes)
+            stages = rest_stages
+            if kv_seqs:  # the rest has no generation-stage call
+                stages = (prices.generation_s(par, kv_seqs), rest_stages[1], rest_stages[2])
+            found.append((par, kv_seqs, stages, resident, transient))
+    return _Found(
+        front=_front_of(found, role, pool.name, n),
+        apart=_front_of(apart, role, pool.name, n, gen_apart=True),
+        shortfall=best_short,
+        where=best_where,
+    )
 
 
 def pareto_front(options: Sequence[RoleOption]) -> list[RoleOption]:
-    """The options no other option dominates, in their given order, by sort and sweep.
-
-    Sorted lexicographically by their criteria, an option can only be dominated
-    by one before it, so one pass checks each against the front kept so far.
-    Options with equal criteria are all kept (they differ in layout).
-    """
-    order = sorted(range(len(options)), key=lambda i: _criteria(options[i]))
-    front = np.empty((len(options), 5))
-    num_kept = 0
-    kept = set()
-    for i in order:
-        c = np.asarray(_criteria(options[i]))
-        f = front[:num_kept]
-        if num_kept and np.any(np.all(f <= c, axis=1) & np.any(f < c, axis=1)):
-            continue
-        front[num_kept] = c
-        num_kept += 1
-        kept.add(i)
-    return [o for i, o in enumerate(options) if i in kept]
+    """The options no other option dominates, in their given order (equal ones all kept)."""
+    crit = np.array(
+        [(*o.stage_s, o.resident_bytes, o.transient_bytes) for o in options], dtype=float
+    ).reshape(len(options), NUM_STAGES + 2)
+    return [o for o, k in zip(options, pareto_mask(crit), strict=True) if k]
 
 
 def coarse_to_fine(counts: Sequence[int]) -> list[int]:
@@ -297,6 +388,7 @@ def build_cost_table(
     """
     options: dict[TableKey, list[RoleOption]] = {}
     shortfall: dict[Role, tuple[float, str]] = {}
+    apart: dict[TableKey, list[RoleOption]] = {}
     # Interleaved across pools, so that a deadline leaves every pool some counts.
     ranked = [
         (rank, i, pool, n)
@@ -306,13 +398,17 @@ def build_cost_table(
     work = [(pool, n) for _, _, pool, n in sorted(ranked, key=lambda r: r[:2])]
     for done, (pool, n) in enumerate(work):
         if deadline is not None and done and time.process_time() > deadline:
-            return CostTable(options=options, shortfall=shortfall, complete=False)
+            return CostTable(
+                options=options, shortfall=shortfall, complete=False, trainer_options=apart
+            )
         for role in wl.roles:
-            opts, short, reason = _options_for(wl, role, pool, n, cms[pool.profile])
-            if opts:
-                options[(role, pool.name, n)] = opts
-            elif short < shortfall.get(role, (math.inf, ""))[0]:
-                shortfall[role] = (short, reason)
+            found = _options_for(wl, role, pool, n, cms[pool.profile])
+            if found.front:
+                options[(role, pool.name, n)] = found.front
+            elif found.shortfall < shortfall.get(role, (math.inf, ""))[0]:
+                shortfall[role] = (found.shortfall, found.where)
+            if found.apart:
+                apart[(role, pool.name, n)] = found.apart
         if progress:
             progress(done + 1, len(work))
-    return CostTable(options=options, shortfall=shortfall)
+    return CostTable(options=options, shortfall=shortfall, trainer_options=apart)

@@ -9,7 +9,8 @@ begins with a bucketed weight sync from trainer to generator
 - Trainer options (`RoleOption` with gen_apart): the actor's layouts on n
   devices of pool q costed without generation, reshard or KV cache — its
   stage times are the forward and update calls only, its transient memory the
-  largest of those calls'.
+  largest of those calls'. The cost table builds them with the colocated
+  options, from the same priced calls (`CostTable.trainer_options`).
 - Generator options (`GeneratorOption`): m devices of pool q', a generation
   tensor size tg, and the weight sync from a trainer on pool q. With pg = 1
   (see planner.space) the generator runs dg = m/tg replicas of tg ranks; each
@@ -45,14 +46,14 @@ from typing import TypeVar
 from placeflow.cluster import ClusterSpec, PoolSpec
 from placeflow.layout import TrainLayout
 from placeflow.plan import RoleParallelism
-from placeflow.planner.costtable import CostTable, RoleOption, _stage_times, stage_of
-from placeflow.planner.space import _powers_of_two, candidate_counts, parallelism_options
+from placeflow.planner.costtable import CostTable, RoleOption, stage_of
+from placeflow.planner.space import _powers_of_two, candidate_counts
 from placeflow.planner.variables import MIB
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import callcosts
 from placeflow.simulator.memory import kv_capacity_seqs, weight_bytes_per_gpu
-from placeflow.simulator.rolecosts import kv_bytes_per_seq, resident_bytes, role_call_costs
+from placeflow.simulator.rolecosts import kv_bytes_per_seq, role_call_costs
 from placeflow.workload import Role, Workload
 
 
@@ -92,36 +93,6 @@ def _pareto(options: list[_Option]) -> list[_Option]:
             continue
         kept = [k for k in kept if not opt.dominates(k)] + [opt]
     return kept
-
-
-def trainer_options(wl: Workload, pool: PoolSpec, n: int, cm: CostModel) -> list[RoleOption]:
-    """The actor's options on n devices of `pool` that leave generation to a generator set."""
-    actor = wl.models[Role.ACTOR]
-    out = []
-    for par in parallelism_options(actor, Role.ACTOR, n, pool):
-        if par.tg != 1:
-            continue  # tg belongs to the generator: one trainer option per training layout
-        costs = role_call_costs(
-            wl, Role.ACTOR, par, cm, first_device=0, gpus_per_node=pool.gpus_per_node
-        )
-        resident = resident_bytes(actor, Role.ACTOR, par)
-        transient = max((c.transient_bytes for c in costs.values()), default=0.0)
-        if resident + transient > pool.gpu.usable_bytes:
-            continue
-        out.append(
-            RoleOption(
-                role=Role.ACTOR,
-                pool=pool.name,
-                num_gpus=n,
-                par=par,
-                kv_seqs=0,
-                stage_s=_stage_times(costs),
-                resident_bytes=resident,
-                transient_bytes=transient,
-                gen_apart=True,
-            )
-        )
-    return _pareto(out)
 
 
 def _generation_tgs(wl: Workload, pool: PoolSpec, m: int) -> list[int]:
@@ -210,7 +181,7 @@ def with_generators(
     trainer_pools = []
     for pool in cluster.pools:
         for n in counts(pool):
-            apart = trainer_options(wl, pool, n, cms[pool.profile])
+            apart = table.trainer_options.get((Role.ACTOR, pool.name, n), [])
             if apart:
                 options.setdefault((Role.ACTOR, pool.name, n), []).extend(apart)
                 if pool not in trainer_pools:

@@ -42,13 +42,10 @@ import numpy as np
 
 from placeflow.cluster import ClusterSpec
 from placeflow.planner.costtable import NUM_STAGES, CostTable, RoleOption
+from placeflow.planner.pareto import pareto_indices
 from placeflow.workload import Role
 
 MIB = 1 << 20
-_CHUNK = 256
-# Positive weights for the filter of `pareto_indices`: rounds of a few weight vectors
-# each (fixed, so that results are repeatable).
-_WEIGHTS = np.random.default_rng(0).uniform(0.05, 1.0, size=(4, 12, 8))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,55 +58,6 @@ class SetOption:
     options: tuple[RoleOption, ...]  # one per role, in `roles` order
     stage_units: tuple[int, ...]  # L_k in the cost table's time unit, k = 0..2
     gen_apart: bool  # the actor is in the set and leaves generation to a generator set
-
-
-def _small_front(points: np.ndarray) -> np.ndarray:
-    """`pareto_indices` of a few rows, all pairs at once (of equal rows the first is kept)."""
-    no_worse = (points[:, None, :] <= points[None, :, :]).all(axis=2)  # [i, j]: i <= j
-    equal = no_worse & no_worse.T
-    dominated = (no_worse & ~equal).any(axis=0)
-    repeated = np.triu(equal, 1).any(axis=0)
-    return np.flatnonzero(~dominated & ~repeated)
-
-
-def pareto_indices(points: np.ndarray) -> np.ndarray:
-    """Indices of the rows no other row dominates (<= everywhere, < somewhere); of equal
-    rows one is kept.
-
-    First a cheap filter: a row minimising a weighted sum with positive weights is
-    on the front, so a few such rows (`_WEIGHTS`, round by round among the rows
-    left) remove most dominated rows at once. Then the survivors, lexicographically
-    sorted (a row can only be dominated by an earlier one), are checked in chunks
-    against the front so far and against their own chunk (dominance is transitive,
-    so a row dominated by a dropped row is dominated by a kept one too).
-    """
-    if len(points) <= _CHUNK:
-        return _small_front(points)
-    low = points.min(axis=0)
-    scaled = (points - low) / (points.max(axis=0) - low + 1)
-    survivors = np.arange(len(points))
-    for weights in _WEIGHTS:
-        if len(survivors) <= _CHUNK:
-            break
-        rows = points[survivors]
-        sums = scaled[survivors] @ weights[:, : points.shape[1]].T
-        dominated = np.zeros(len(rows), dtype=bool)
-        for anchor in rows[np.unique(np.argmin(sums, axis=0))]:
-            dominated |= (rows >= anchor).all(axis=1) & (rows != anchor).any(axis=1)
-        survivors = survivors[~dominated]
-    unique, first = np.unique(points[survivors], axis=0, return_index=True)
-    first = survivors[first]
-    front = np.empty((0, points.shape[1]), dtype=points.dtype)
-    kept: list[np.ndarray] = []
-    for start in range(0, len(unique), _CHUNK):
-        chunk = unique[start : start + _CHUNK]
-        by_front = (front[:, None, :] <= chunk[None, :, :]).all(axis=2).any(axis=0)
-        within = np.all(chunk[:, None, :] <= chunk[None, :, :], axis=2)
-        np.fill_diagonal(within, False)  # rows are distinct: <= everywhere is dominance
-        keep = ~(by_front | within.any(axis=0))
-        front = np.concatenate([front, chunk[keep]])
-        kept.append(first[start : start + _CHUNK][keep])
-    return np.concatenate(kept)
 
 
 @dataclass(frozen=True)
@@ -174,16 +122,21 @@ def _last_role(
     res, tr = head.crit[:, 3], head.crit[:, 4]
     # fit[a, p]: partial choice p fits beside option a of the last role (5).
     fit = res[None, :] + rows[:, 3:4] + np.maximum(tr[None, :], rows[:, 4:5]) <= capacity_mib
-    masks, which = np.unique(fit, axis=0, return_inverse=True)
-    fronts = []
-    for mask in masks:
-        inside = np.flatnonzero(mask)
-        fronts.append(inside[pareto_indices(head.crit[inside, :NUM_STAGES])])
-    pairs = [(p, a) for a in range(len(rows)) for p in fronts[which.reshape(-1)[a]]]
-    if not pairs:
+    # Options with the same fitting choices share a front: keyed by the packed mask.
+    packed = np.packbits(fit, axis=1)
+    fronts: dict[bytes, np.ndarray] = {}
+    per_option = []
+    for a in range(len(rows)):
+        front = fronts.get(key := packed[a].tobytes())
+        if front is None:
+            inside = np.flatnonzero(fit[a])
+            front = fronts[key] = inside[pareto_indices(head.crit[inside, :NUM_STAGES])]
+        per_option.append(front)
+    ps = np.concatenate(per_option) if per_option else np.zeros(0, dtype=np.intp)
+    if not len(ps):
         empty = np.zeros((0, head.choice.shape[1] + 1), dtype=np.int64)
         return empty, np.zeros((0, NUM_STAGES + 3), dtype=np.int64)
-    ps, options = np.array(pairs).T
+    options = np.repeat(np.arange(len(rows)), [len(f) for f in per_option])
     crit = head.crit[ps] + rows[options]
     crit[:, 4] = np.maximum(head.crit[ps, 4], rows[options, 4])
     crit[:, 5] = rows[options, 5]  # A: only the actor, which comes last, sets it

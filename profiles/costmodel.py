@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -50,6 +51,7 @@ from placeflow.profiles.schema import (
 )
 
 FamilyKey = tuple[str, ...]
+_T = TypeVar("_T")
 SeriesId = tuple[Op, ops.SeriesKey]
 
 
@@ -191,7 +193,7 @@ class CostModel:
     )
     # Answers already given, by (op, parameter values) or a caller's key (`remember`): the
     # simulator asks the same questions thousands of times while the planner re-scores plans.
-    _memo: dict[tuple[object, ...], float] = field(
+    _memo: dict[tuple[object, ...], Any] = field(
         default_factory=dict, hash=False, compare=False, repr=False
     )
 
@@ -290,20 +292,31 @@ class CostModel:
             / self._roof(op, ref_params)
         )
 
-    def remember(self, key: tuple[object, ...], compute: Callable[[], float]) -> float:
+    def remember(self, key: tuple[object, ...], compute: Callable[[], _T]) -> _T:
         """`compute()` the first time `key` is asked for, the same answer after: the
-        memo of quantities derived from this model (a layer's time, a decode step's)."""
+        memo of quantities derived from this model (a layer's time, a decode step's, the
+        shared part of a training call's)."""
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = compute()
         return hit
 
     # Typed, memoised queries for the simulator. Sizes are clamped to at least one unit.
+    # The memo key is (op, *parameter values), built before the parameters' dict, which
+    # only a first query needs: the planner asks hundreds of thousands of these.
     def _memo_time(self, op: Op, params: dict[str, int | str]) -> float:
-        return self.remember((op, *params.values()), lambda: self.time_s(op, params))
+        key = (op, *params.values())
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self.time_s(op, params)
+        return hit
 
     def gemm_s(self, m: int, n: int, k: int) -> float:
-        return self._memo_time(Op.GEMM, {"m": max(1, m), "n": max(1, n), "k": max(1, k)})
+        m, n, k = max(1, m), max(1, n), max(1, k)
+        hit = self._memo.get((Op.GEMM, m, n, k))
+        if hit is None:
+            hit = self._memo_time(Op.GEMM, {"m": m, "n": n, "k": k})
+        return hit
 
     def attn_prefill_s(
         self,
@@ -338,7 +351,11 @@ class CostModel:
         return self._memo_time(Op.ATTN_DECODE, params)
 
     def elementwise_s(self, kind: str, num_bytes: int) -> float:
-        return self._memo_time(Op.ELEMENTWISE, {"kind": kind, "num_bytes": max(1, num_bytes)})
+        num_bytes = max(1, num_bytes)
+        hit = self._memo.get((Op.ELEMENTWISE, kind, num_bytes))
+        if hit is None:
+            hit = self._memo_time(Op.ELEMENTWISE, {"kind": kind, "num_bytes": num_bytes})
+        return hit
 
     def optimizer_s(self, num_params: int) -> float:
         return self._memo_time(Op.OPTIMIZER, {"num_params": max(1, num_params)})
@@ -394,11 +411,15 @@ class CostModel:
     def _flat_collective_s(
         self, kind: CollectiveKind, num_bytes: int, world_size: int, scope: Scope
     ) -> float:
+        num_bytes = max(1, num_bytes)
+        hit = self._memo.get((Op.COLLECTIVE, kind.value, world_size, scope.value, num_bytes))
+        if hit is not None:
+            return hit
         params: dict[str, int | str] = {
             "kind": kind.value,
             "world_size": world_size,
             "scope": scope.value,
-            "num_bytes": max(1, num_bytes),
+            "num_bytes": num_bytes,
         }
         return self._memo_time(Op.COLLECTIVE, params)
 

@@ -219,23 +219,14 @@ def train_cost(
     per_rank = math.ceil(num_samples / (mini_batches * lay.d))
     mb = min(par.micro_batch, per_rank)
     num_micro = math.ceil(per_rank / mb)
-    layers = model.num_layers // lay.p
-    fwd = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
-    bwd = layers * compute.layer_backward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
-    tokens = mb * seq
-    head = compute.head_forward_s(cm, model, lay.t, tokens, value_head=value_head)
-    head += compute.head_backward_s(cm, model, lay.t, tokens, value_head=value_head)
+    fwd, bwd, head, p2p, sync_s, opt_s = cm.remember(
+        ("train_parts", model, lay, mb, seq, num_micro, par.zero, dp_scope, ep_scope, value_head),
+        lambda: _train_parts(
+            cm, model, lay, mb, seq, num_micro, par.zero, dp_scope, ep_scope, value_head=value_head
+        ),
+    )
     stage = fwd * (2 if par.recompute else 1) + bwd
-    act_bytes = tokens * model.hidden_size * model.dtype.num_bytes
-    p2p = (
-        2 * cm.collective_s(CollectiveKind.SEND_RECV, act_bytes, 2, Scope.INTRA)
-        if lay.p > 1
-        else 0.0
-    )
     pipeline_s = (num_micro + lay.p - 1) * (stage + p2p) + num_micro * head
-    sync_s, opt_s = _dp_sync_and_optimizer_s(
-        cm, model, lay, par.zero, num_micro, dp_scope, value_head=value_head
-    )
     if par.host_optimizer_step:
         opt_s = _host_optimizer_step_s(cm, model, lay, par.zero, value_head=value_head)
     steps = ppo_epochs * mini_batches
@@ -270,6 +261,40 @@ def train_cost(
             "optimizer_on_host": par.host_optimizer_step,
         },
     )
+
+
+def _train_parts(
+    cm: CostModel,
+    model: ModelSpec,
+    lay: TrainLayout,
+    mb: int,
+    seq: int,
+    num_micro: int,
+    zero: int,
+    dp_scope: Scope,
+    ep_scope: Scope,
+    *,
+    value_head: bool,
+) -> tuple[float, float, float, float, float, float]:
+    """What one optimizer step of `train_cost` costs whatever the memory savers: a
+    stage's layer forward and backward, the head's forward + backward, the pipeline's
+    send/recv per micro-batch, the gradient reduction and the device optimizer step."""
+    layers = model.num_layers // lay.p
+    fwd = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
+    bwd = layers * compute.layer_backward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
+    tokens = mb * seq
+    head = compute.head_forward_s(cm, model, lay.t, tokens, value_head=value_head)
+    head += compute.head_backward_s(cm, model, lay.t, tokens, value_head=value_head)
+    act_bytes = tokens * model.hidden_size * model.dtype.num_bytes
+    p2p = (
+        2 * cm.collective_s(CollectiveKind.SEND_RECV, act_bytes, 2, Scope.INTRA)
+        if lay.p > 1
+        else 0.0
+    )
+    sync_s, opt_s = _dp_sync_and_optimizer_s(
+        cm, model, lay, zero, num_micro, dp_scope, value_head=value_head
+    )
+    return fwd, bwd, head, p2p, sync_s, opt_s
 
 
 def _host_optimizer_step_s(

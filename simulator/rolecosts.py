@@ -3,6 +3,9 @@
 `role_call_costs` answers "what do this role's calls cost with this
 parallelism on these devices" without a whole Plan, so that the planner's
 cost table and the simulator's full step use the same phase model.
+`call_cost` prices one of the calls; `call_key` and `resident_key` name the
+fields of the parallelism a call's cost and the resident bytes read, so that
+the planner, which asks for thousands of parallelisms, prices each key once.
 
 Every call is also a controller -> worker Ray call whose round trip carries
 the rank's shard of the batch there and its result back (`call_payload_bytes`);
@@ -12,12 +15,11 @@ per call before the device work (the ranks' calls travel in parallel).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable
 from functools import cache
 
-from placeflow.dataflow import CallKind, dataflow_calls
+from placeflow.dataflow import CallKind, ModelCall, dataflow_calls
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.models import ModelSpec
 from placeflow.phases import Phase
@@ -114,12 +116,92 @@ def with_dispatch(
 ) -> callcosts.CallCost:
     """`cost` plus the Ray round trip of a call carrying `payload_bytes`."""
     dispatch_s = cm.dispatch_s(DispatchKind.RAY_CALL, payload_bytes)
-    return dataclasses.replace(
-        cost,
+    return callcosts.CallCost(
         time_s=cost.time_s + dispatch_s,
+        transient_bytes=cost.transient_bytes,
         busy_s=cost.busy_s + dispatch_s,
         detail={**cost.detail, "dispatch_s": dispatch_s, "payload_bytes": payload_bytes},
     )
+
+
+def role_calls(workload: Workload, role: Role) -> tuple[ModelCall, ...]:
+    """The calls `role` makes in one step, in the dataflow's order."""
+    return tuple(call for call, _ in dataflow_calls(workload) if call.role is role)
+
+
+def call_key(call: ModelCall, par: RoleParallelism) -> tuple[object, ...]:
+    """The fields of `par` that `call_cost` reads for `call` (besides the device set, the
+    generation KV budget and the workload): two parallelisms with the same key give the
+    call the same cost, so that a caller pricing many may price each key once."""
+    if call.kind == CallKind.GENERATE:
+        return (par.train, par.tg, par.pg)
+    if call.kind == CallKind.FORWARD:
+        return (par.train, par.micro_batch, par.zero)
+    return (
+        par.train,
+        par.micro_batch,
+        par.zero,
+        par.recompute,
+        par.offload_optimizer,
+        par.optimizer_step,
+    )
+
+
+def call_cost(
+    workload: Workload,
+    call: ModelCall,
+    par: RoleParallelism,
+    cm: CostModel,
+    *,
+    first_device: int,
+    gpus_per_node: int,
+    gen: GenLayout | None = None,
+    kv_seqs: int = 0,
+) -> callcosts.CallCost:
+    """Cost of one call of `call.role` (a generation needs `gen` and kv_seqs >= 1)."""
+    assert call.role is not None, "controller-side calls have no device cost"
+    model = workload.models[call.role]
+    seq = train_seq_len(workload)
+    if call.kind == CallKind.GENERATE:
+        assert gen is not None and kv_seqs >= 1, "callers check the KV capacity first"
+        shape = callcosts.GenerationShape(
+            num_seqs=math.ceil(call.num_samples / gen.num_replicas),
+            prompt_len=workload.batch.prompt_len,
+            lengths=LengthModel.of(workload.batch),  # a greedy baseline: same in expectation
+            kv_capacity_seqs=kv_seqs,
+            engine=workload.rollout_engine,
+        )
+        cost = callcosts.generation_cost(cm, model, gen, shape)
+        per_rank = shape.num_seqs
+    elif call.kind == CallKind.FORWARD:
+        cost = callcosts.forward_cost(
+            cm,
+            model,
+            par,
+            call.num_samples,
+            seq,
+            value_head=call.role.has_value_head,
+            ep_scope=ep_scope(first_device, gpus_per_node, par.train),
+            dp_scope=dp_scope(first_device, gpus_per_node, par.train),
+        )
+        per_rank = math.ceil(call.num_samples / par.train.d)
+    else:
+        scope = dp_scope(first_device, gpus_per_node, par.train)
+        cost = callcosts.train_cost(
+            cm,
+            model,
+            par,
+            call.num_samples,
+            seq,
+            workload.batch.ppo_epochs,
+            workload.batch.mini_batches,
+            scope,
+            value_head=call.role.has_value_head,
+            ep_scope=ep_scope(first_device, gpus_per_node, par.train),
+        )
+        per_rank = math.ceil(call.num_samples / par.train.d)
+    payload = call_payload_bytes(call.kind, per_rank, workload.batch.prompt_len, seq)
+    return with_dispatch(cm, cost, payload)
 
 
 def role_call_costs(
@@ -134,55 +216,25 @@ def role_call_costs(
     kv_seqs: int = 0,
 ) -> dict[Phase, callcosts.CallCost]:
     """Cost of every call `role` makes in one step (generation only with `gen` and kv_seqs >= 1)."""
-    model = workload.models[role]
-    seq = train_seq_len(workload)
-    out: dict[Phase, callcosts.CallCost] = {}
-    for call, _ in dataflow_calls(workload):
-        if call.role is not role:
-            continue
-        if call.kind == CallKind.GENERATE:
-            if gen is None:
-                continue
-            assert kv_seqs >= 1, "callers check the KV capacity first"
-            shape = callcosts.GenerationShape(
-                num_seqs=math.ceil(call.num_samples / gen.num_replicas),
-                prompt_len=workload.batch.prompt_len,
-                lengths=LengthModel.of(workload.batch),  # a greedy baseline: same in expectation
-                kv_capacity_seqs=kv_seqs,
-                engine=workload.rollout_engine,
-            )
-            cost = callcosts.generation_cost(cm, model, gen, shape)
-            per_rank = shape.num_seqs
-        elif call.kind == CallKind.FORWARD:
-            cost = callcosts.forward_cost(
-                cm,
-                model,
-                par,
-                call.num_samples,
-                seq,
-                value_head=role.has_value_head,
-                ep_scope=ep_scope(first_device, gpus_per_node, par.train),
-                dp_scope=dp_scope(first_device, gpus_per_node, par.train),
-            )
-            per_rank = math.ceil(call.num_samples / par.train.d)
-        else:
-            scope = dp_scope(first_device, gpus_per_node, par.train)
-            cost = callcosts.train_cost(
-                cm,
-                model,
-                par,
-                call.num_samples,
-                seq,
-                workload.batch.ppo_epochs,
-                workload.batch.mini_batches,
-                scope,
-                value_head=role.has_value_head,
-                ep_scope=ep_scope(first_device, gpus_per_node, par.train),
-            )
-            per_rank = math.ceil(call.num_samples / par.train.d)
-        payload = call_payload_bytes(call.kind, per_rank, workload.batch.prompt_len, seq)
-        out[call.phase] = with_dispatch(cm, cost, payload)
-    return out
+    return {
+        call.phase: call_cost(
+            workload,
+            call,
+            par,
+            cm,
+            first_device=first_device,
+            gpus_per_node=gpus_per_node,
+            gen=gen,
+            kv_seqs=kv_seqs,
+        )
+        for call in role_calls(workload, role)
+        if call.kind != CallKind.GENERATE or gen is not None
+    }
+
+
+def resident_key(par: RoleParallelism) -> tuple[object, ...]:
+    """The fields of `par` that `resident_bytes` reads: equal keys, equal bytes."""
+    return (par.train, par.zero, par.offload_optimizer)
 
 
 def resident_bytes(model: ModelSpec, role: Role, par: RoleParallelism) -> float:

@@ -18,7 +18,8 @@ from test_planner import PPO_ROLES, SMALL_MODELS, cluster, truncated, workload
 from placeflow.catalogue import CATALOGUE
 from placeflow.planner.costtable import NUM_STAGES, build_cost_table
 from placeflow.planner.generators import with_generators
-from placeflow.planner.setfront import MIB, SetFronts, pareto_indices
+from placeflow.planner.pareto import pareto_indices
+from placeflow.planner.setfront import MIB, SetFronts
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.workload import Role
 
