@@ -426,8 +426,8 @@ class CostModel:
     def _spanning_collective_s(
         self, kind: CollectiveKind, num_bytes: int, world_size: int, ranks_per_node: int
     ) -> float:
-        """A collective of n ranks spread over nodes with g of them on each, as NCCL's
-        rings run it.
+        """A collective of n ranks spread over nodes with (at least) g of them on each,
+        as NCCL's rings run it.
 
         NCCL runs one ring per channel and gives each channel its own NIC, so a
         ring that crosses nodes with g ranks on each uses g NICs in parallel: the
@@ -439,10 +439,10 @@ class CostModel:
         rank's bus bytes that leave its node go over the NIC. Send/recv is one pair.
         """
         n, g = world_size, ranks_per_node
-        if not 1 < g < n or n % g:
+        if not 1 < g < n:
             raise SpecError(
-                f"a collective across nodes needs ranks_per_node in 2..{n - 1} dividing its "
-                f"world size {n}; got {g}"
+                f"a collective of {n} ranks across nodes has 1 to {n - 1} of them per node; "
+                f"got ranks_per_node={g}"
             )
         if kind is CollectiveKind.SEND_RECV:
             return self._flat_collective_s(kind, num_bytes, n, Scope.INTER)

@@ -166,6 +166,7 @@ def forward_cost(
     value_head: bool,
     ep_scope: Scope = Scope.INTRA,
     dp_scope: Scope = Scope.INTRA,
+    dp_ranks_per_node: int = 1,
 ) -> CallCost:
     lay = par.train
     per_rank = math.ceil(num_samples / lay.d)
@@ -178,7 +179,13 @@ def forward_cost(
         # ZeRO-3 / FSDP: every layer's weights are all-gathered over d before its
         # forward, once per micro-batch; one gathered layer is live at a time.
         gathered = memory.gathered_layer_bytes(model, lay.t)
-        stage += layers * cm.collective_s(CollectiveKind.ALL_GATHER, int(gathered), lay.d, dp_scope)
+        stage += layers * cm.collective_s(
+            CollectiveKind.ALL_GATHER,
+            int(gathered),
+            lay.d,
+            dp_scope,
+            ranks_per_node=dp_ranks_per_node,
+        )
     head = compute.head_forward_s(cm, model, lay.t, mb * seq, value_head=value_head)
     p2p = (
         cm.collective_s(
@@ -214,15 +221,27 @@ def train_cost(
     *,
     value_head: bool,
     ep_scope: Scope = Scope.INTRA,
+    dp_ranks_per_node: int = 1,
+    expert_dp_ranks_per_node: int = 1,
 ) -> CallCost:
+    """One update call: `ppo_epochs` x `mini_batches` optimizer steps of 1F1B training.
+
+    `dp_ranks_per_node` / `expert_dp_ranks_per_node`: the fewest ranks of a (expert)
+    data-parallel group on one node, which prices its reduction across nodes
+    (`CostModel.collective_s`); they matter only where `dp_scope` is INTER."""
     lay = par.train
     per_rank = math.ceil(num_samples / (mini_batches * lay.d))
     mb = min(par.micro_batch, per_rank)
     num_micro = math.ceil(per_rank / mb)
+    dp = _DPGroups(
+        scope=dp_scope,
+        ranks_per_node=dp_ranks_per_node,
+        expert_ranks_per_node=expert_dp_ranks_per_node,
+    )
     fwd, bwd, head, p2p, sync_s, opt_s = cm.remember(
-        ("train_parts", model, lay, mb, seq, num_micro, par.zero, dp_scope, ep_scope, value_head),
+        ("train_parts", model, lay, mb, seq, num_micro, par.zero, dp, ep_scope, value_head),
         lambda: _train_parts(
-            cm, model, lay, mb, seq, num_micro, par.zero, dp_scope, ep_scope, value_head=value_head
+            cm, model, lay, mb, seq, num_micro, par.zero, dp, ep_scope, value_head=value_head
         ),
     )
     stage = fwd * (2 if par.recompute else 1) + bwd
@@ -271,7 +290,7 @@ def _train_parts(
     seq: int,
     num_micro: int,
     zero: int,
-    dp_scope: Scope,
+    dp: _DPGroups,
     ep_scope: Scope,
     *,
     value_head: bool,
@@ -292,7 +311,7 @@ def _train_parts(
         else 0.0
     )
     sync_s, opt_s = _dp_sync_and_optimizer_s(
-        cm, model, lay, zero, num_micro, dp_scope, value_head=value_head
+        cm, model, lay, zero, num_micro, dp, value_head=value_head
     )
     return fwd, bwd, head, p2p, sync_s, opt_s
 
@@ -314,32 +333,46 @@ def _host_optimizer_step_s(
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class _DPGroups:
+    """Where a layout's data-parallel groups sit: the scope of the DP groups and the
+    fewest ranks of a DP / expert-DP group on one node."""
+
+    scope: Scope
+    ranks_per_node: int = 1
+    expert_ranks_per_node: int = 1
+
+
 def _dp_sync_and_optimizer_s(
     cm: CostModel,
     model: ModelSpec,
     lay: TrainLayout,
     zero: int,
     num_micro: int,
-    scope: Scope,
+    dp: _DPGroups,
     *,
     value_head: bool,
 ) -> tuple[float, float]:
     """Gradient reduction and optimizer step of one rank; a mixture of experts reduces
     its dense gradients over d and its experts' over the expert-DP group d/e (whose
-    ranks are a strided subset of a DP group: `scope` is taken for both)."""
+    ranks are a strided subset of a DP group: the DP groups' scope is taken for both,
+    each with its own ranks per node)."""
     sync = 0.0
     opt_params = 0
-    for params, d in memory.shard_params(model, lay, value_head=value_head):
+    for i, (params, d) in enumerate(memory.shard_params(model, lay, value_head=value_head)):
         shard = int(params)
         grad_bytes = shard * model.dtype.num_bytes
+        # shard_params lists the dense part first, then the experts.
+        where = {"ranks_per_node": dp.ranks_per_node if i == 0 else dp.expert_ranks_per_node}
         if zero == 0:
-            sync += cm.collective_s(CollectiveKind.ALL_REDUCE, grad_bytes, d, scope)
+            sync += cm.collective_s(CollectiveKind.ALL_REDUCE, grad_bytes, d, dp.scope, **where)
             opt_params += shard
             continue
-        sync += cm.collective_s(CollectiveKind.REDUCE_SCATTER, grad_bytes, d, scope)
-        sync += cm.collective_s(CollectiveKind.ALL_GATHER, grad_bytes, d, scope)
+        sync += cm.collective_s(CollectiveKind.REDUCE_SCATTER, grad_bytes, d, dp.scope, **where)
+        gather = cm.collective_s(CollectiveKind.ALL_GATHER, grad_bytes, d, dp.scope, **where)
+        sync += gather
         if zero == 3:
-            sync += 2 * num_micro * cm.collective_s(CollectiveKind.ALL_GATHER, grad_bytes, d, scope)
+            sync += 2 * num_micro * gather
         opt_params += math.ceil(shard / d)
     return sync, cm.optimizer_s(opt_params)
 

@@ -16,6 +16,7 @@ per call before the device work (the ranks' calls travel in parallel).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from functools import cache
 
@@ -37,6 +38,32 @@ def span_scope(first_device: int, gpus_per_node: int, groups: Iterable[list[int]
         if len({(first_device + r) // gpus_per_node for r in ranks}) > 1:
             return Scope.INTER
     return Scope.INTRA
+
+
+def fewest_ranks_per_node(
+    first_device: int, gpus_per_node: int, groups: Iterable[list[int]]
+) -> int:
+    """The fewest ranks of one group on one node (rank i on device first_device + i):
+    how many NICs a ring over the group can use in parallel where it crosses nodes
+    (`CostModel.collective_s`'s `ranks_per_node`)."""
+    fewest = None
+    for ranks in groups:
+        on_node = Counter((first_device + r) // gpus_per_node for r in ranks)
+        least = min(on_node.values())
+        fewest = least if fewest is None else min(fewest, least)
+    return fewest or 1
+
+
+@cache
+def dp_ranks_per_node(first_device: int, gpus_per_node: int, layout: TrainLayout) -> int:
+    """`fewest_ranks_per_node` of the data-parallel groups (gradient reduction, ZeRO)."""
+    return fewest_ranks_per_node(first_device, gpus_per_node, layout.dp_groups())
+
+
+@cache
+def expert_dp_ranks_per_node(first_device: int, gpus_per_node: int, layout: TrainLayout) -> int:
+    """`fewest_ranks_per_node` of the expert data-parallel groups (expert gradients)."""
+    return fewest_ranks_per_node(first_device, gpus_per_node, layout.expert_dp_groups())
 
 
 @cache
@@ -183,6 +210,7 @@ def call_cost(
             value_head=call.role.has_value_head,
             ep_scope=ep_scope(first_device, gpus_per_node, par.train),
             dp_scope=dp_scope(first_device, gpus_per_node, par.train),
+            dp_ranks_per_node=dp_ranks_per_node(first_device, gpus_per_node, par.train),
         )
         per_rank = math.ceil(call.num_samples / par.train.d)
     else:
@@ -198,6 +226,10 @@ def call_cost(
             scope,
             value_head=call.role.has_value_head,
             ep_scope=ep_scope(first_device, gpus_per_node, par.train),
+            dp_ranks_per_node=dp_ranks_per_node(first_device, gpus_per_node, par.train),
+            expert_dp_ranks_per_node=expert_dp_ranks_per_node(
+                first_device, gpus_per_node, par.train
+            ),
         )
         per_rank = math.ceil(call.num_samples / par.train.d)
     payload = call_payload_bytes(call.kind, per_rank, workload.batch.prompt_len, seq)

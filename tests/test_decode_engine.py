@@ -39,7 +39,9 @@ class RoundCosts(CostModel):
     def elementwise_s(self, kind: str, num_bytes: int) -> float:
         return self.op_s if num_bytes == compute.OP_OVERHEAD_BYTES else ELEM_S
 
-    def collective_s(self, kind: CollectiveKind, num_bytes: int, world: int, scope: Scope) -> float:
+    def collective_s(
+        self, kind: CollectiveKind, num_bytes: int, world: int, scope: Scope, *, ranks_per_node=1
+    ) -> float:
         return 0.0 if world <= 1 else 30e-6
 
 

@@ -48,7 +48,9 @@ class RecordingCostModel:
         self.gemms.append((m, n, k))
         return 2.0 * m * n * k / FLOPS_PER_S
 
-    def collective_s(self, kind: CollectiveKind, num_bytes: int, world: int, scope: Scope) -> float:
+    def collective_s(
+        self, kind: CollectiveKind, num_bytes: int, world: int, scope: Scope, *, ranks_per_node=1
+    ) -> float:
         if world > 1 and num_bytes > 0:
             self.collectives.append((kind, int(num_bytes), world))
         return 0.0

@@ -43,7 +43,7 @@ class GemmOnlyCosts(CostModel):
     def optimizer_s(self, num_params):
         return 0.0
 
-    def collective_s(self, kind, num_bytes, world_size, scope):
+    def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1):
         return 0.0
 
     def dispatch_s(self, kind, num_bytes):
