@@ -2,7 +2,7 @@
 
 Runs `placeflow run PLAN --steps N` for each plan in a fresh process (4 logical CPU
 workers, random-init tiny-llama, the `arith` checker on its shipped dataset
-examples/data/arith.jsonl), then reads metrics.jsonl: mean reward of the first and
+executor/datasets/arith.jsonl), then reads metrics.jsonl: mean reward of the first and
 last five steps, the exact-answer rate of the last five, the steps' seconds (and
 the whole process's), median tokens/s and the largest |rollout - trainer logprob|.
 The machine's load and the busiest other processes go into

@@ -13,7 +13,7 @@ per step): the rows of epoch e in an order shuffled with a seed from the run
 seed and e, so that a resumed run sees the same prompts.
 
 A workload without `[data]` reads the dataset shipped for the built-in checker its
-`reward_function` names (`examples/data/arith.jsonl`, `reverse.jsonl`, written by
+`reward_function` names (`executor/datasets/arith.jsonl`, `reverse.jsonl`, written by
 `examples/data/generate.py`), through the same path as any dataset (`data_of`); one
 scored by a reward model alone reads `arith`'s prompts. Any other reward function
 needs `[data]`: the ground truths it checks come from there.
@@ -32,8 +32,9 @@ from placeflow.errors import SpecError
 from placeflow.executor.tasks import TASKS
 from placeflow.workload import DATA_SUFFIXES, DataSpec, Workload
 
-# The shipped datasets of the built-in tasks (a source checkout's examples/data).
-BUILTIN_DATA_DIR = Path(__file__).resolve().parents[1] / "examples" / "data"
+# The shipped datasets of the built-in tasks: package data, so that an installed
+# placeflow finds them as a source checkout does.
+BUILTIN_DATA_DIR = Path(__file__).resolve().parent / "datasets"
 # The prompts of a workload scored by a reward model alone.
 REWARD_MODEL_TASK = "arith"
 

@@ -2,7 +2,7 @@
 
 The executor never draws prompts from these generators: `examples/data/generate.py`
 writes a task's problems to a JSONL or parquet file, and a run reads prompts only
-through `[data]` (`executor/data.py`). The shipped datasets `examples/data/arith.jsonl`
+through `[data]` (`executor/data.py`). The shipped datasets `executor/datasets/arith.jsonl`
 and `reverse.jsonl` are written by that script and serve a workload that has no
 `[data]` and names the task's checker (`executor/data.py`, `data_of`). Each checker
 is offered as a reward function under the task's name (`executor/rewards.py`).

@@ -100,18 +100,22 @@ def _generate_script() -> Any:
 
 
 def test_shipped_datasets_are_the_generator_script_output(tmp_path: Path) -> None:
-    """Every dataset in examples/data is what `generate.py --shipped` writes, byte for byte,
-    and the built-in checkers' datasets are where the executor looks for them."""
+    """Every dataset in examples/data and executor/datasets is what `generate.py --shipped`
+    writes, byte for byte, and the built-in checkers' datasets are package data where the
+    executor looks for them."""
     generate = _generate_script()
-    written = generate.write_shipped(tmp_path)
-    assert {p.name for p in written} == {
-        p.name for p in (ROOT / "examples" / "data").glob("*.jsonl")
+    written = generate.write_shipped(tmp_path / "examples", tmp_path / "builtin")
+    shipped = {
+        **{p.name: p for p in (ROOT / "examples" / "data").glob("*.jsonl")},
+        **{p.name: p for p in (ROOT / "executor" / "datasets").glob("*.jsonl")},
     }
+    assert {p.name for p in written} == set(shipped)
     for path in written:
-        assert path.read_bytes() == (ROOT / "examples" / "data" / path.name).read_bytes(), path
-    assert BUILTIN_DATA_DIR == ROOT / "examples" / "data"
+        assert path.read_bytes() == shipped[path.name].read_bytes(), path
+    assert BUILTIN_DATA_DIR.resolve() == (ROOT / "executor" / "datasets").resolve()
     for task in TASKS:
         assert (BUILTIN_DATA_DIR / f"{task}.jsonl").is_file()
+        assert (tmp_path / "builtin" / f"{task}.jsonl").is_file()
 
 
 def test_a_workload_without_data_reads_its_checkers_dataset() -> None:
@@ -136,7 +140,8 @@ def test_a_workload_without_data_reads_its_checkers_dataset() -> None:
     assert data_of(scored_by_model).train == BUILTIN_DATA_DIR / "arith.jsonl"
     with pytest.raises(SpecError, match=r"reward_function 'math' needs \[data\] \(train = "):
         data_of(dataclasses.replace(w, reward_function="math"))
-    with_data = dataclasses.replace(w, data=DataSpec(train=BUILTIN_DATA_DIR / "arith-val.jsonl"))
+    val = ROOT / "examples" / "data" / "arith-val.jsonl"
+    with_data = dataclasses.replace(w, data=DataSpec(train=val))
     assert data_of(with_data) is with_data.data
 
 

@@ -3,17 +3,18 @@
     python examples/data/generate.py arith --count 256 --seed 1 --out arith-train.jsonl
     python examples/data/generate.py arith --count 64 --seed 2 --out val.parquet \
         --question "What is {prompt} Answer with the number only."
-    python examples/data/generate.py --shipped     # rewrite the datasets in this folder
+    python examples/data/generate.py --shipped     # rewrite the shipped datasets
 
 Rows follow verl's layout: `prompt` (a string, or with --question one chat
 message to render with the model's chat template), `answer` (the ground truth)
 and `data_source` (the task). The same seed writes the same rows.
 
-The datasets shipped in this folder are this script's output (`SHIPPED`; a test
-checks them byte for byte): `arith.jsonl` and `reverse.jsonl` are the prompts of a
-workload that has no [data] and is scored by that task's checker (or by a reward
-model alone: `arith`), `arith-train.jsonl` and `arith-val.jsonl` the tiny
-dataset example's (examples/workloads/grpo-tiny-data-cpu.toml).
+The shipped datasets are this script's output (`SHIPPED`; a test checks them byte
+for byte): `arith.jsonl` and `reverse.jsonl`, package data in
+`executor/datasets/` (`placeflow.executor.data.BUILTIN_DATA_DIR`), are the prompts
+of a workload that has no [data] and is scored by that task's checker (or by a
+reward model alone: `arith`); `arith-train.jsonl` and `arith-val.jsonl` in this
+folder are the tiny dataset example's (examples/workloads/grpo-tiny-data-cpu.toml).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from placeflow.executor.data import write_rows
+from placeflow.executor.data import BUILTIN_DATA_DIR, write_rows
 from placeflow.executor.tasks import TASKS
 
 HERE = Path(__file__).resolve().parent
@@ -30,30 +31,35 @@ HERE = Path(__file__).resolve().parent
 
 @dataclass(frozen=True)
 class Shipped:
-    """A dataset file in this folder and the arguments that write it."""
+    """A shipped dataset file and the arguments that write it; `builtin`: a built-in
+    checker's dataset (package data), else an example in this folder."""
 
     file: str
     task: str
     count: int
     seed: int
+    builtin: bool = False
 
 
 # 2,048 rows: a test run (16 prompts a step, up to ~100 steps) seldom passes over them
 # twice; later epochs repeat them, shuffled anew.
 SHIPPED = (
-    Shipped(file="arith.jsonl", task="arith", count=2048, seed=0),
-    Shipped(file="reverse.jsonl", task="reverse", count=2048, seed=0),
+    Shipped(file="arith.jsonl", task="arith", count=2048, seed=0, builtin=True),
+    Shipped(file="reverse.jsonl", task="reverse", count=2048, seed=0, builtin=True),
     Shipped(file="arith-train.jsonl", task="arith", count=256, seed=1),
     Shipped(file="arith-val.jsonl", task="arith", count=32, seed=2),
 )
 
 
-def write_shipped(directory: Path = HERE) -> list[Path]:
-    """Every shipped dataset, written under `directory`."""
+def write_shipped(examples: Path = HERE, builtin: Path = BUILTIN_DATA_DIR) -> list[Path]:
+    """Every shipped dataset: the built-in checkers' under `builtin`, the examples under
+    `examples`."""
     out = []
     for s in SHIPPED:
-        write_rows(TASKS[s.task].rows(s.count, s.seed), directory / s.file)
-        out.append(directory / s.file)
+        path = (builtin if s.builtin else examples) / s.file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_rows(TASKS[s.task].rows(s.count, s.seed), path)
+        out.append(path)
     return out
 
 
@@ -67,7 +73,9 @@ def main() -> None:
         "--question", help="chat format: the user message, with {prompt} for the problem"
     )
     parser.add_argument(
-        "--shipped", action="store_true", help="rewrite the datasets shipped in examples/data"
+        "--shipped",
+        action="store_true",
+        help="rewrite the shipped datasets (examples/data, executor/datasets)",
     )
     args = parser.parse_args()
     if args.shipped:
