@@ -31,9 +31,8 @@ import time
 from pathlib import Path
 
 import torch
+from reshard_worlds import Method, ReshardJob, SyncJob, run_sync, run_world
 
-from placeflow.executor.reshard import Method, ReshardJob, run_world
-from placeflow.executor.weight_sync import SyncJob, run_sync
 from placeflow.layout import (
     GenLayout,
     TrainLayout,

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from reshard_worlds import Method, ReshardJob, full_params, run_world
 from test_reshard import oracle
 
 from placeflow.errors import SpecError
 from placeflow.executor.engines.hf import to_canonical, to_hf
 from placeflow.executor.engines.transformer import Arch, Transformer, rms_norm
 from placeflow.executor.loop import check_executable
-from placeflow.executor.reshard import Method, ReshardJob, full_params, run_world
 from placeflow.executor.run import RunConfig, run_plan
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.models import model_from_hf_config

@@ -6,16 +6,9 @@ import itertools
 
 import pytest
 import torch
+from reshard_worlds import Method, ReshardError, ReshardJob, full_params, run_world, take
 
 from placeflow.errors import SpecError
-from placeflow.executor.reshard import (
-    Method,
-    ReshardError,
-    ReshardJob,
-    full_params,
-    run_world,
-    take,
-)
 from placeflow.layout import GenLayout, TrainLayout, colocated_transfer_bytes_per_rank
 from placeflow.procs import free_port
 from placeflow.reshard_plan import (
