@@ -196,35 +196,48 @@ def sync_naive(
 
 
 @dataclass(frozen=True, kw_only=True)
-class Timed:
-    """One rank's last run of a method: what it built and moved, and the median time."""
+class RankResult:
+    """One rank's outcome for one case and method; `gen_params` only when the job asks."""
 
-    params: Params
-    moved_bytes: int
+    case: int
+    rank: int
+    method: Method
+    moved_bytes: int  # received by a reshard or generator rank, sent by a trainer rank
     peak_extra_bytes: int
     wall_s: float  # the slowest rank's time of one run (median over repeats)
+    gen_params: dict[str, Any] | None  # name -> numpy array
 
 
-def _timed(run: Callable[[MemoryMeter], tuple[Params, int]], warmup: int, repeats: int) -> Timed:
+def _timed(
+    run: Callable[[MemoryMeter], tuple[Params, int]],
+    job: ReshardJob | SyncJob,
+    *,
+    case: int,
+    rank: int,
+    method: Method,
+) -> RankResult:
     """`run` warmup + repeats times between barriers (every rank of the world calls this)."""
     times: list[float] = []
     params: Params = {}
     moved, meter = 0, MemoryMeter()
-    for i in range(warmup + repeats):
+    for i in range(job.warmup + job.repeats):
         meter = MemoryMeter()
         dist.barrier()
         start = time.perf_counter()
         params, moved = run(meter)
-        if i >= warmup:
+        if i >= job.warmup:
             times.append(time.perf_counter() - start)
     # A run is done when its slowest rank is.
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return Timed(
-        params=params,
+    return RankResult(
+        case=case,
+        rank=rank,
+        method=method,
         moved_bytes=moved,
         peak_extra_bytes=meter.peak_bytes,
         wall_s=float(slowest.median()),
+        gen_params={k: v.numpy() for k, v in params.items()} if job.return_params else None,
     )
 
 
@@ -264,10 +277,6 @@ def _spawn(
     return out
 
 
-def _arrays(params: Params) -> dict[str, Any]:
-    return {k: v.numpy() for k, v in params.items()}
-
-
 @dataclass(frozen=True, kw_only=True)
 class ReshardJob:
     """What one world of `world_size` ranks runs: every case with every method, in order."""
@@ -289,19 +298,6 @@ class ReshardJob:
                 raise ValueError(
                     f"case {gen} has {gen.train.world_size} ranks; this job runs {self.world_size}"
                 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class RankResult:
-    """One rank's outcome for one case; `gen_params` only when the job asks for them."""
-
-    case: int
-    rank: int
-    method: Method
-    received_bytes: int
-    peak_extra_bytes: int
-    wall_s: float  # slowest rank's time of one reshard (median over repeats)
-    gen_params: dict[str, Any] | None  # name -> numpy array
 
 
 def _my_group(gen: GenLayout, rank: int, groups: list[list[int]] | None = None) -> Any:
@@ -334,16 +330,7 @@ def reshard_worker(rank: int, job: ReshardJob, results: Any) -> None:
                     )
                 else:
                     run = partial(reshard_naive, job.model, gen, rank, shards)
-                timed = _timed(run, job.warmup, job.repeats)
-                result = RankResult(
-                    case=case,
-                    rank=rank,
-                    method=method,
-                    received_bytes=timed.moved_bytes,
-                    peak_extra_bytes=timed.peak_extra_bytes,
-                    wall_s=timed.wall_s,
-                    gen_params=_arrays(timed.params) if job.return_params else None,
-                )
+                result = _timed(run, job, case=case, rank=rank, method=method)
                 results.put(("result", result))
         dist.destroy_process_group()
 
@@ -380,17 +367,6 @@ class SyncJob:
         return self.train.world_size + max(g.world_size for g in self.gens)
 
 
-@dataclass(frozen=True, kw_only=True)
-class SyncResult:
-    case: int
-    rank: int
-    method: Method
-    moved_bytes: int  # received by a generator rank, sent by a trainer rank
-    peak_extra_bytes: int
-    wall_s: float
-    gen_params: dict[str, Any] | None
-
-
 def sync_worker(rank: int, job: SyncJob, results: Any) -> None:
     """Entry point of one rank: every generator layout, every method; the active ranks'
     results go to the parent (a generator layout smaller than the world leaves ranks idle)."""
@@ -411,17 +387,8 @@ def sync_worker(rank: int, job: SyncJob, results: Any) -> None:
                     run = partial(sync_disjoint, plan, rank, shards, link=link)
                 else:
                     run = partial(sync_naive, job.model, job.train, gen, rank, shards)
-                timed = _timed(run, job.warmup, job.repeats)
+                result = _timed(run, job, case=case, rank=rank, method=method)
                 if active:
-                    result = SyncResult(
-                        case=case,
-                        rank=rank,
-                        method=method,
-                        moved_bytes=timed.moved_bytes,
-                        peak_extra_bytes=timed.peak_extra_bytes,
-                        wall_s=timed.wall_s,
-                        gen_params=_arrays(timed.params) if job.return_params else None,
-                    )
                     results.put(("result", result))
         dist.destroy_process_group()
 
@@ -433,6 +400,6 @@ def run_sync(
     *,
     stall_timeout_s: float = 120.0,
     worker: Callable[[int, SyncJob, Any], None] = sync_worker,
-) -> list[SyncResult]:
+) -> list[RankResult]:
     """Spawn the job's ranks; every active rank's results. Raises ReshardError on failure."""
     return _spawn(worker, job, job.world_size, "weight sync", stall_timeout_s)

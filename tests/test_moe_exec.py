@@ -98,7 +98,7 @@ def test_expert_reshard_gathers_every_expert_bit_exact():
         for name, w in want.items():
             assert torch.equal(got[name], w), (gen, res.method, res.rank, name)
         if res.method is Method.PLANNED:
-            assert res.received_bytes == plan_reshard(MOE, gen).ranks[res.rank].wire_bytes
+            assert res.moved_bytes == plan_reshard(MOE, gen).ranks[res.rank].wire_bytes
 
 
 # --- the model's math ---------------------------------------------------------------

@@ -50,7 +50,7 @@ import torch
 
 from placeflow.errors import SpecError
 from placeflow.executor.engines.hf import to_hf
-from placeflow.executor.engines.sampler import Completion, SamplingParams
+from placeflow.executor.engines.sampler import Completion, SamplingParams, check_prompts
 from placeflow.models import ModelSpec
 from placeflow.reshard_plan import TinyLlama
 
@@ -158,8 +158,7 @@ class VLLMSampler:
     ) -> list[Completion]:
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise SpecError("every prompt needs at least one token")
+        check_prompts(prompts)
         requests = [self._vllm.TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
         per_request = [
             vllm_sampling_params(self._vllm, params, s) for s in request_seeds(seed, len(prompts))
