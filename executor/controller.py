@@ -30,7 +30,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from placeflow.executor.calls import RaySource, gather
+from placeflow.executor.gather import RaySource, gather
 from placeflow.executor.groups import WorkerGroup, group_specs
 from placeflow.executor.pools import ResourcePool, bundle, create_pools, remove_pools
 from placeflow.executor.worker import (
