@@ -31,9 +31,8 @@ import time
 from pathlib import Path
 
 import torch
+from reshard_worlds import Method, ReshardJob, SyncJob, run_sync, run_world
 
-from placeflow.executor.reshard import Method, ReshardJob, run_world
-from placeflow.executor.weight_sync import SyncJob, run_sync
 from placeflow.layout import (
     GenLayout,
     TrainLayout,
@@ -100,7 +99,7 @@ def rows(results: list, repeats: int) -> list[dict[str, object]]:
                     "train": f"p{tr.p}-t{tr.t}-d{tr.d}",
                     "gen": f"pg{gen.pg}-tg{gen.tg}",
                     "method": method.value,
-                    "received_bytes_per_rank": max(r.received_bytes for r in mine),
+                    "received_bytes_per_rank": max(r.moved_bytes for r in mine),
                     "formula_bytes_per_rank": colocated_transfer_bytes_per_rank(sharded_bytes, gen),
                     "peak_extra_bytes_per_rank": max(r.peak_extra_bytes for r in mine),
                     "wall_s": round(max(r.wall_s for r in mine), 4),

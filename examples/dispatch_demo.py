@@ -30,8 +30,10 @@ from placeflow.executor.balance import (
 from placeflow.executor.batch import Batch
 from placeflow.executor.controller import Controller
 from placeflow.executor.dispatch import results_of_holders, split_by_dp
+from placeflow.executor.fields import Field
 from placeflow.executor.groups import WorkerGroup
 from placeflow.executor.pools import required_resources
+from placeflow.executor.worker import Worker
 from placeflow.plan import Plan, load_plan
 
 PLANS = Path(__file__).resolve().parent / "plans"
@@ -56,8 +58,8 @@ def dp_work(c: Controller, group: WorkerGroup, batch: Batch, p: Partition, w: Wo
         worker.compute_work.remote(group.role, shard, w)
         for worker, shard in zip(group.workers, shards, strict=True)
     ]
-    results = c.gather(group, refs, "compute_work")
-    return [float(r.tensors["work"].sum()) for r in results_of_holders(group.dispatch, results)]
+    results = c.gather(group, refs, Worker.compute_work)
+    return [float(r.tensors[Field.WORK].sum()) for r in results_of_holders(group.dispatch, results)]
 
 
 def report_group(c: Controller, group: WorkerGroup, batch: Batch, work: WorkModel) -> None:

@@ -1,10 +1,11 @@
 """Batch: the one data type that travels between the controller and the workers.
 
 A Batch is named tensors whose first dimension is the sample, plus per-sample
-metadata (a tuple per key, one entry per sample: prompt ids, group ids, text).
-Every operation returns a new Batch and leaves its inputs alone; tensors are
-shared where no copy is needed (`select` and `chunk` copy, `concat` copies), so
-treat a Batch's tensors as read-only.
+metadata (a tuple per key, one entry per sample: prompt ids, group ids, text);
+tensor names are declared in `executor/fields.py`. Every operation returns a
+new Batch and leaves its inputs alone; tensors are shared where no copy is
+needed (`select` and `chunk` copy, `concat` copies), so treat a Batch's
+tensors as read-only.
 
 Sequence layout. Tensors named in `seq_keys` are laid out [sample, position,
 ...] and right-padded; the boolean tensor `attention_mask` [sample, position]
@@ -26,7 +27,9 @@ from typing import Any
 
 import torch
 
-MASK = "attention_mask"
+from placeflow.executor.fields import Field
+
+_MASK = Field.ATTENTION_MASK  # the sequence layout's mask (a StrEnum, formats as its name)
 
 
 @dataclass(frozen=True, eq=False)  # tensors have no boolean ==; a Batch is a value by content
@@ -51,18 +54,18 @@ class Batch:
             self._check_seq_layout()
 
     def _check_seq_layout(self) -> None:
-        if MASK not in self.tensors:
-            raise ValueError(f"seq_keys {self.seq_keys} need an {MASK!r} tensor")
-        mask = self.tensors[MASK]
+        if _MASK not in self.tensors:
+            raise ValueError(f"seq_keys {self.seq_keys} need an '{_MASK}' tensor")
+        mask = self.tensors[_MASK]
         if mask.dim() != 2 or mask.dtype != torch.bool:
-            raise ValueError(f"{MASK} must be a bool [sample, position] tensor, got {mask.shape}")
+            raise ValueError(f"{_MASK} must be a bool [sample, position] tensor, got {mask.shape}")
         for key in self.seq_keys:
             if key not in self.tensors:
                 raise ValueError(f"seq_keys names {key!r}, which is not a tensor of the batch")
             if self.tensors[key].shape[:2] != mask.shape:
                 raise ValueError(
                     f"sequence tensor {key!r} of shape {tuple(self.tensors[key].shape)} does not "
-                    f"match {MASK} {tuple(mask.shape)} in its first two dimensions"
+                    f"match {_MASK} {tuple(mask.shape)} in its first two dimensions"
                 )
 
     def __len__(self) -> int:
@@ -158,7 +161,7 @@ class Batch:
         len_t = torch.tensor(lengths, dtype=torch.long, device=device)
         mask = torch.arange(width, device=device)[None, :] < len_t[:, None]
         tensors = {k: _pad_stack(seqs, width, pad_value) for k, seqs in sequences.items()}
-        tensors[MASK] = mask
+        tensors[_MASK] = mask
         return Batch(
             tensors=tensors,
             meta={k: tuple(v) for k, v in (meta or {}).items()},
@@ -167,8 +170,8 @@ class Batch:
 
     def _mask(self) -> torch.Tensor:
         if not self.seq_keys:
-            raise ValueError(f"this batch has no sequence tensors (seq_keys) and no {MASK}")
-        return self.tensors[MASK]
+            raise ValueError(f"this batch has no sequence tensors (seq_keys) and no {_MASK}")
+        return self.tensors[_MASK]
 
     def seq_lens(self) -> list[int]:
         """Real tokens per sample."""
@@ -187,9 +190,9 @@ class Batch:
         if width < current:
             raise ValueError(f"pad_to({width}) is narrower than the current {current} positions")
         tensors = dict(self.tensors)
-        for key in (*self.seq_keys, MASK):
+        for key in (*self.seq_keys, _MASK):
             t = tensors[key]
-            fill = False if key == MASK else pad_value
+            fill = False if key == _MASK else pad_value
             pad = t.new_full((t.shape[0], width - current, *t.shape[2:]), fill)
             tensors[key] = torch.cat([t, pad], dim=1)
         return Batch(tensors=tensors, meta=self.meta, seq_keys=self.seq_keys)
@@ -198,7 +201,7 @@ class Batch:
         """Drop trailing positions that no sample uses (the narrowest right-padded form)."""
         width = max(self.seq_lens(), default=0)
         tensors = dict(self.tensors)
-        for key in (*self.seq_keys, MASK):
+        for key in (*self.seq_keys, _MASK):
             tensors[key] = tensors[key][:, :width]
         return Batch(tensors=tensors, meta=self.meta, seq_keys=self.seq_keys)
 

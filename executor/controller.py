@@ -30,10 +30,16 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from placeflow.executor.calls import RaySource, gather
+from placeflow.executor.gather import RaySource, gather
 from placeflow.executor.groups import WorkerGroup, group_specs
 from placeflow.executor.pools import ResourcePool, bundle, create_pools, remove_pools
-from placeflow.executor.worker import WorkerActor, WorkerIdentity, WorkerSpec
+from placeflow.executor.worker import (
+    Worker,
+    WorkerActor,
+    WorkerIdentity,
+    WorkerMethod,
+    WorkerSpec,
+)
 from placeflow.plan import Plan
 from placeflow.reshard_plan import GeneratorLayout
 from placeflow.workload import Role
@@ -82,7 +88,7 @@ class Controller:
             )
             self.workers = [self._start_workers(pool) for pool in self.pools]
             self.identities = [
-                self._gather_set(i, [w.identity.remote() for w in ws], "identity")
+                self._gather_set(i, [w.identity.remote() for w in ws], Worker.identity)
                 for i, ws in enumerate(self.workers)
             ]
             for i in range(len(self.workers)):
@@ -93,7 +99,7 @@ class Controller:
             ]
             for group in self.groups:
                 refs = [w.setup_role.remote(group.role, group.spec.layout) for w in group.workers]
-                self.gather(group, refs, "setup_role")
+                self.gather(group, refs, Worker.setup_role)
             if self.plan.generator_set() is not None:
                 self._init_weight_sync()
         except BaseException:
@@ -127,13 +133,13 @@ class Controller:
     def _init_distributed(self, set_index: int) -> None:
         workers = self.workers[set_index]
         [(host, port)] = self._gather_set(
-            set_index, [workers[0].rendezvous_address.remote()], "rendezvous_address"
+            set_index, [workers[0].rendezvous_address.remote()], Worker.rendezvous_address
         )
         refs = [
             w.init_distributed.remote(host=host, port=port, timeout_s=self.timeout_s)
             for w in workers
         ]
-        self._gather_set(set_index, refs, "init_distributed")
+        self._gather_set(set_index, refs, Worker.init_distributed)
 
     def _init_weight_sync(self) -> None:
         trainer = self.group(Role.ACTOR)
@@ -143,7 +149,7 @@ class Controller:
         assert gen_layout is not None
         gen = GeneratorLayout(tg=par.tg, pg=par.pg, replicas=gen_layout.num_replicas)
         [(host, port)] = self.gather(
-            trainer, [trainer.workers[0].rendezvous_address.remote()], "rendezvous_address"
+            trainer, [trainer.workers[0].rendezvous_address.remote()], Worker.rendezvous_address
         )
         num_train = len(trainer.workers)
         refs = [
@@ -152,8 +158,8 @@ class Controller:
             )
             for rank, w in enumerate(trainer.workers + generator.workers)
         ]
-        self.gather(trainer, refs[:num_train], "init_weight_sync")
-        self.gather(generator, refs[num_train:], "init_weight_sync")
+        self.gather(trainer, refs[:num_train], Worker.init_weight_sync)
+        self.gather(generator, refs[num_train:], Worker.init_weight_sync)
 
     # --- calls -----------------------------------------------------------------
     def group(self, role: Role, *, generator: bool = False) -> WorkerGroup:
@@ -167,27 +173,29 @@ class Controller:
         self,
         group: WorkerGroup,
         refs: Sequence[Any],
-        call: str,
+        call: WorkerMethod,
         *,
         ranks: Sequence[int] | None = None,
         timeout_s: float | None = None,
     ) -> list[Any]:
-        """Results of calls to `group`'s workers: refs[i] went to rank ranks[i] (default i).
+        """Results of calls to `group`'s workers: refs[i] went to rank ranks[i] (default i),
+        calls of the Worker method `call` (`Worker.update`).
 
-        Raises WorkerError naming the group's role, the rank and the cause of a failure.
+        Raises WorkerError naming the group's role, the rank, the method and the cause of a
+        failure.
         """
         return gather(
             RaySource(),
             refs,
             role=group.label,
-            call=call,
+            call=call.__name__,
             ranks=ranks,
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
         )
 
-    def _gather_set(self, set_index: int, refs: Sequence[Any], call: str) -> list[Any]:
+    def _gather_set(self, set_index: int, refs: Sequence[Any], call: WorkerMethod) -> list[Any]:
         label = f"set #{set_index + 1} ({self.plan.sets[set_index].label()})"
-        return gather(RaySource(), refs, role=label, call=call, timeout_s=self.timeout_s)
+        return gather(RaySource(), refs, role=label, call=call.__name__, timeout_s=self.timeout_s)
 
     # --- shutdown --------------------------------------------------------------
     def shutdown(self) -> None:

@@ -5,7 +5,7 @@ Pure bookkeeping, no Ray. The caller makes the remote calls itself, so every
 
     shards = split_by_dp(batch, group.dispatch, partition)
     refs = [w.compute_work.remote(group.role, s) for w, s in zip(group.workers, shards)]
-    out = collect(group.dispatch, controller.gather(group, refs, "compute_work"), partition)
+    out = collect(group.dispatch, controller.gather(group, refs, Worker.compute_work), partition)
 
 A data-parallel (DP) replica is the set of ranks that work on one shard of the
 samples together: its tensor- and pipeline-parallel ranks. Every rank of a

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from placeflow.errors import SpecError
+from placeflow.metrics import VERL_TIMING, Metric, RecordKey
 from placeflow.phases import Phase
 
 
@@ -32,24 +33,8 @@ class LoggerKind(StrEnum):
     MLFLOW = "mlflow"
 
 
-# placeflow's phase -> verl's timing name.
-VERL_TIMING: dict[Phase, str] = {
-    Phase.GENERATE: "timing_s/gen",
-    Phase.GENERATE_BASELINE: "timing_s/gen_baseline",
-    Phase.RESHARD: "timing_s/weight_sync",
-    Phase.WEIGHT_SYNC: "timing_s/weight_sync",
-    Phase.OLD_LOGPROB: "timing_s/old_log_prob",
-    Phase.REF_LOGPROB: "timing_s/ref",
-    Phase.VALUES: "timing_s/values",
-    Phase.COST_VALUES: "timing_s/cost_values",
-    Phase.REWARD: "timing_s/reward",
-    Phase.COST: "timing_s/cost",
-    Phase.ADVANTAGE: "timing_s/adv",
-    Phase.ACTOR_UPDATE: "timing_s/update_actor",
-    Phase.CRITIC_UPDATE: "timing_s/update_critic",
-}
 # metrics.jsonl name -> the name users read elsewhere (kept under both).
-RENAMED = {"step_time_s": "timing_s/step"}
+RENAMED: dict[str, str] = {Metric.STEP_TIME_S: Metric.TIMING_STEP}
 
 
 def named_metrics(record: Mapping[str, Any], num_gpus: int) -> dict[str, float]:
@@ -61,9 +46,9 @@ def named_metrics(record: Mapping[str, Any], num_gpus: int) -> dict[str, float]:
     for key, name in RENAMED.items():
         if key in record:
             out[name] = float(record[key])
-    if "tokens_per_s" in record:  # NeMo-RL's and verl's throughput: per device of the plan
-        out["perf/throughput"] = float(record["tokens_per_s"]) / num_gpus
-    for phase, seconds in record.get("phases", {}).items():
+    if Metric.TOKENS_PER_S in record:  # NeMo-RL's and verl's throughput: per device of the plan
+        out[Metric.PERF_THROUGHPUT] = float(record[Metric.TOKENS_PER_S]) / num_gpus
+    for phase, seconds in record.get(RecordKey.PHASES, {}).items():
         name = VERL_TIMING[Phase(phase)]
         out[name] = out.get(name, 0.0) + float(seconds)
     return out
@@ -74,7 +59,7 @@ def logged_scalars(record: Mapping[str, Any], num_gpus: int) -> dict[str, float]
     `num_gpus`: the plan's devices, for the throughput per GPU."""
     out: dict[str, float] = {}
     for key, value in record.items():
-        if key == "step" or isinstance(value, bool) or not isinstance(value, int | float):
+        if key == RecordKey.STEP or isinstance(value, bool) or not isinstance(value, int | float):
             continue
         if math.isfinite(value):
             out[key] = float(value)

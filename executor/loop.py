@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,20 +54,13 @@ from placeflow.executor.controller import Controller
 from placeflow.executor.data import Example, PromptSchedule, data_of, load_examples, prompt_text
 from placeflow.executor.dispatch import DispatchLayout, collect, split_by_dp
 from placeflow.executor.engines.offload import OffloadMode
-from placeflow.executor.engines.roles import (
-    PROMPT,
-    PROMPT_MASK,
-    RESPONSE,
-    RESPONSE_MASK,
-    EngineSetup,
-    UpdateConfig,
-    WeightSource,
-)
+from placeflow.executor.engines.roles import EngineSetup, UpdateConfig, WeightSource
 from placeflow.executor.engines.sampler import SamplingParams
 from placeflow.executor.engines.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch
+from placeflow.executor.fields import Field
 from placeflow.executor.groups import WorkerGroup
 from placeflow.executor.rewards import (
     RewardInput,
@@ -79,6 +72,8 @@ from placeflow.executor.rewards import (
     score_items,
 )
 from placeflow.executor.timeline import Launched, StepClock
+from placeflow.executor.worker import Worker, WorkerMethod
+from placeflow.metrics import Metric, RecordKey, over_ranks, reward_extra
 from placeflow.models import Feature
 from placeflow.phases import Phase
 from placeflow.plan import Plan, RoleParallelism
@@ -277,7 +272,7 @@ class RLLoop:
         for group in self.c.groups:
             setup = self.setup_of(group.role)
             refs = [w.build_engine.remote(group.role, setup) for w in group.workers]
-            self.c.gather(group, refs, "build_engine")
+            self.c.gather(group, refs, Worker.build_engine)
 
     # --- one step ----------------------------------------------------------
     def examples(self, step: int) -> list[Example]:
@@ -293,13 +288,13 @@ class RLLoop:
         rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
         if self.one_step_off and self.prefetched is not None and self.prefetched[0] == step:
             _, batch, baseline = self.prefetched  # generated during the last step
-            rec.metrics["staleness"] = 1.0  # by the policy before the last update
+            rec.metrics[Metric.STALENESS] = 1.0  # by the policy before the last update
         else:  # synchronous, or the first step of a one-step-off run
             rollout = self._sync_rollout(rec, clock)
             (batch, baseline), _ = self._collect_rollout(
                 rollout, self._launch_rollout(rollout, step, clock), clock
             )
-            rec.metrics["staleness"] = 0.0
+            rec.metrics[Metric.STALENESS] = 0.0
         examples = self.examples(step)
         if self.one_step_off:  # the next step's rollout, while this one trains
             generator = self.c.group(Role.ACTOR, generator=True)
@@ -316,7 +311,7 @@ class RLLoop:
             if role in self.w.models
         ]
         for metrics in self._collect(updates, clock):
-            rec.metrics |= _mean_over_holders(metrics)
+            rec.metrics |= over_ranks(metrics)
         if self.one_step_off:
             # The update's weights to the generator: its receive queues behind the next
             # rollout, which is collected here, ready for the next step.
@@ -324,18 +319,18 @@ class RLLoop:
 
         wall = clock.now()
         rec.phases, rec.timeline = clock.phase_seconds(), [r.as_json() for r in clock.records]
-        mask = batch.tensors[RESPONSE_MASK]
-        tokens = int(batch.tensors[PROMPT_MASK].sum() + mask.sum())
+        mask = batch.tensors[Field.RESPONSE_MASK]
+        tokens = int(batch.tensors[Field.PROMPT_MASK].sum() + mask.sum())
         rec.metrics |= {
-            "step_time_s": wall,
-            "tokens_per_s": tokens / wall,
-            "response_len_mean": float(mask.sum(1).float().mean()),
+            Metric.STEP_TIME_S: wall,
+            Metric.TOKENS_PER_S: tokens / wall,
+            Metric.RESPONSE_LEN_MEAN: float(mask.sum(1).float().mean()),
         }
-        rec.metrics["epoch"] = float(self.schedule.epoch_of(step))
-        if "old_logprobs" in batch.tensors and not self.one_step_off:
+        rec.metrics[Metric.EPOCH] = float(self.schedule.epoch_of(step))
+        if Field.OLD_LOGPROBS in batch.tensors and not self.one_step_off:
             # (else the update measured it on its own forward, or the policy lag did)
-            diff = (batch.tensors["rollout_logprobs"] - batch.tensors["old_logprobs"]).abs()
-            rec.metrics["logprob_diff_max"] = float((diff * mask).max())
+            diff = (batch.tensors[Field.ROLLOUT_LOGPROBS] - batch.tensors[Field.OLD_LOGPROBS]).abs()
+            rec.metrics[Metric.LOGPROB_DIFF_MAX] = float((diff * mask).max())
         return rec
 
     # --- launching and collecting calls ---------------------------------------
@@ -352,16 +347,17 @@ class RLLoop:
         part = self._partition(role, batch, partitions)
         shards = split_by_dp(batch, group.dispatch, part)
         pairs = list(zip(group.workers, shards, strict=True))
+        method: WorkerMethod
         if phase in (Phase.REF_LOGPROB, Phase.OLD_LOGPROB):
             t = self.sampling.temperature
-            refs, method = [w.logprobs.remote(role, s, t) for w, s in pairs], "logprobs"
+            refs, method = [w.logprobs.remote(role, s, t) for w, s in pairs], Worker.logprobs
         elif phase in (Phase.VALUES, Phase.COST_VALUES):
-            refs, method = [w.values.remote(role, s) for w, s in pairs], "values"
+            refs, method = [w.values.remote(role, s) for w, s in pairs], Worker.values
         elif phase in (Phase.REWARD, Phase.COST):
-            refs, method = [w.scores.remote(role, s) for w, s in pairs], "scores"
+            refs, method = [w.scores.remote(role, s) for w, s in pairs], Worker.scores
         else:
             refs = [w.update.remote(role, s, self.update_cfg) for w, s in pairs]
-            method = "update"
+            method = Worker.update
         return _Pending(call=clock.launch(phase, group, refs, method), part=part)
 
     def _collect(self, pending: Sequence[_Pending], clock: StepClock) -> list[Any]:
@@ -370,7 +366,7 @@ class RLLoop:
         results = clock.collect(self.c, [p.call for p in pending])
         return [
             [res[r] for r in p.call.group.dispatch.result_ranks]
-            if p.call.method == "update"
+            if p.call.phase in _UPDATE_PHASES
             else collect(p.call.group.dispatch, res, p.part)
             for p, res in zip(pending, results, strict=True)
         ]
@@ -403,22 +399,22 @@ class RLLoop:
         if self.reward_fn is not None:  # rule-based: here or in Ray tasks, while they run
             with clock.span(Phase.REWARD):
                 scores = self._rule_scores(batch, examples, spp, rec)
-                batch = _with(batch, scores=scores)
+                batch = _with(batch, {Field.SCORES: scores})
                 if baseline is not None:
                     base = self._rule_scores(baseline, examples, 1, None)
-                    batch = _with(batch, baseline_scores=base.repeat_interleave(spp))
+                    batch = _with(batch, {Field.BASELINE_SCORES: base.repeat_interleave(spp)})
         outputs = self._collect([p for _, p in launched], clock)
         seen_reward = False
         for (phase, _), out in zip(launched, outputs, strict=True):
             key, value = _FORWARD_OUTPUTS[phase]
             tensor = out.tensors[value]
             if phase is Phase.REWARD and seen_reward:  # ReMax's greedy baseline, per prompt
-                batch = _with(batch, baseline_scores=tensor.float().repeat_interleave(spp))
+                batch = _with(batch, {Field.BASELINE_SCORES: tensor.float().repeat_interleave(spp)})
                 continue
             seen_reward |= phase is Phase.REWARD
-            if self.w.algorithm is Algorithm.SAFE_RLHF and value == "values":
+            if self.w.algorithm is Algorithm.SAFE_RLHF and value is Field.VALUES:
                 tensor = tensor[..., 0 if phase is Phase.VALUES else 1]  # the call's own head
-            batch = _with(batch, **{key: tensor.float() if value == "scores" else tensor})
+            batch = _with(batch, {key: tensor.float() if value is Field.SCORES else tensor})
         return self._score_metrics(batch, rec)
 
     def _behaviour_policy(self, batch: Batch, rec: StepRecord) -> Batch:
@@ -426,19 +422,19 @@ class RLLoop:
         that generated the batch (its rollout logprobs), one update behind the trainer.
         A recomputed old-policy logprob (PPO) is kept as a measure of that lag."""
         t = batch.tensors
-        if "old_logprobs" in t:
-            lag = (t["old_logprobs"] - t["rollout_logprobs"]).abs() * t[RESPONSE_MASK]
-            rec.metrics["policy_lag_logprob_diff_max"] = float(lag.max())
-        return _with(batch, old_logprobs=t["rollout_logprobs"])
+        if Field.OLD_LOGPROBS in t:
+            lag = (t[Field.OLD_LOGPROBS] - t[Field.ROLLOUT_LOGPROBS]).abs() * t[Field.RESPONSE_MASK]
+            rec.metrics[Metric.POLICY_LAG_LOGPROB_DIFF_MAX] = float(lag.max())
+        return _with(batch, {Field.OLD_LOGPROBS: t[Field.ROLLOUT_LOGPROBS]})
 
     def _score_metrics(self, batch: Batch, rec: StepRecord) -> Batch:
         t = batch.tensors
-        rec.metrics["reward_mean"] = float(t["scores"].mean())
-        rec.metrics["reward_std"] = float(t["scores"].std()) if len(batch) > 1 else 0.0
-        if "baseline_scores" in t:
-            rec.metrics["baseline_reward_mean"] = float(t["baseline_scores"].mean())
-        if "costs" in t:
-            rec.metrics["cost_mean"] = float(t["costs"].mean())
+        rec.metrics[Metric.REWARD_MEAN] = float(t[Field.SCORES].mean())
+        rec.metrics[Metric.REWARD_STD] = float(t[Field.SCORES].std()) if len(batch) > 1 else 0.0
+        if Field.BASELINE_SCORES in t:
+            rec.metrics[Metric.BASELINE_REWARD_MEAN] = float(t[Field.BASELINE_SCORES].mean())
+        if Field.COSTS in t:
+            rec.metrics[Metric.COST_MEAN] = float(t[Field.COSTS].mean())
         return batch
 
     def _sync_rollout(self, rec: StepRecord, clock: StepClock) -> WorkerGroup:
@@ -450,10 +446,10 @@ class RLLoop:
         actor = self.c.group(Role.ACTOR)
         if self.plan.generator_set() is None:
             refs = [w.sync_rollout.remote() for w in actor.workers]
-            reshard = clock.launch(Phase.RESHARD, actor, refs, "sync_rollout")
+            reshard = clock.launch(Phase.RESHARD, actor, refs, Worker.sync_rollout)
             [moved] = clock.collect(self.c, [reshard])
-            rec.metrics["reshard_bytes_max"] = float(max(m[0] for m in moved))
-            rec.metrics["reshard_peak_bytes_max"] = float(max(m[1] for m in moved))
+            rec.metrics[Metric.RESHARD_BYTES_MAX] = float(max(m[0] for m in moved))
+            rec.metrics[Metric.RESHARD_PEAK_BYTES_MAX] = float(max(m[1] for m in moved))
             return actor
         sent, received = clock.collect(self.c, self._launch_weight_sync(clock))
         _sync_metrics(rec, sent, received)
@@ -466,8 +462,8 @@ class RLLoop:
         sends = [w.send_weights.remote() for w in actor.workers]
         receives = [w.receive_weights.remote() for w in generator.workers]
         return [
-            clock.launch(Phase.WEIGHT_SYNC, actor, sends, "send_weights"),
-            clock.launch(Phase.WEIGHT_SYNC, generator, receives, "receive_weights"),
+            clock.launch(Phase.WEIGHT_SYNC, actor, sends, Worker.send_weights),
+            clock.launch(Phase.WEIGHT_SYNC, generator, receives, Worker.receive_weights),
         ]
 
     def _launch_rollout(
@@ -537,14 +533,14 @@ class RLLoop:
             )
             for r, w in enumerate(rollout.workers)
         ]
-        return clock.launch(phase, rollout, refs, "generate"), part
+        return clock.launch(phase, rollout, refs, Worker.generate), part
 
     def responses(self, batch: Batch) -> list[str]:
         """The responses as text, decoded without special tokens (as verl hands them to
         reward functions)."""
         t = batch.tensors
         return [
-            self.tok.decode(t[RESPONSE][i, : int(t[RESPONSE_MASK][i].sum())].tolist())
+            self.tok.decode(t[Field.RESPONSE][i, : int(t[Field.RESPONSE_MASK][i].sum())].tolist())
             for i in range(len(batch))
         ]
 
@@ -575,10 +571,10 @@ class RLLoop:
         scores = self.score(texts, examples, spp)
         if rec is not None:
             log_errors(scores, f"step {rec.step}")
-            rec.metrics["exact_match"] = sum(v >= 1.0 for v in scores.values) / len(batch)
-            rec.metrics["reward_errors"] = float(scores.num_errors)
+            rec.metrics[Metric.EXACT_MATCH] = sum(v >= 1.0 for v in scores.values) / len(batch)
+            rec.metrics[Metric.REWARD_ERRORS] = float(scores.num_errors)
             for key, values in scores.extras.items():
-                rec.metrics[f"reward_extra/{key}"] = sum(values) / len(values)
+                rec.metrics[reward_extra(key)] = sum(values) / len(values)
             rec.samples.extend(
                 {"prompt": examples[i // spp].prompt, "response": texts[i], "reward": v}
                 for i, v in list(enumerate(scores.values))[::spp][:4]
@@ -601,13 +597,13 @@ class RLLoop:
         log_errors(scores, f"validation at step {step}")
         n = len(scores.values)
         return {
-            "step": step,
-            "val/reward_mean": sum(scores.values) / n,
-            "val/exact_match": sum(v >= 1.0 for v in scores.values) / n,
-            "val/reward_errors": scores.num_errors,
-            "val/num_prompts": n,
-            "generate_s": clock.phase_seconds().get(Phase.GENERATE.value, 0.0),
-            "samples": [
+            RecordKey.STEP: step,
+            Metric.VAL_REWARD_MEAN: sum(scores.values) / n,
+            Metric.VAL_EXACT_MATCH: sum(v >= 1.0 for v in scores.values) / n,
+            Metric.VAL_REWARD_ERRORS: scores.num_errors,
+            Metric.VAL_NUM_PROMPTS: n,
+            Metric.VAL_GENERATE_S: clock.phase_seconds().get(Phase.GENERATE.value, 0.0),
+            RecordKey.SAMPLES: [
                 {"prompt": ex.prompt, "response": text, "reward": v}
                 for ex, text, v in list(zip(self.validation, texts, scores.values, strict=True))[:4]
             ],
@@ -618,7 +614,7 @@ class RLLoop:
         d = self.plan.parallelism[role].train.d
         if d not in cache:
             lens = (
-                batch.tensors[PROMPT_MASK].sum(1) + batch.tensors[RESPONSE_MASK].sum(1)
+                batch.tensors[Field.PROMPT_MASK].sum(1) + batch.tensors[Field.RESPONSE_MASK].sum(1)
             ).tolist()
             works = WorkModel.for_model(self.w.models[role]).works([int(x) for x in lens])
             cache[d] = balanced_partition(works, d, equal_counts=True)
@@ -626,43 +622,48 @@ class RLLoop:
 
     def _advantages(self, batch: Batch, rec: StepRecord) -> Batch:
         t, rl_cfg = batch.tensors, self.w.rl
-        mask = t[RESPONSE_MASK]
-        ref = t.get("ref_logprobs")
+        mask = t[Field.RESPONSE_MASK]
+        ref = t.get(Field.REF_LOGPROBS)
         # Without a re-scoring phase the rollout's logprobs stand for the old policy's.
-        old = t["old_logprobs"] if "old_logprobs" in t else t["rollout_logprobs"]
+        old = t[Field.OLD_LOGPROBS] if Field.OLD_LOGPROBS in t else t[Field.ROLLOUT_LOGPROBS]
         if ref is not None:
             d = ref - old
-            rec.metrics["kl_ref"] = float(rl.masked_mean(d.exp() - d - 1, mask))
+            rec.metrics[Metric.KL_REF] = float(rl.masked_mean(d.exp() - d - 1, mask))
         if self.w.algorithm is Algorithm.GRPO:
-            adv = rl.group_advantages(t["scores"], self.w.batch.samples_per_prompt)
-            out = _with(batch, advantages=adv)
+            adv = rl.group_advantages(t[Field.SCORES], self.w.batch.samples_per_prompt)
+            out = _with(batch, {Field.ADVANTAGES: adv})
         elif self.w.algorithm is Algorithm.REMAX:
-            out = _with(batch, advantages=rl.remax_advantages(t["scores"], t["baseline_scores"]))
+            out = _with(
+                batch,
+                {Field.ADVANTAGES: rl.remax_advantages(t[Field.SCORES], t[Field.BASELINE_SCORES])},
+            )
         else:
-            rewards = rl.token_rewards(t["scores"], old, ref, mask, rl_cfg.kl_coef)
-            adv, returns = rl.gae(rewards, t["values"], mask, rl_cfg.gamma, rl_cfg.lam)
-            out = _with(batch, advantages=adv, returns=returns)
+            rewards = rl.token_rewards(t[Field.SCORES], old, ref, mask, rl_cfg.kl_coef)
+            adv, returns = rl.gae(rewards, t[Field.VALUES], mask, rl_cfg.gamma, rl_cfg.lam)
+            out = _with(batch, {Field.ADVANTAGES: adv, Field.RETURNS: returns})
             if self.w.algorithm is Algorithm.SAFE_RLHF:
                 out = self._cost_advantages(out, adv, rec)
         if ref is not None and self.w.algorithm is not Algorithm.PPO and rl_cfg.kl_coef:
-            out = _with(out, ref_logprobs_in_loss=ref)
+            out = _with(out, {Field.REF_LOGPROBS_IN_LOSS: ref})
         return out
 
     def _cost_advantages(self, batch: Batch, reward_adv: torch.Tensor, rec: StepRecord) -> Batch:
         """Safe-RLHF: GAE of the costs over the cost values, the multiplier's dual step on
         this batch's mean cost, then the combined advantage with the updated multiplier."""
         t, rl_cfg = batch.tensors, self.w.rl
-        mask = t[RESPONSE_MASK]
-        costs = rl.token_rewards(t["costs"], t["rollout_logprobs"], None, mask, 0.0)
-        cost_adv, cost_returns = rl.gae(costs, t["cost_values"], mask, rl_cfg.gamma, rl_cfg.lam)
+        mask = t[Field.RESPONSE_MASK]
+        costs = rl.token_rewards(t[Field.COSTS], t[Field.ROLLOUT_LOGPROBS], None, mask, 0.0)
+        cost_adv, cost_returns = rl.gae(costs, t[Field.COST_VALUES], mask, rl_cfg.gamma, rl_cfg.lam)
         self.multiplier = rl.lagrange_step(
-            self.multiplier, float(t["costs"].mean()), rl_cfg.cost_limit, rl_cfg.lambda_lr
+            self.multiplier, float(t[Field.COSTS].mean()), rl_cfg.cost_limit, rl_cfg.lambda_lr
         )
-        rec.metrics["lagrange_multiplier"] = self.multiplier
+        rec.metrics[Metric.LAGRANGE_MULTIPLIER] = self.multiplier
         return _with(
             batch,
-            advantages=rl.safe_advantages(reward_adv, cost_adv, self.multiplier),
-            cost_returns=cost_returns,
+            {
+                Field.ADVANTAGES: rl.safe_advantages(reward_adv, cost_adv, self.multiplier),
+                Field.COST_RETURNS: cost_returns,
+            },
         )
 
     # --- checkpoints -----------------------------------------------------------
@@ -675,7 +676,7 @@ class RLLoop:
                 w.save_state.remote(group.role, f"{directory}/{group.role}-rank{r}.pt")
                 for r, w in enumerate(group.workers)
             ]
-            self.c.gather(group, refs, "save_state")
+            self.c.gather(group, refs, Worker.save_state)
 
     def load(self, directory: str) -> None:
         state = json.loads((Path(directory) / CONTROLLER_STATE).read_text())
@@ -685,7 +686,7 @@ class RLLoop:
                 w.load_state.remote(group.role, f"{directory}/{group.role}-rank{r}.pt")
                 for r, w in enumerate(group.workers)
             ]
-            self.c.gather(group, refs, "load_state")
+            self.c.gather(group, refs, Worker.load_state)
 
     def _trained(self) -> list[WorkerGroup]:
         return [
@@ -703,53 +704,48 @@ class _Pending:
 
 # The trained roles' update calls, launched together at the end of a step.
 _UPDATES = ((Role.ACTOR, Phase.ACTOR_UPDATE), (Role.CRITIC, Phase.CRITIC_UPDATE))
+_UPDATE_PHASES = frozenset(phase for _, phase in _UPDATES)
 
 # Where a forward call's output goes: (key in the step's Batch, key in the call's result).
-_FORWARD_OUTPUTS: dict[Phase, tuple[str, str]] = {
-    Phase.REF_LOGPROB: ("ref_logprobs", "logprobs"),
-    Phase.OLD_LOGPROB: ("old_logprobs", "logprobs"),
-    Phase.VALUES: ("values", "values"),
-    Phase.COST_VALUES: ("cost_values", "values"),
-    Phase.REWARD: ("scores", "scores"),
-    Phase.COST: ("costs", "scores"),
+_FORWARD_OUTPUTS: dict[Phase, tuple[Field, Field]] = {
+    Phase.REF_LOGPROB: (Field.REF_LOGPROBS, Field.LOGPROBS),
+    Phase.OLD_LOGPROB: (Field.OLD_LOGPROBS, Field.LOGPROBS),
+    Phase.VALUES: (Field.VALUES, Field.VALUES),
+    Phase.COST_VALUES: (Field.COST_VALUES, Field.VALUES),
+    Phase.REWARD: (Field.SCORES, Field.SCORES),
+    Phase.COST: (Field.COSTS, Field.SCORES),
 }
 
 
 def _sync_metrics(rec: StepRecord, sent: list[Any], received: list[Any]) -> None:
     """A weight sync's bytes: sent per trainer rank, received and peak per generator rank."""
-    rec.metrics["weight_sync_bytes_sent_max"] = float(max(m[0] for m in sent))
-    rec.metrics["weight_sync_bytes_max"] = float(max(m[0] for m in received))
-    rec.metrics["weight_sync_peak_bytes_max"] = float(max(m[1] for m in received))
+    rec.metrics[Metric.WEIGHT_SYNC_BYTES_SENT_MAX] = float(max(m[0] for m in sent))
+    rec.metrics[Metric.WEIGHT_SYNC_BYTES_MAX] = float(max(m[0] for m in received))
+    rec.metrics[Metric.WEIGHT_SYNC_PEAK_BYTES_MAX] = float(max(m[1] for m in received))
 
 
-def _mean_over_holders(holders: list[dict[str, float]]) -> dict[str, float]:
-    """An update's metrics over the ranks that hold results: maxima for `_max`, else means."""
-    return {
-        k: max(h[k] for h in holders)
-        if k.endswith("_max")
-        else sum(h[k] for h in holders) / len(holders)
-        for k in holders[0]
-    }
-
-
-def _with(batch: Batch, **tensors: torch.Tensor) -> Batch:
-    return Batch(tensors={**batch.tensors, **tensors}, meta=batch.meta)
+def _with(batch: Batch, tensors: Mapping[Field, torch.Tensor]) -> Batch:
+    """`batch` with `tensors` added (or replaced), by name."""
+    merged = dict(batch.tensors)
+    for name, t in tensors.items():
+        merged[name] = t
+    return Batch(tensors=merged, meta=batch.meta)
 
 
 def align(batches: Sequence[Batch], pad_id: int) -> list[Batch]:
     """Batches of one sequence layout: prompts left-padded, responses right-padded to the widest."""
-    p = max(b.tensors[PROMPT].shape[1] for b in batches)
-    r = max(b.tensors[RESPONSE].shape[1] for b in batches)
+    p = max(b.tensors[Field.PROMPT].shape[1] for b in batches)
+    r = max(b.tensors[Field.RESPONSE].shape[1] for b in batches)
     out = []
     for b in batches:
         t = dict(b.tensors)
-        dp = p - t[PROMPT].shape[1]
-        dr = r - t[RESPONSE].shape[1]
-        t[PROMPT] = torch.nn.functional.pad(t[PROMPT], (dp, 0), value=pad_id)
-        t[PROMPT_MASK] = torch.nn.functional.pad(t[PROMPT_MASK], (dp, 0), value=False)
+        dp = p - t[Field.PROMPT].shape[1]
+        dr = r - t[Field.RESPONSE].shape[1]
+        t[Field.PROMPT] = torch.nn.functional.pad(t[Field.PROMPT], (dp, 0), value=pad_id)
+        t[Field.PROMPT_MASK] = torch.nn.functional.pad(t[Field.PROMPT_MASK], (dp, 0), value=False)
         for key in t:
-            if key not in (PROMPT, PROMPT_MASK) and t[key].dim() == 2:
-                fill: Any = pad_id if key == RESPONSE else 0
+            if key not in (Field.PROMPT, Field.PROMPT_MASK) and t[key].dim() == 2:
+                fill: Any = pad_id if key == Field.RESPONSE else 0
                 t[key] = torch.nn.functional.pad(t[key], (0, dr), value=fill)
         out.append(Batch(tensors=t, meta=b.meta))
     return out

@@ -30,6 +30,7 @@ from ray.exceptions import RayError
 
 from placeflow.executor.controller import Controller
 from placeflow.executor.groups import WorkerGroup
+from placeflow.executor.worker import WorkerMethod
 from placeflow.phases import Phase
 from placeflow.workload import Role
 
@@ -59,7 +60,7 @@ class Launched:
     phase: Phase
     group: WorkerGroup
     refs: Sequence[Any]
-    method: str  # the worker method, for error messages
+    method: WorkerMethod  # the Worker method called (`Worker.update`), for error messages
     launched_s: float
     done_s: float | None = None  # set at launch in serial mode: when every rank finished
 
@@ -77,7 +78,7 @@ class StepClock:
         return time.perf_counter() - self.origin
 
     def launch(
-        self, phase: Phase, group: WorkerGroup, refs: Sequence[Any], method: str
+        self, phase: Phase, group: WorkerGroup, refs: Sequence[Any], method: WorkerMethod
     ) -> Launched:
         call = Launched(phase=phase, group=group, refs=refs, method=method, launched_s=self.now())
         if self.serial:

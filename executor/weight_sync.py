@@ -13,24 +13,21 @@ Deadlock freedom: every rank walks the same global order of messages
 (generator rank, bucket, trainer rank) and handles the ones it is part of, so
 blocking sends and receives always have a partner that is at the same message.
 
-Messages go over a `Link`: the default torch.distributed world in spawned
-process worlds (tests, benchmark), or, in `placeflow run`, a process group of
-its own between the trainer's and the generator's Ray workers
-(`open_sync_link`): each device set keeps its own world for its roles'
-collectives, and only the sync crosses sets.
+Messages go over a `Link`: in `placeflow run`, a process group of its own
+between the trainer's and the generator's Ray workers (`open_sync_link`): each
+device set keeps its own world for its roles' collectives, and only the sync
+crosses sets. (The spawned worlds of the tests and the benchmark use their
+default world, `benchmarks/reshard_worlds.py`, which also holds the naive
+baseline: every full tensor gathered on trainer rank 0 and sent whole to every
+generator rank, as verl streams it.)
 
 `to_full_hf` is the generator side for engines that load weights by name
 (vLLM's `load_weights`): a generator with tg = pg = 1 receives whole tensors,
-renamed to Hugging Face names. `sync_naive` is the baseline verl streams:
-every full tensor is gathered on trainer rank 0 and sent whole to every
-generator rank, which slices its shard out.
+renamed to Hugging Face names.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -38,17 +35,8 @@ import torch
 import torch.distributed as dist
 
 from placeflow.executor.engines.hf import to_hf
-from placeflow.executor.reshard import (
-    MemoryMeter,
-    Method,
-    Params,
-    ReshardError,
-    full_params,
-    take,
-    train_params,
-)
+from placeflow.executor.reshard import MemoryMeter, Params
 from placeflow.layout import TrainLayout
-from placeflow.procs import report_rank, run_ranks
 from placeflow.reshard_plan import (
     DisjointPlan,
     GeneratorLayout,
@@ -56,7 +44,6 @@ from placeflow.reshard_plan import (
     Range,
     Sharding,
     TinyLlama,
-    plan_disjoint,
     split_ranges,
     train_shard,
 )
@@ -68,16 +55,6 @@ class Link(Protocol):
     def send(self, tensor: torch.Tensor, dst: int) -> None: ...
 
     def recv(self, tensor: torch.Tensor, src: int) -> None: ...
-
-
-class WorldLink:
-    """The default torch.distributed world (every rank of the sync is a world rank)."""
-
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        dist.send(tensor, dst=dst)
-
-    def recv(self, tensor: torch.Tensor, src: int) -> None:
-        dist.recv(tensor, src=src)
 
 
 class GroupLink:
@@ -124,7 +101,8 @@ def generator_shard_ranges(
     return split_ranges(param, gen.tg, gtp)
 
 
-def _rows(t: torch.Tensor, param: ParamSpec, start: int, length: int) -> torch.Tensor:
+def shard_rows(t: torch.Tensor, param: ParamSpec, start: int, length: int) -> torch.Tensor:
+    """Rows start..start+length of `t` (a tensor of `param`) along its split dim, a view."""
     return t.narrow(param.dim, start, length)
 
 
@@ -148,16 +126,15 @@ def sync_disjoint(
     shards: Params | None,
     meter: MemoryMeter,
     *,
-    link: Link | None = None,
+    link: Link,
     device: torch.device | None = None,
 ) -> tuple[Params, int]:
     """Run `plan` as sync-world rank `rank`; a generator returns (its shard, bytes received).
 
     Trainer ranks pass their training `shards` and get ({}, bytes sent). Generator
     shards and receive buffers are made on `device` (default CPU); messages go over
-    `link` (default: the torch.distributed world).
+    `link`.
     """
-    link = link or WorldLink()
     model, train, gen = plan.model, plan.train, plan.gen
     num_train = train.world_size
     is_gen = rank >= num_train
@@ -177,7 +154,7 @@ def sync_disjoint(
                 if rank == src:
                     assert shards is not None
                     pieces = [
-                        _rows(
+                        shard_rows(
                             shards[s.param.name],
                             s.param,
                             _local_rows(model, train, src, s.param, s.rows),
@@ -197,64 +174,13 @@ def sync_disjoint(
                         shape = list(s.param.shape)
                         shape[s.param.dim] = s.rows.length
                         piece = buf[offset : offset + s.numel].view(shape)
-                        _rows(out[s.param.name], s.param, s.dst_start, s.rows.length).copy_(piece)
+                        dst_rows = shard_rows(
+                            out[s.param.name], s.param, s.dst_start, s.rows.length
+                        )
+                        dst_rows.copy_(piece)
                         offset += s.numel
                     meter.drop(buf)
                     moved += numel * buf.element_size()
-    return out, moved
-
-
-def sync_naive(
-    model: TinyLlama,
-    train: TrainLayout,
-    gen: GeneratorLayout,
-    rank: int,
-    shards: Params | None,
-    meter: MemoryMeter,
-) -> tuple[Params, int]:
-    """Baseline: each full tensor assembled on trainer rank 0, sent whole to every generator."""
-    num_train = train.world_size
-    out: Params = {}
-    moved = 0
-    for p in model.params():
-        stage = p.stage(model.num_layers, train.p)
-        dp = model.expert_rank(p, train.e) if p.expert >= 0 else 0  # an expert's EP rank
-        owners = [train.rank(pp=stage, tp=tp, dp=dp) for tp in range(train.t)]
-        full = None
-        if rank == 0:
-            full = meter.hold(torch.empty(p.shape))
-            for src in owners:
-                ranges = train_shard(model, p, train, src)
-                assert ranges is not None
-                if src == 0:
-                    assert shards is not None
-                    piece = shards[p.name]
-                else:
-                    piece = meter.hold(torch.empty(p.shard_shape(ranges)))
-                    dist.recv(piece, src=src)
-                    moved += piece.numel() * piece.element_size()
-                offset = 0
-                for r in ranges:
-                    _rows(full, p, r.start, r.length).copy_(_rows(piece, p, offset, r.length))
-                    offset += r.length
-                if src != 0:
-                    meter.drop(piece)
-            for dst in range(gen.world_size):
-                dist.send(full, dst=num_train + dst)
-                moved += full.numel() * full.element_size()
-            meter.drop(full)
-        elif rank in owners:
-            assert shards is not None
-            dist.send(shards[p.name].contiguous(), dst=0)
-            moved += shards[p.name].numel() * shards[p.name].element_size()
-        elif rank >= num_train:
-            full = meter.hold(torch.empty(p.shape))
-            dist.recv(full, src=0)
-            moved += full.numel() * full.element_size()
-            ranges = generator_shard_ranges(model, p, gen, rank - num_train)
-            if ranges is not None:
-                out[p.name] = meter.hold(take(full, p, ranges))
-            meter.drop(full)
     return out, moved
 
 
@@ -263,113 +189,3 @@ def to_full_hf(plan: DisjointPlan, weights: Params) -> Params:
     if plan.gen.tg != 1 or plan.gen.pg != 1:
         raise ValueError("full tensors need a generator layout with tg = pg = 1")
     return to_hf(weights, plan.model)
-
-
-# --- one process per rank ---------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class SyncJob:
-    """A trainer layout and generator layouts to sync into, each with every method."""
-
-    model: TinyLlama
-    train: TrainLayout
-    gens: tuple[GeneratorLayout, ...]
-    methods: tuple[Method, ...]
-    bucket_bytes: int
-    port: int
-    seed: int = 0
-    repeats: int = 1
-    warmup: int = 0
-    return_params: bool = False
-
-    @property
-    def world_size(self) -> int:
-        return self.train.world_size + max(g.world_size for g in self.gens)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SyncResult:
-    case: int
-    rank: int
-    method: Method
-    moved_bytes: int  # received by a generator rank, sent by a trainer rank
-    peak_extra_bytes: int
-    wall_s: float
-    gen_params: dict[str, Any] | None
-
-
-def sync_worker(rank: int, job: SyncJob, results: Any) -> None:
-    def body() -> None:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{job.port}",
-            rank=rank,
-            world_size=job.world_size,
-            timeout=timedelta(seconds=60),
-        )
-        full = full_params(job.model, job.seed)
-        num_train = job.train.world_size
-        shards = train_params(job.model, job.train, rank, full) if rank < num_train else None
-        for case, gen in enumerate(job.gens):
-            plan = plan_disjoint(job.model, job.train, gen, job.bucket_bytes)
-            active = rank < num_train + gen.world_size
-            for method in job.methods:
-                times: list[float] = []
-                out: Params = {}
-                moved, meter = 0, MemoryMeter()
-                for i in range(job.warmup + job.repeats):
-                    meter = MemoryMeter()
-                    dist.barrier()
-                    start = time.perf_counter()
-                    if active and method is Method.PLANNED:
-                        out, moved = sync_disjoint(plan, rank, shards, meter)
-                    elif active:
-                        out, moved = sync_naive(job.model, job.train, gen, rank, shards, meter)
-                    if i >= job.warmup:
-                        times.append(time.perf_counter() - start)
-                slowest = torch.tensor(times, dtype=torch.float64)
-                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                if active:
-                    results.put(
-                        (
-                            "result",
-                            SyncResult(
-                                case=case,
-                                rank=rank,
-                                method=method,
-                                moved_bytes=moved,
-                                peak_extra_bytes=meter.peak_bytes,
-                                wall_s=float(slowest.median()),
-                                gen_params=(
-                                    {k: v.numpy() for k, v in out.items()}
-                                    if job.return_params
-                                    else None
-                                ),
-                            ),
-                        )
-                    )
-        dist.destroy_process_group()
-
-    report_rank(rank, results, body)
-
-
-def run_sync(
-    job: SyncJob,
-    *,
-    stall_timeout_s: float = 120.0,
-    worker: Callable[[int, SyncJob, Any], None] = sync_worker,
-) -> list[SyncResult]:
-    """Spawn the job's ranks; every active rank's results. Raises ReshardError on failure."""
-    out: list[SyncResult] = []
-    run_ranks(
-        worker,
-        job,
-        job.world_size,
-        label="weight sync",
-        error=ReshardError,
-        on_message=lambda msg: out.append(msg[1]),
-        stall_timeout_s=stall_timeout_s,
-    )
-    return out

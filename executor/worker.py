@@ -51,10 +51,11 @@ import dataclasses
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import ray
 import torch
@@ -77,6 +78,7 @@ from placeflow.executor.engines.roles import (
 )
 from placeflow.executor.engines.sampler import SamplingParams
 from placeflow.executor.engines.tp import TPGroup
+from placeflow.executor.fields import Field
 from placeflow.executor.groups import RoleLayout
 from placeflow.executor.reshard import MemoryMeter
 from placeflow.executor.weight_sync import Link, open_sync_link, sync_disjoint
@@ -93,6 +95,9 @@ from placeflow.reshard_plan import (
 from placeflow.workload import Role
 
 E = TypeVar("E")
+# A method of Worker (`Worker.update`): the controller names the remote call it waits for
+# by it, so that an error names the method that was called, and a rename reaches both.
+WorkerMethod = Callable[..., Any]
 HOST = torch.device("cpu")  # where the controller's batches live: they cross to and from it
 
 
@@ -309,9 +314,9 @@ class Worker:
         work = torch.tensor(model.works(batch.seq_lens()), dtype=torch.float64)
         return Batch(
             tensors={
-                "work": work,
-                "rank": torch.full((n,), info.rank, dtype=torch.long),
-                "dp_rank": torch.full((n,), info.dp, dtype=torch.long),
+                Field.WORK: work,
+                Field.RANK: torch.full((n,), info.rank, dtype=torch.long),
+                Field.DP_RANK: torch.full((n,), info.dp, dtype=torch.long),
             },
             meta=batch.meta,
         )

@@ -1,11 +1,13 @@
 """A discrete-event schedule of model calls on device sets.
 
-Each task occupies one or more device sets for its duration. A task starts
-when all its predecessors have ended and all its sets are free; calls on one
-set therefore serialise, calls on disjoint sets overlap where the graph
-allows. Among ready tasks the one that can start earliest goes first; ties go
-to the lower `priority` (the dataflow's topological order), so the schedule is
-deterministic. Tasks with no set (controller work) only wait for predecessors.
+Each piece of `Work` (a model call, a transition, controller work) occupies
+one or more device sets for its duration; `schedule` gives each its `Span`.
+Work starts when all its predecessors have ended and all its sets are free;
+calls on one set therefore serialise, calls on disjoint sets overlap where the
+graph allows. Among ready work the one that can start earliest goes first;
+ties go to the lower `priority` (the dataflow's topological order), so the
+schedule is deterministic. Work with no set (controller work) only waits for
+its predecessors.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, kw_only=True)
-class Task:
+class Work:
     id: Hashable
     sets: tuple[int, ...]
     duration_s: float
@@ -24,13 +26,13 @@ class Task:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Slot:
+class Span:
     id: Hashable
     start_s: float
     end_s: float
 
 
-def schedule(tasks: Sequence[Task]) -> dict[Hashable, Slot]:
+def schedule(tasks: Sequence[Work]) -> dict[Hashable, Span]:
     """Start and end of every task; raises ValueError on a dependency cycle or unknown id."""
     by_id = {t.id: t for t in tasks}
     for t in tasks:
@@ -38,7 +40,7 @@ def schedule(tasks: Sequence[Task]) -> dict[Hashable, Slot]:
             if p not in by_id:
                 raise ValueError(f"task {t.id!r} depends on unknown task {p!r}")
     set_free: dict[int, float] = {}
-    done: dict[Hashable, Slot] = {}
+    done: dict[Hashable, Span] = {}
     pending = list(tasks)
     while pending:
         best: tuple[float, int, int] | None = None
@@ -55,7 +57,7 @@ def schedule(tasks: Sequence[Task]) -> dict[Hashable, Slot]:
         start, _, i = best
         task = pending.pop(i)
         end = start + task.duration_s
-        done[task.id] = Slot(id=task.id, start_s=start, end_s=end)
+        done[task.id] = Span(id=task.id, start_s=start, end_s=end)
         for s in task.sets:
             set_free[s] = end
     return done

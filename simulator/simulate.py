@@ -37,7 +37,7 @@ from placeflow.simulator.rolecosts import (
     role_call_costs,
     with_dispatch,
 )
-from placeflow.simulator.schedule import Slot, Task, schedule
+from placeflow.simulator.schedule import Span, Work, schedule
 from placeflow.workload import Role
 
 CONTROLLER = -1
@@ -218,7 +218,7 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
     return result
 
 
-def _tasks(costed: list[_Call], num_steps: int) -> list[Task]:
+def _tasks(costed: list[_Call], num_steps: int) -> list[Work]:
     """Tasks of `num_steps` unrolled steps (one-step-off when num_steps > 1).
 
     Step k's calls after generation wait for step k−1's updates. The weight
@@ -240,7 +240,7 @@ def _tasks(costed: list[_Call], num_steps: int) -> list[Task]:
             elif k > 0 and c.phase not in generation:
                 preds.extend((k - 1, u) for u in updates)
             tasks.append(
-                Task(
+                Work(
                     id=(k, c.phase),
                     sets=c.sets,
                     duration_s=c.cost.time_s,
@@ -271,8 +271,8 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
         else:
             num_steps = 3
     raw_slots = schedule(_tasks(costed, num_steps))
-    # Task ids are (step, phase) pairs (see _tasks).
-    slots = cast(dict[tuple[int, Phase], Slot], raw_slots)
+    # Work ids are (step, phase) pairs (see _tasks).
+    slots = cast(dict[tuple[int, Phase], Span], raw_slots)
     by_phase = {c.phase: c for c in costed}
     phases = tuple(
         PhaseInterval(

@@ -19,9 +19,6 @@ from placeflow.catalogue import get_model
 from placeflow.errors import SpecError, UnknownNameError
 from placeflow.executor import rl
 from placeflow.executor.engines.roles import (
-    PROMPT,
-    RESPONSE,
-    RESPONSE_MASK,
     completions_batch,
     response_logp,
     response_outputs,
@@ -30,6 +27,7 @@ from placeflow.executor.engines.roles import (
 from placeflow.executor.engines.sampler import Sampler, SamplingParams, left_pad
 from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
 from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+from placeflow.executor.fields import Field
 from placeflow.executor.tasks import Problem, get_task
 from placeflow.simulator import compute
 from placeflow.workload import RLConfig
@@ -51,7 +49,7 @@ def test_sampler_logprobs_equal_a_plain_forward(model: Transformer) -> None:
     batch = completions_batch(PROMPTS, outs, pad_id=0)
     with torch.no_grad():
         logp, _ = response_logp(response_outputs(model, batch), batch, 0.7)
-    m = batch.tensors[RESPONSE_MASK]
+    m = batch.tensors[Field.RESPONSE_MASK]
     assert torch.allclose(logp[m], batch.tensors["rollout_logprobs"][m], atol=1e-5)
 
 
@@ -217,7 +215,11 @@ def test_sequence_layout_round_trip() -> None:
         [[1, 2], [3]], [Completion([4], [-0.1]), Completion([5, 6], [-1.0, -2.0])], 0
     )
     ids, mask, width = sequence(b)
-    assert width == 2 and b.tensors[PROMPT].shape == (2, 2) and b.tensors[RESPONSE].shape == (2, 2)
+    assert (
+        width == 2
+        and b.tensors[Field.PROMPT].shape == (2, 2)
+        and b.tensors[Field.RESPONSE].shape == (2, 2)
+    )
     assert ids.tolist() == [[1, 2, 4, 0], [0, 3, 5, 6]]
     assert mask.tolist() == [[True, True, True, False], [False, True, True, True]]
 

@@ -20,7 +20,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from placeflow.catalogue import get_model
 from placeflow.executor.batch import Batch
 from placeflow.executor.engines.roles import (
-    RESPONSE_MASK,
     ActorEngine,
     CriticEngine,
     EngineSetup,
@@ -35,6 +34,7 @@ from placeflow.executor.engines.sampler import Sampler, SamplingParams
 from placeflow.executor.engines.tp import SINGLE
 from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+from placeflow.executor.fields import Field
 from placeflow.executor.worker import HOST, Worker, WorkerSpec
 from placeflow.hardware import DeviceKind
 from placeflow.workload import Role
@@ -75,7 +75,7 @@ def _batch() -> Batch:
     model.load_shards(random_full(ARCH, seed=1))
     outs = Sampler(model, pad_id=0).generate(PROMPTS, SamplingParams(max_tokens=5), seed=2)
     b = completions_batch(PROMPTS, outs, pad_id=0)
-    adv = torch.linspace(-1, 1, len(PROMPTS))[:, None].expand_as(b.tensors[RESPONSE_MASK])
+    adv = torch.linspace(-1, 1, len(PROMPTS))[:, None].expand_as(b.tensors[Field.RESPONSE_MASK])
     return Batch(tensors={**b.tensors, "advantages": adv.contiguous()})
 
 
@@ -252,7 +252,7 @@ def test_bf16_training_keeps_fp32_masters_and_computes_in_bf16() -> None:
         from placeflow.executor.engines.roles import response_logp, response_outputs
 
         exact = response_logp(response_outputs(fp32, b), b, 1.0)[0]
-    m = b.tensors[RESPONSE_MASK]
+    m = b.tensors[Field.RESPONSE_MASK]
     assert mixed.dtype == torch.float32
     assert 0 < (mixed - exact)[m].abs().max() < 0.1
 

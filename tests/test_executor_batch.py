@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placeflow.executor.batch import MASK, Batch
+from placeflow.executor.batch import Batch
+from placeflow.executor.fields import Field
 
 
 def make_batch(lengths: list[int]) -> Batch:
@@ -27,7 +28,11 @@ def test_from_sequences_pads_right_and_unpad_inverts():
     b = make_batch([3, 1, 2])
     assert len(b) == 3
     assert b.tensors["input_ids"].tolist() == [[1, 2, 3], [101, 0, 0], [201, 202, 0]]
-    assert b.tensors[MASK].tolist() == [[True] * 3, [True, False, False], [True, True, False]]
+    assert b.tensors[Field.ATTENTION_MASK].tolist() == [
+        [True] * 3,
+        [True, False, False],
+        [True, True, False],
+    ]
     assert b.seq_lens() == [3, 1, 2]
     assert [t.tolist() for t in b.unpad("input_ids")] == [[1, 2, 3], [101], [201, 202]]
 
@@ -52,7 +57,7 @@ def test_operations_return_new_batches_and_leave_inputs_alone():
     b.trim()
     Batch.concat([b, b])
     assert torch.equal(b.tensors["input_ids"], before)
-    assert b.tensors[MASK].shape == (3, 3)
+    assert b.tensors[Field.ATTENTION_MASK].shape == (3, 3)
     source = {"x": torch.zeros(2)}
     owned = Batch(tensors=source)
     source["y"] = torch.zeros(2)
@@ -64,7 +69,7 @@ def test_pad_to_and_trim():
     wide = b.pad_to(5, pad_value=-1)
     # New positions get the pad value; existing padding stays as it was.
     assert wide.tensors["input_ids"].tolist() == [[1, 2, -1, -1, -1], [101, 0, -1, -1, -1]]
-    assert wide.tensors[MASK].sum().item() == 3
+    assert wide.tensors[Field.ATTENTION_MASK].sum().item() == 3
     assert wide.seq_lens() == [2, 1]
     narrow = wide.trim()
     assert narrow.tensors["input_ids"].tolist() == [[1, 2], [101, 0]]
@@ -93,7 +98,10 @@ def test_validation_errors():
         Batch(tensors={"x": torch.zeros(2, 3)}, seq_keys=("x",))
     with pytest.raises(ValueError, match="first two dimensions"):
         Batch(
-            tensors={"x": torch.zeros(2, 4), MASK: torch.ones(2, 3, dtype=torch.bool)},
+            tensors={
+                "x": torch.zeros(2, 4),
+                Field.ATTENTION_MASK: torch.ones(2, 3, dtype=torch.bool),
+            },
             seq_keys=("x",),
         )
     with pytest.raises(ValueError, match="permutation"):

@@ -26,7 +26,7 @@ from placeflow.executor.errors import (
     WorkerError,
 )
 from placeflow.executor.groups import WorkerGroup
-from placeflow.executor.worker import Axis, Failure
+from placeflow.executor.worker import Axis, Failure, Worker
 from placeflow.plan import plan_from_dict
 from placeflow.workload import Role
 
@@ -68,7 +68,9 @@ def test_plan_runs_on_four_logical_workers(cpu4_plans, kind):
 
 def check_ranks(c: Controller, group: WorkerGroup) -> None:
     train = group.spec.layout.train
-    infos = c.gather(group, [w.rank_info.remote(group.role) for w in group.workers], "rank_info")
+    infos = c.gather(
+        group, [w.rank_info.remote(group.role) for w in group.workers], Worker.rank_info
+    )
     assert [i.rank for i in infos] == list(range(train.world_size))
     assert [(i.pp, i.tp, i.dp) for i in infos] == [train.coords(r) for r in range(len(infos))]
     assert [r for r, i in enumerate(infos) if i.holds_result] == list(group.dispatch.result_ranks)
@@ -77,7 +79,7 @@ def check_ranks(c: Controller, group: WorkerGroup) -> None:
         refs = [
             w.all_reduce.remote(group.role, axis, float(r)) for r, w in enumerate(group.workers)
         ]
-        sums = c.gather(group, refs, "all_reduce")
+        sums = c.gather(group, refs, Worker.all_reduce)
         for ranks in groups:
             assert all(sums[r] == sum(ranks) for r in ranks)
 
@@ -97,7 +99,7 @@ def check_round_trip(c: Controller, group: WorkerGroup) -> None:
             w.compute_work.remote(group.role, shard, WORK)
             for w, shard in zip(group.workers, shards, strict=True)
         ]
-        out = collect(group.dispatch, c.gather(group, refs, "compute_work"), partition)
+        out = collect(group.dispatch, c.gather(group, refs, Worker.compute_work), partition)
         assert out.meta == batch.meta
         assert out.tensors["work"].tolist() == pytest.approx(works)
         for dp, ix in enumerate(partition.indices):
@@ -116,10 +118,10 @@ def test_failing_workers_are_named_and_nothing_hangs(cpu4_plans):
             for r, w in enumerate(ref.workers)
         ]
         with pytest.raises(WorkerError) as info:
-            c.gather(ref, refs, "fail")
+            c.gather(ref, refs, Worker.fail)
         assert (info.value.role, info.value.rank, info.value.kind) == ("ref", 1, FailureKind.RAISED)
         assert "RuntimeError: injected failure on device 1" in str(info.value)
-        c.gather(ref, [w.identity.remote() for w in ref.workers], "identity")
+        c.gather(ref, [w.identity.remote() for w in ref.workers], Worker.identity)
 
         # 2. A worker killed through the actor's group is reported through the ref's:
         #    one process holds both roles.
@@ -130,7 +132,7 @@ def test_failing_workers_are_named_and_nothing_hangs(cpu4_plans):
             # process goes, so keep calling until the death is reported (or 10 s pass).
             while time.monotonic() - start < 10.0:
                 c.gather(
-                    ref, [w.identity.remote() for w in ref.workers], "identity", timeout_s=10.0
+                    ref, [w.identity.remote() for w in ref.workers], Worker.identity, timeout_s=10.0
                 )
         assert time.monotonic() - start < 10.0
         assert (info.value.role, info.value.rank, info.value.kind) == ("ref", 3, FailureKind.DIED)
@@ -138,14 +140,14 @@ def test_failing_workers_are_named_and_nothing_hangs(cpu4_plans):
         # 3. A process that exits in the middle of a call.
         refs = [actor.workers[1].fail.remote(Failure.EXIT)]
         with pytest.raises(WorkerError) as info:
-            c.gather(actor, refs, "fail", ranks=[1], timeout_s=10.0)
+            c.gather(actor, refs, Worker.fail, ranks=[1], timeout_s=10.0)
         assert (info.value.role, info.value.rank, info.value.kind) == ("actor", 1, "died")
 
         # 4. A call that never answers meets its timeout.
         refs = [actor.workers[0].fail.remote(Failure.HANG), actor.workers[2].identity.remote()]
         start = time.monotonic()
         with pytest.raises(WorkerError) as info:
-            c.gather(actor, refs, "fail", ranks=[0, 2], timeout_s=1.0)
+            c.gather(actor, refs, Worker.fail, ranks=[0, 2], timeout_s=1.0)
         assert time.monotonic() - start < 5.0
         assert (info.value.role, info.value.rank, info.value.kind) == ("actor", 0, "timeout")
     # Leaving the block killed the hung worker; ray_cluster checks every CPU came back.

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from reshard_worlds import Method, ReshardJob, full_params, run_world
 from test_reshard import oracle
 
 from placeflow.errors import SpecError
 from placeflow.executor.engines.hf import to_canonical, to_hf
 from placeflow.executor.engines.transformer import Arch, Transformer, rms_norm
 from placeflow.executor.loop import check_executable
-from placeflow.executor.reshard import Method, ReshardJob, full_params, run_world
 from placeflow.executor.run import RunConfig, run_plan
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.models import model_from_hf_config
@@ -98,7 +98,7 @@ def test_expert_reshard_gathers_every_expert_bit_exact():
         for name, w in want.items():
             assert torch.equal(got[name], w), (gen, res.method, res.rank, name)
         if res.method is Method.PLANNED:
-            assert res.received_bytes == plan_reshard(MOE, gen).ranks[res.rank].wire_bytes
+            assert res.moved_bytes == plan_reshard(MOE, gen).ranks[res.rank].wire_bytes
 
 
 # --- the model's math ---------------------------------------------------------------

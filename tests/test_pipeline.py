@@ -22,10 +22,6 @@ from placeflow.executor.batch import Batch
 from placeflow.executor.engines.offload import OffloadMode
 from placeflow.executor.engines.pipeline import SINGLE_STAGE, PPGroup, StageIO, train_1f1b
 from placeflow.executor.engines.roles import (
-    PROMPT,
-    PROMPT_MASK,
-    RESPONSE,
-    RESPONSE_MASK,
     ActorEngine,
     CriticEngine,
     EngineSetup,
@@ -37,6 +33,7 @@ from placeflow.executor.engines.roles import (
 from placeflow.executor.engines.tp import SINGLE
 from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch
+from placeflow.executor.fields import Field
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.procs import free_port, report_rank, run_ranks
 from placeflow.reshard_plan import Sharding, TinyLlama, split_ranges
@@ -123,10 +120,10 @@ def _batch() -> Batch:
     ids = lambda w: torch.randint(1, WEIGHTS.vocab, (n, w), generator=gen)  # noqa: E731
     return Batch(
         tensors={
-            PROMPT: ids(width_p) * p_mask,
-            PROMPT_MASK: p_mask,
-            RESPONSE: ids(width_r) * r_mask,
-            RESPONSE_MASK: r_mask,
+            Field.PROMPT: ids(width_p) * p_mask,
+            Field.PROMPT_MASK: p_mask,
+            Field.RESPONSE: ids(width_r) * r_mask,
+            Field.RESPONSE_MASK: r_mask,
             "rollout_logprobs": torch.zeros(n, width_r),
             "advantages": torch.randn(n, generator=gen),
             "values": 0.1 * torch.randn(n, width_r, generator=gen),

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
+from reshard_worlds import take
 
 from placeflow.catalogue import CATALOGUE, get_model
 from placeflow.errors import SpecError
-from placeflow.executor.reshard import take
 from placeflow.layout import (
     GenLayout,
     TrainLayout,

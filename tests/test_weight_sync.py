@@ -11,15 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from reshard_worlds import Method, SyncJob, full_params, run_sync, take
 
 from placeflow.executor.engines.hf import to_canonical
-from placeflow.executor.reshard import Method, full_params, take
-from placeflow.executor.weight_sync import (
-    SyncJob,
-    generator_shard_ranges,
-    run_sync,
-    to_full_hf,
-)
+from placeflow.executor.weight_sync import generator_shard_ranges, to_full_hf
 from placeflow.layout import TrainLayout, disjoint_transfer_bytes_per_gen_rank
 from placeflow.procs import free_port
 from placeflow.reshard_plan import GeneratorLayout, Sharding, TinyLlama, plan_disjoint

@@ -5,11 +5,8 @@ the RL loop on a `Batch` of samples in the sequence layout below. The worker
 builds them from an `EngineSetup` (plain data the controller sends) and its
 role's process groups; nothing here knows about Ray.
 
-Sequence layout of a batch (every tensor indexed by sample first):
-  prompt_ids, prompt_mask      (B, P)  left-padded prompts
-  response_ids, response_mask  (B, R)  right-padded responses
-so that `cat(prompt, response)` is what the rollout's KV cache held, token for
-token, and the trainer's logprobs match the rollout's.
+A batch is in the sequence layout of `executor/fields.py` (left-padded
+prompts, right-padded responses), whose names the engines read and write.
 
 Calls that run the trainer's forward (FSDP all-gathers inside) must be made by
 every DP rank with the same number of micro-batches: the controller gives every
@@ -50,12 +47,11 @@ from placeflow.executor.engines.sampler import (
 from placeflow.executor.engines.tp import TPGroup, TPImpl
 from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
 from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+from placeflow.executor.fields import Field
 from placeflow.executor.reshard import MemoryMeter, reshard_colocated
 from placeflow.layout import GenLayout
+from placeflow.metrics import Metric, accumulate, averaged
 from placeflow.reshard_plan import ReshardPlan
-
-PROMPT, PROMPT_MASK = "prompt_ids", "prompt_mask"
-RESPONSE, RESPONSE_MASK = "response_ids", "response_mask"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,9 +119,9 @@ class RoleGroups:
 def sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(ids, mask, prompt width) of prompts followed by responses."""
     t = batch.tensors
-    ids = torch.cat([t[PROMPT], t[RESPONSE]], dim=1)
-    mask = torch.cat([t[PROMPT_MASK], t[RESPONSE_MASK]], dim=1)
-    return ids, mask, t[PROMPT].shape[1]
+    ids = torch.cat([t[Field.PROMPT], t[Field.RESPONSE]], dim=1)
+    mask = torch.cat([t[Field.PROMPT_MASK], t[Field.RESPONSE_MASK]], dim=1)
+    return ids, mask, t[Field.PROMPT].shape[1]
 
 
 def response_outputs(
@@ -138,7 +134,7 @@ def response_outputs(
     `hidden`: the previous pipeline stage's output, when this is a later stage.
     """
     ids, mask, width = sequence(batch)
-    r = batch.tensors[RESPONSE].shape[1]
+    r = batch.tensors[Field.RESPONSE].shape[1]
     kwargs = {} if hidden is None else {"hidden": hidden}
     return call(ids, mask, head_from=width - 1, **kwargs)[:, :r]
 
@@ -151,7 +147,7 @@ def response_logp(
     `logits` are aligned with the response tokens (`response_outputs`).
     """
     logp = policy_logprobs(logits, temperature)
-    return logp.gather(-1, batch.tensors[RESPONSE][..., None]).squeeze(-1), logp
+    return logp.gather(-1, batch.tensors[Field.RESPONSE][..., None]).squeeze(-1), logp
 
 
 def completions_batch(
@@ -170,11 +166,11 @@ def completions_batch(
         logp[i, :n] = torch.tensor(c.logprobs)
     return Batch(
         tensors={
-            PROMPT: p_ids,
-            PROMPT_MASK: p_mask,
-            RESPONSE: ids,
-            RESPONSE_MASK: mask,
-            "rollout_logprobs": logp,
+            Field.PROMPT: p_ids,
+            Field.PROMPT_MASK: p_mask,
+            Field.RESPONSE: ids,
+            Field.RESPONSE_MASK: mask,
+            Field.ROLLOUT_LOGPROBS: logp,
         }
     )
 
@@ -193,7 +189,10 @@ def _micro_batches(batch: Batch, size: int, count: int | None = None) -> list[Ba
         return real
     first = batch.select([0])
     pad = Batch(
-        tensors={**first.tensors, RESPONSE_MASK: torch.zeros_like(first.tensors[RESPONSE_MASK])},
+        tensors={
+            **first.tensors,
+            Field.RESPONSE_MASK: torch.zeros_like(first.tensors[Field.RESPONSE_MASK]),
+        },
         meta=first.meta,
     )
     return real + [pad] * (count - len(batch))
@@ -223,7 +222,7 @@ def _stage_io(model: Transformer, micros: list[Batch], device: torch.device) -> 
 
     def shape(i: int) -> tuple[int, ...]:
         t = micros[i].tensors
-        width = t[PROMPT].shape[1] + t[RESPONSE].shape[1]
+        width = t[Field.PROMPT].shape[1] + t[Field.RESPONSE].shape[1]
         return (len(micros[i]), width, model.arch.weights.hidden)
 
     return StageIO(shape=shape, dtype=model.dtype, device=device)
@@ -272,7 +271,7 @@ class ScoringEngine:
             return response_logp(out, mb, temperature)[0] if last else out
 
         lp = _forward_stages(self.model, batch, self.setup.micro_batch, fn)
-        return Batch(tensors={"logprobs": lp})
+        return Batch(tensors={Field.LOGPROBS: lp})
 
     @torch.no_grad()
     def scores(self, batch: Batch) -> Batch:
@@ -284,20 +283,14 @@ class ScoringEngine:
             values = self.model(ids, mask, hidden=x)
             if not last:
                 return values  # this stage's hidden states
-            end = width + mb.tensors[RESPONSE_MASK].long().sum(1).clamp(min=1) - 1
+            end = width + mb.tensors[Field.RESPONSE_MASK].long().sum(1).clamp(min=1) - 1
             return values[torch.arange(len(mb), device=values.device), end]
 
         scores = _forward_stages(self.model, batch, self.setup.micro_batch, fn)
-        return Batch(tensors={"scores": scores})
+        return Batch(tensors={Field.SCORES: scores})
 
 
 LossFn = Callable[[Batch, torch.Tensor, int], tuple[torch.Tensor, dict[str, float]]]
-
-
-def _add_metrics(sums: dict[str, float], metrics: dict[str, float]) -> None:
-    for k, v in metrics.items():
-        # "_max" metrics are maxima over micro-batches, the rest means.
-        sums[k] = max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v
 
 
 class _Trainable:
@@ -333,8 +326,8 @@ class _Trainable:
                 num_micro = self._train_mini_batch(mini, loss_fn, sums)
                 count += num_micro
                 norm = self.trainer.step()
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm * num_micro
-        return {k: v if k.endswith("_max") else v / max(count, 1) for k, v in sums.items()}
+                sums[Metric.GRAD_NORM] = sums.get(Metric.GRAD_NORM, 0.0) + norm * num_micro
+        return averaged(sums, count)
 
     def _micro_count(self, num_samples: int) -> int:
         """Micro-batches every DP rank runs for its `num_samples`: the most any rank needs
@@ -349,7 +342,7 @@ class _Trainable:
     def _train_mini_batch(self, mini: Batch, loss_fn: LossFn, sums: dict[str, float]) -> int:
         """Forwards and backwards of one mini-batch (1F1B over the stages); its real
         micro-batches (padding ones, see `_micro_batches`, add no metrics)."""
-        num_tokens = self._global_tokens(mini.tensors[RESPONSE_MASK])
+        num_tokens = self._global_tokens(mini.tensors[Field.RESPONSE_MASK])
         micros = _micro_batches(mini, self.setup.micro_batch, self._micro_count(len(mini)))
         real = min(len(micros), len(mini))
         last = self.model.pp.is_last
@@ -365,9 +358,9 @@ class _Trainable:
                 # (and over DP ranks by the gradient average), as HF adds it per batch.
                 coef = self.model.arch.router_aux_loss_coef
                 loss = loss + coef * aux / real
-                metrics = {**metrics, "aux_loss": float(aux.detach())}
+                metrics = {**metrics, Metric.AUX_LOSS: float(aux.detach())}
             if i < real:
-                _add_metrics(sums, metrics)
+                accumulate(sums, metrics)
             return loss
 
         pipeline.train_1f1b(
@@ -456,7 +449,7 @@ class ActorEngine(_Trainable):
 
     def logprobs(self, batch: Batch, temperature: float) -> Batch:
         lp = self._forward_all(batch, lambda mb, logits: response_logp(logits, mb, temperature)[0])
-        return Batch(tensors={"logprobs": lp})
+        return Batch(tensors={Field.LOGPROBS: lp})
 
     def update(self, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
         dp = self.groups.dp_size
@@ -466,24 +459,24 @@ class ActorEngine(_Trainable):
         ) -> tuple[torch.Tensor, dict[str, float]]:
             t = mb.tensors
             logp, dists = response_logp(logits, mb, cfg.temperature)
-            mask = t[RESPONSE_MASK]
+            mask = t[Field.RESPONSE_MASK]
             extra: dict[str, float] = {}
-            old = t.get("old_logprobs")
+            old = t.get(Field.OLD_LOGPROBS)
             if old is None:
                 # On-policy single step (Workload.recomputes_old_logprobs): this forward is
                 # the old policy; the rollout's logprobs are checked against it here.
                 old = logp.detach()
-                diff = (old - t["rollout_logprobs"]).abs() * mask
-                extra["logprob_diff_max"] = float(diff.max())
+                diff = (old - t[Field.ROLLOUT_LOGPROBS]).abs() * mask
+                extra[Metric.LOGPROB_DIFF_MAX] = float(diff.max())
             terms = rl.policy_loss(
                 logp,
                 old,
-                t["advantages"],
-                t[RESPONSE_MASK],
+                t[Field.ADVANTAGES],
+                t[Field.RESPONSE_MASK],
                 clip=cfg.clip_ratio,
                 num_tokens=num_tokens,
                 dp_size=dp,
-                ref_logprobs=t.get("ref_logprobs_in_loss"),
+                ref_logprobs=t.get(Field.REF_LOGPROBS_IN_LOSS),
                 kl_coef=cfg.kl_coef,
             )
             if cfg.entropy_coef:
@@ -493,15 +486,15 @@ class ActorEngine(_Trainable):
                     ent = rl.entropy(dists)
             loss = terms.loss
             if cfg.entropy_coef:
-                loss = loss - cfg.entropy_coef * rl.masked_sum(ent, t[RESPONSE_MASK]) * (
+                loss = loss - cfg.entropy_coef * rl.masked_sum(ent, t[Field.RESPONSE_MASK]) * (
                     dp / num_tokens
                 )
             return loss, {
-                "pg_loss": terms.pg_loss,
-                "kl": terms.kl,
-                "clip_fraction": terms.clip_fraction,
-                "approx_kl": terms.approx_kl,
-                "entropy": float(rl.masked_mean(ent.detach(), t[RESPONSE_MASK])),
+                Metric.PG_LOSS: terms.pg_loss,
+                Metric.KL: terms.kl,
+                Metric.CLIP_FRACTION: terms.clip_fraction,
+                Metric.APPROX_KL: terms.approx_kl,
+                Metric.ENTROPY: float(rl.masked_mean(ent.detach(), t[Field.RESPONSE_MASK])),
                 **extra,
             }
 
@@ -511,27 +504,27 @@ class ActorEngine(_Trainable):
 class CriticEngine(_Trainable):
     def values(self, batch: Batch) -> Batch:
         # V(s_t) for response token t is read where token t is predicted.
-        return Batch(tensors={"values": self._forward_all(batch, lambda mb, out: out)})
+        return Batch(tensors={Field.VALUES: self._forward_all(batch, lambda mb, out: out)})
 
     def update(self, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
         dp = self.groups.dp_size
 
         # One head per (metric, old values, returns); Safe-RLHF's critic has a cost head too.
-        heads = [("value_loss", "values", "returns")]
+        heads = [(Metric.VALUE_LOSS, Field.VALUES, Field.RETURNS)]
         if self.setup.num_values == 2:
-            heads.append(("cost_value_loss", "cost_values", "cost_returns"))
+            heads.append((Metric.COST_VALUE_LOSS, Field.COST_VALUES, Field.COST_RETURNS))
 
         def loss_fn(
             mb: Batch, out: torch.Tensor, num_tokens: int
         ) -> tuple[torch.Tensor, dict[str, float]]:
             t = mb.tensors
-            total, metrics = out.new_zeros(()), {}
+            total, metrics = out.new_zeros(()), dict[str, float]()
             for i, (metric, old, returns) in enumerate(heads):
                 loss, mean = rl.value_loss(
                     out if len(heads) == 1 else out[..., i],
                     t[old],
                     t[returns],
-                    t[RESPONSE_MASK],
+                    t[Field.RESPONSE_MASK],
                     clip=cfg.value_clip,
                     num_tokens=num_tokens,
                     dp_size=dp,

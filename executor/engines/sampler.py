@@ -128,6 +128,12 @@ def _cuda_graph(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     return replay
 
 
+def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
+    """What every rollout engine (`Sampler`, `VLLMSampler`) asks of its prompts."""
+    if any(len(p) == 0 for p in prompts):
+        raise SpecError("every prompt needs at least one token")
+
+
 class Sampler:
     """Generates with `model` (this rank's TP shard); every TP rank calls `generate` alike."""
 
@@ -170,8 +176,7 @@ class Sampler:
     ) -> list[Completion]:
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise SpecError("every prompt needs at least one token")
+        check_prompts(prompts)
         device = next(self.model.parameters()).device
         ids, mask = left_pad(prompts, self.pad_id, device)
         batch, width = ids.shape

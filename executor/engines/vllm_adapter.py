@@ -50,7 +50,7 @@ import torch
 
 from placeflow.errors import SpecError
 from placeflow.executor.engines.hf import to_hf
-from placeflow.executor.engines.sampler import Completion, SamplingParams
+from placeflow.executor.engines.sampler import Completion, SamplingParams, check_prompts
 from placeflow.models import ModelSpec
 from placeflow.reshard_plan import TinyLlama
 
@@ -112,6 +112,10 @@ class WeightReceiver:
         return len(weights)
 
 
+# The vLLM worker method `load_weights` calls, named from the method itself.
+LOAD_WEIGHTS = WeightReceiver.placeflow_load_weights.__name__
+
+
 class VLLMSampler:
     """vLLM as a rollout engine, with `Sampler`'s `generate` (see the module docstring).
 
@@ -158,8 +162,7 @@ class VLLMSampler:
     ) -> list[Completion]:
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise SpecError("every prompt needs at least one token")
+        check_prompts(prompts)
         requests = [self._vllm.TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
         per_request = [
             vllm_sampling_params(self._vllm, params, s) for s in request_seeds(seed, len(prompts))
@@ -186,7 +189,9 @@ class VLLMSampler:
                 path = Path(tmp) / f"bucket{i}.safetensors"
                 # copy=True: safetensors wants tensors that own their memory, not views.
                 save_file({n: t.detach().to("cpu", dtype, copy=True) for n, t in bucket}, str(path))
-                self._llm.collective_rpc("placeflow_load_weights", args=(str(path),))
+                # By name (vLLM's RPC sends a callable only by pickle, which its engine core
+                # refuses unless VLLM_ALLOW_INSECURE_SERIALIZATION is set), taken from the method.
+                self._llm.collective_rpc(LOAD_WEIGHTS, args=(str(path),))
 
 
 def _shared_memory() -> str | None:

@@ -1,4 +1,5 @@
-"""Waiting for remote calls: one deadline for all ranks, failures named by role and rank.
+"""Gathering the results of remote worker calls: one deadline for all ranks, failures named by
+role, rank and method.
 
 `gather` is written against `RefSource`, a two-method view of Ray's object
 store, so that its deadline and error mapping are tested with fakes; `RaySource`

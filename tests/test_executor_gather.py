@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError, ObjectLostError, RayTaskError
 
-from placeflow.executor.calls import gather
 from placeflow.executor.errors import FailureKind, WorkerError
+from placeflow.executor.gather import gather
 
 
 class FakeClock:

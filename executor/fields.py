@@ -1,0 +1,55 @@
+"""The named tensors of the RL loop's Batch: declared once, read by the controller and engines.
+
+A step's Batch starts as the rollout's output (the sequence layout below) and
+gathers each call's output under its own name as the step goes; every name a
+controller or an engine reads or writes is a member here, so that a typo is an
+AttributeError at import, not a KeyError mid-run. Members are `str`s (their
+values), so a Batch keyed by them compares, prints and pickles like one keyed
+by the plain names.
+
+Sequence layout (every tensor indexed by sample first):
+  prompt_ids, prompt_mask      (B, P)  left-padded prompts
+  response_ids, response_mask  (B, R)  right-padded responses
+so that `cat(prompt, response)` is what the rollout's KV cache held, token for
+token, and the trainer's logprobs match the rollout's. Per-token tensors below
+are (B, R), aligned with the responses; per-sample ones are (B,).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Field(StrEnum):
+    # the generic sequence layout of `Batch.from_sequences`: which positions are real tokens
+    ATTENTION_MASK = "attention_mask"
+
+    # the rollout (engines/roles.py `completions_batch`)
+    PROMPT = "prompt_ids"
+    PROMPT_MASK = "prompt_mask"
+    RESPONSE = "response_ids"
+    RESPONSE_MASK = "response_mask"
+    ROLLOUT_LOGPROBS = "rollout_logprobs"  # per token, as the rollout engine sampled them
+
+    # what a forward call returns (the worker's `logprobs`, `values`, `scores`)
+    LOGPROBS = "logprobs"  # per token
+    VALUES = "values"  # per token, (B, R, 2) for Safe-RLHF's two-headed critic
+    SCORES = "scores"  # per sample: a reward or cost model's score
+
+    # the step's batch, where the controller puts each call's output
+    REF_LOGPROBS = "ref_logprobs"
+    OLD_LOGPROBS = "old_logprobs"
+    COST_VALUES = "cost_values"  # Safe-RLHF: the critic's cost head
+    COSTS = "costs"  # Safe-RLHF: the cost model's scores (SCORES holds the rewards)
+    BASELINE_SCORES = "baseline_scores"  # ReMax: the greedy response's score, per sample
+
+    # the advantage phase's output, the updates' input
+    ADVANTAGES = "advantages"
+    RETURNS = "returns"
+    COST_RETURNS = "cost_returns"
+    REF_LOGPROBS_IN_LOSS = "ref_logprobs_in_loss"  # GRPO's k3 KL term in the policy loss
+
+    # `Worker.compute_work`'s answer (the dispatch demo and its tests)
+    WORK = "work"
+    RANK = "rank"
+    DP_RANK = "dp_rank"
