@@ -460,18 +460,42 @@ def stage_order(
     return [p for *_, p in sorted(sent, key=lambda e: (e[0], e[1]))]
 
 
+def _sent_pieces(
+    model: TinyLlama, gen: GenLayout, rank: int, *, experts: bool
+) -> tuple[tuple[ParamSpec, int], ...]:
+    """`stage_order`'s pieces of `rank`, each with the elements it sends."""
+    return tuple(
+        (p, p.numel_of(transfer_piece(model, p, gen, rank) or ()))
+        for p in stage_order(model, gen, rank, experts=experts)
+    )
+
+
 def _group_transfer(
-    model: TinyLlama, gen: GenLayout, ranks: list[int], *, experts: bool = False
+    model: TinyLlama,
+    gen: GenLayout,
+    ranks: list[int],
+    *,
+    experts: bool = False,
+    memo: dict[tuple[int, int, bool], tuple[tuple[ParamSpec, int], ...]] | None = None,
 ) -> GroupTransfer:
     # A group of one (tg = t, pg = p, e = 1) keeps its shards: nothing to gather.
-    lists = [stage_order(model, gen, r, experts=experts) for r in ranks] if len(ranks) > 1 else []
+    if len(ranks) <= 1:
+        return GroupTransfer(ranks=tuple(ranks), slots=())
+    memo = {} if memo is None else memo
+    lists = []
+    for r in ranks:
+        # What a rank sends depends on its training stage and EP rank only (a TP
+        # rank's slice of a weight has the same size as every other's), so the
+        # ranks of one stage share their list, in a group and across groups.
+        key = (gen.train.coords(r)[0], gen.train.ep_rank(r), experts)
+        if key not in memo:
+            memo[key] = _sent_pieces(model, gen, r, experts=experts)
+        lists.append(memo[key])
     slots = []
-    for j in range(max((len(pl) for pl in lists), default=0)):
-        pieces = tuple(pl[j] if j < len(pl) else None for pl in lists)
-        numels = tuple(
-            0 if p is None else p.numel_of(transfer_piece(model, p, gen, r) or ())
-            for p, r in zip(pieces, ranks, strict=True)
-        )
+    for j in range(max(len(pl) for pl in lists)):
+        sent = [pl[j] if j < len(pl) else None for pl in lists]
+        numels = tuple(0 if s is None else s[1] for s in sent)
+        pieces = tuple(None if s is None else s[0] for s in sent)
         slots.append(Slot(pieces=pieces, numels=numels, padded_numel=max(numels)))
     return GroupTransfer(ranks=tuple(ranks), slots=tuple(slots))
 
@@ -484,26 +508,53 @@ def _gen_shard_bytes(model: TinyLlama, gen: GenLayout, rank: int) -> int:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class _GroupTotals:
+    """One group's sums over its slots: what its members send, by kind, and the wire."""
+
+    sharded: tuple[int, ...]  # per member: the elements of TP/PP-sharded pieces it sends
+    replicated: tuple[int, ...]  # per member: the elements of norm chunks it sends
+    wire_numel: int  # sum over slots of (size - 1) x padded
+    bucket_numel: int  # largest slot's (size + 1) x padded
+
+
+def _group_totals(group: GroupTransfer) -> _GroupTotals:
+    size = len(group.ranks)
+    sharded, replicated = [0] * size, [0] * size
+    wire = bucket = 0
+    for slot in group.slots:
+        wire += (size - 1) * slot.padded_numel
+        bucket = max(bucket, (size + 1) * slot.padded_numel)
+        for k, (piece, numel) in enumerate(zip(slot.pieces, slot.numels, strict=True)):
+            if piece is None:
+                continue
+            if piece.sharding is Sharding.REPLICATED:
+                replicated[k] += numel
+            else:
+                sharded[k] += numel
+    return _GroupTotals(
+        sharded=tuple(sharded),
+        replicated=tuple(replicated),
+        wire_numel=wire,
+        bucket_numel=bucket,
+    )
+
+
 def _rank_transfer(
     model: TinyLlama,
-    groups: list[GroupTransfer],
+    groups: list[tuple[GroupTransfer, _GroupTotals]],
     rank: int,
     gen_bytes: int,
 ) -> RankTransfer:
+    """A rank receives every other member's pieces of each of its groups."""
     b = model.dtype_bytes
     sharded = replicated = wire = bucket = 0
-    for group in groups:
-        me, size = group.ranks.index(rank), len(group.ranks)
-        for slot in group.slots:
-            wire += (size - 1) * slot.padded_numel * b
-            bucket = max(bucket, (size + 1) * slot.padded_numel * b)
-            for k, (piece, numel) in enumerate(zip(slot.pieces, slot.numels, strict=True)):
-                if k == me or piece is None:
-                    continue
-                if piece.sharding is Sharding.REPLICATED:
-                    replicated += numel * b
-                else:
-                    sharded += numel * b
+    for group, totals in groups:
+        me = group.ranks.index(rank)
+        sharded += (sum(totals.sharded) - totals.sharded[me]) * b
+        replicated += (sum(totals.replicated) - totals.replicated[me]) * b
+        wire += totals.wire_numel * b
+        bucket = max(bucket, totals.bucket_numel * b)
     return RankTransfer(
         rank=rank,
         received_sharded_bytes=sharded,
@@ -519,23 +570,31 @@ def plan_reshard(model: TinyLlama, gen: GenLayout) -> ReshardPlan:
     """The colocated transfer of `model` from `gen.train` to `gen`, group by group
     (then, for a mixture of experts, the routed experts' groups)."""
     model.check_layout(gen.train)
-    groups = tuple(_group_transfer(model, gen, g) for g in gen.micro_dp_groups())
+    memo: dict[tuple[int, int, bool], tuple[tuple[ParamSpec, int], ...]] = {}
+    groups = tuple(_group_transfer(model, gen, g, memo=memo) for g in gen.micro_dp_groups())
     experts = (
-        tuple(_group_transfer(model, gen, g, experts=True) for g in expert_groups(gen))
+        tuple(_group_transfer(model, gen, g, experts=True, memo=memo) for g in expert_groups(gen))
         if model.num_experts
         else ()
     )
+    totals = {id(g): _group_totals(g) for g in (*groups, *experts)}
+    expert_of: dict[int, list[GroupTransfer]] = {}
+    for g in experts:
+        for r in g.ranks:
+            expert_of.setdefault(r, []).append(g)
     by_rank = {}
-    # A generation shard depends only on the rank's (gen pp, gen tp) coordinates,
-    # which every micro-DP group repeats: sized once per coordinate pair.
-    gen_bytes: dict[tuple[int, int], int] = {}
+    # A generation shard's size depends only on the rank's generation stage (its
+    # TP slices of a weight all have one size): sized once per stage.
+    gen_bytes: dict[int, int] = {}
     for group in groups:
         for rank in group.ranks:
-            coords = gen.coords(rank)[1:]
-            if coords not in gen_bytes:
-                gen_bytes[coords] = _gen_shard_bytes(model, gen, rank)
-            mine = [group] + [g for g in experts if rank in g.ranks]
-            by_rank[rank] = _rank_transfer(model, mine, rank, gen_bytes[coords])
+            gpp = gen.coords(rank)[1]
+            if gpp not in gen_bytes:
+                gen_bytes[gpp] = _gen_shard_bytes(model, gen, rank)
+            mine = [group, *expert_of.get(rank, [])]
+            by_rank[rank] = _rank_transfer(
+                model, [(g, totals[id(g)]) for g in mine], rank, gen_bytes[gpp]
+            )
     return ReshardPlan(
         model=model,
         gen=gen,
