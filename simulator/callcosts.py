@@ -359,17 +359,24 @@ def _dp_sync_and_optimizer_s(
     each with its own ranks per node)."""
     sync = 0.0
     opt_params = 0
-    for i, (params, d) in enumerate(memory.shard_params(model, lay, value_head=value_head)):
+    for params, d in memory.shard_params(model, lay, value_head=value_head):
         shard = int(params)
-        grad_bytes = shard * model.dtype.num_bytes
-        # shard_params lists the dense part first, then the experts.
-        where = {"ranks_per_node": dp.ranks_per_node if i == 0 else dp.expert_ranks_per_node}
+        # The dense part is reduced over the DP groups (size d), the experts over the
+        # expert-DP groups (d / e), each with its own ranks per node.
+        rpn = dp.ranks_per_node if d == lay.d else dp.expert_ranks_per_node
+        reduce = functools.partial(
+            cm.collective_s,
+            num_bytes=shard * model.dtype.num_bytes,
+            world_size=d,
+            scope=dp.scope,
+            ranks_per_node=rpn,
+        )
         if zero == 0:
-            sync += cm.collective_s(CollectiveKind.ALL_REDUCE, grad_bytes, d, dp.scope, **where)
+            sync += reduce(CollectiveKind.ALL_REDUCE)
             opt_params += shard
             continue
-        sync += cm.collective_s(CollectiveKind.REDUCE_SCATTER, grad_bytes, d, dp.scope, **where)
-        gather = cm.collective_s(CollectiveKind.ALL_GATHER, grad_bytes, d, dp.scope, **where)
+        sync += reduce(CollectiveKind.REDUCE_SCATTER)
+        gather = reduce(CollectiveKind.ALL_GATHER)
         sync += gather
         if zero == 3:
             sync += 2 * num_micro * gather

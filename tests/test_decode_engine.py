@@ -40,9 +40,15 @@ class RoundCosts(CostModel):
         return self.op_s if num_bytes == compute.OP_OVERHEAD_BYTES else ELEM_S
 
     def collective_s(
-        self, kind: CollectiveKind, num_bytes: int, world: int, scope: Scope, *, ranks_per_node=1
+        self,
+        kind: CollectiveKind,
+        num_bytes: int,
+        world_size: int,
+        scope: Scope,
+        *,
+        ranks_per_node: int = 1,
     ) -> float:
-        return 0.0 if world <= 1 else 30e-6
+        return 0.0 if world_size <= 1 else 30e-6
 
 
 def _costs(device_kind: str, op_s: float) -> RoundCosts:

@@ -49,10 +49,16 @@ class RecordingCostModel:
         return 2.0 * m * n * k / FLOPS_PER_S
 
     def collective_s(
-        self, kind: CollectiveKind, num_bytes: int, world: int, scope: Scope, *, ranks_per_node=1
+        self,
+        kind: CollectiveKind,
+        num_bytes: int,
+        world_size: int,
+        scope: Scope,
+        *,
+        ranks_per_node: int = 1,
     ) -> float:
-        if world > 1 and num_bytes > 0:
-            self.collectives.append((kind, int(num_bytes), world))
+        if world_size > 1 and num_bytes > 0:
+            self.collectives.append((kind, int(num_bytes), world_size))
         return 0.0
 
     def attn_prefill_s(self, *args, **kwargs) -> float:
