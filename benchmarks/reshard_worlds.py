@@ -101,7 +101,7 @@ def train_params(model: TinyLlama, train: TrainLayout, rank: int, full: Params) 
 def _owners(model: TinyLlama, param: ParamSpec, train: TrainLayout) -> list[int]:
     """The trainer ranks whose shards make up `param` (its stage, every TP rank, the first
     DP replica or, for a routed expert, the EP rank that holds it)."""
-    stage = param.stage(model.num_layers, train.p)
+    stage = param.stage(train.stage_layers(model.num_layers))
     dp = model.expert_rank(param, train.e) if param.expert >= 0 else 0
     return [train.rank(pp=stage, tp=tp, dp=dp) for tp in range(train.t)]
 

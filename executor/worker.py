@@ -351,7 +351,11 @@ class Worker:
         groups = RoleGroups(
             tp=tp_group(Axis.TP, train.t, info.tp),
             pp=PPGroup(
-                group=rr.groups[Axis.PP] if train.p > 1 else None, size=train.p, rank=info.pp
+                group=rr.groups[Axis.PP] if train.p > 1 else None,
+                size=train.p,
+                rank=info.pp,
+                first_stage_layers=train.first_stage_layers,
+                last_stage_layers=train.last_stage_layers,
             ),
             dp_group=rr.groups[Axis.DP],
             dp_size=train.d,

@@ -26,6 +26,7 @@ grouping, inside a replica with local tp index i and pp index j:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from placeflow.errors import SpecError
@@ -48,16 +49,39 @@ class TrainLayout:
     expert weights are then replicated d / e times (the expert-data-parallel
     groups, which all-reduce expert gradients). Dense weights stay replicated d
     times. e = 1 is a dense layout.
+
+    Pipeline stages hold contiguous layers, L/p each, unless the first or the
+    last stage is given its own layer count (Megatron-core's
+    `num_layers_in_first_pipeline_stage` / `num_layers_in_last_pipeline_stage`,
+    which NeMo RL sets for DeepSeek-V3's 61 layers: 3, then 14 stages of 4,
+    then 2); the other stages then split the remaining layers evenly.
+    `stage_layers` is the one place of that rule.
     """
 
     p: int = 1
     t: int = 1
     d: int = 1
     e: int = 1
+    first_stage_layers: int = 0  # 0: not set, the first stage is an even one
+    last_stage_layers: int = 0  # 0: not set, the last stage is an even one
 
     def __post_init__(self) -> None:
         for name in ("p", "t", "d", "e"):
             _positive(f"training {name}", getattr(self, name))
+        for name in ("first_stage_layers", "last_stage_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SpecError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.uneven and self.p < 2:
+            raise SpecError(
+                "first_stage_layers / last_stage_layers need pipeline stages (p >= 2); "
+                f"p={self.p} has one stage holding every layer"
+            )
+        if self.p == 2 and self.first_stage_layers and self.last_stage_layers:
+            raise SpecError(
+                "with p = 2 give first_stage_layers or last_stage_layers, not both "
+                "(the other stage holds the remaining layers)"
+            )
         if self.d % self.e:
             raise SpecError(
                 f"expert parallel e={self.e} must divide data parallel d={self.d} "
@@ -67,6 +91,20 @@ class TrainLayout:
     @property
     def world_size(self) -> int:
         return self.p * self.t * self.d
+
+    @property
+    def uneven(self) -> bool:
+        """Whether the first or last pipeline stage has its own layer count."""
+        return bool(self.first_stage_layers or self.last_stage_layers)
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers of each pipeline stage, first to last (class docstring); SpecError
+        when `num_layers` does not split that way."""
+        return split_stages(num_layers, self.p, self.first_stage_layers, self.last_stage_layers)
+
+    def heaviest_stage_layers(self, num_layers: int) -> int:
+        """Layers of the stage that bounds a pipeline's pace and a rank's memory."""
+        return max(self.stage_layers(num_layers))
 
     @property
     def model_parallel_size(self) -> int:
@@ -153,10 +191,20 @@ class GenLayout:
             )
         if self.train.p % self.pg:
             raise SpecError(f"generation pg={self.pg} must divide training p={self.train.p}")
+        if self.pg > 1 and self.train.uneven:
+            raise SpecError(
+                f"generation pg={self.pg} with uneven training stages (first_stage_layers / "
+                "last_stage_layers) is not modelled: use pg = 1, or even training stages"
+            )
 
     @property
     def dg(self) -> int:
         return (self.train.t * self.train.p) // (self.tg * self.pg)
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers of each generation pipeline stage (even: uneven training stages
+        admit pg = 1 only)."""
+        return split_stages(num_layers, self.pg)
 
     @property
     def num_replicas(self) -> int:
@@ -207,6 +255,50 @@ class GenLayout:
             for b in range(self._mp)
             for a in range(self._mt)
         ]
+
+
+@functools.cache
+def split_stages(num_layers: int, p: int, first: int = 0, last: int = 0) -> tuple[int, ...]:
+    """Layers of each of `p` contiguous pipeline stages: `first` / `last` layers on the
+    first / last stage where given (non-zero), the rest split evenly (TrainLayout's rule;
+    memoised because reshard plans ask it once per weight)."""
+    fixed = (first > 0) + (last > 0)
+    middle_stages = p - fixed
+    middle_layers = num_layers - first - last
+    if middle_stages == 0:
+        if middle_layers != 0:
+            raise SpecError(
+                f"first_stage_layers={first} + last_stage_layers={last} must equal the "
+                f"{num_layers} layers when p = 2"
+            )
+        return (first, last)
+    if middle_layers < middle_stages or middle_layers % middle_stages:
+        given = f" after first_stage_layers={first}" if first else ""
+        given += f" and last_stage_layers={last}" if last else ""
+        raise SpecError(
+            f"pipeline p={p} must split the {num_layers} layers into contiguous stages: "
+            f"{middle_layers} layers{given} do not divide into {middle_stages} equal stages; "
+            "choose p dividing the layers, or set first_stage_layers / last_stage_layers "
+            "(Megatron's uneven stages) so that the rest divides"
+        )
+    stages = [middle_layers // middle_stages] * middle_stages
+    if first:
+        stages.insert(0, first)
+    if last:
+        stages.append(last)
+    return tuple(stages)
+
+
+def stage_of_layer(layer: int, stages: tuple[int, ...]) -> int:
+    """Pipeline stage holding `layer` when stage i holds stages[i] contiguous layers;
+    the embedding (layer < 0) sits on the first stage, the final norm and head
+    (layer >= the layer count) on the last."""
+    bound = 0
+    for stage, count in enumerate(stages):
+        bound += count
+        if layer < bound:
+            return stage
+    return len(stages) - 1
 
 
 def colocated_transfer_bytes_per_rank(model_bytes: int, gen: GenLayout) -> float:

@@ -21,6 +21,8 @@ p = 1
 t = 4
 d = 4
 e = 1                 # expert parallel (MoE models; divides d and the expert count)
+# first_stage_layers = 3  # uneven pipeline stages (Megatron's knobs; p >= 2): layers of
+# last_stage_layers = 2   # the first / last stage, the others split the rest evenly
 tg = 2                # generation tensor parallelism (actor only)
 pg = 1
 micro_batch = 8       # samples per micro-batch (forward and training)
@@ -304,10 +306,10 @@ def _validate_role(plan: Plan, role: Role) -> None:
                 f"{where}: expert parallel e={par.train.e} must divide the "
                 f"{model.moe.num_experts} experts of {model.name!r}"
             )
-    if model.num_layers % par.train.p:
-        raise SpecError(
-            f"{where}: pipeline p={par.train.p} must divide the {model.num_layers} layers"
-        )
+    try:
+        par.train.stage_layers(model.num_layers)
+    except SpecError as exc:
+        raise SpecError(f"{where}: {exc}") from None
     if role is Role.ACTOR:
         gen_set = plan.generator_set()
         gen_devices = plan.sets[gen_set].num_devices if gen_set is not None else None
@@ -331,6 +333,8 @@ _PAR_KEYS = (
     "t",
     "d",
     "e",
+    "first_stage_layers",
+    "last_stage_layers",
     "tg",
     "pg",
     "micro_batch",
@@ -349,7 +353,12 @@ def _parallelism_from_table(t: Table) -> RoleParallelism:
     t.reject_unknown(_PAR_KEYS)
     return RoleParallelism(
         train=TrainLayout(
-            p=t.get_int("p", 1), t=t.get_int("t", 1), d=t.get_int("d", 1), e=t.get_int("e", 1)
+            p=t.get_int("p", 1),
+            t=t.get_int("t", 1),
+            d=t.get_int("d", 1),
+            e=t.get_int("e", 1),
+            first_stage_layers=t.get_int("first_stage_layers", 0),
+            last_stage_layers=t.get_int("last_stage_layers", 0),
         ),
         tg=t.get_int("tg", 1),
         pg=t.get_int("pg", 1),
@@ -428,6 +437,11 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         row: dict[str, Any] = {"p": par.train.p, "t": par.train.t, "d": par.train.d}
         if par.train.e > 1:
             row["e"] = par.train.e
+        # Set only when uneven, so that even plans keep their content hash.
+        if par.train.first_stage_layers:
+            row["first_stage_layers"] = par.train.first_stage_layers
+        if par.train.last_stage_layers:
+            row["last_stage_layers"] = par.train.last_stage_layers
         if role is Role.ACTOR:
             row.update(tg=par.tg, pg=par.pg)
         row.update(micro_batch=par.micro_batch, zero=par.zero, recompute=par.recompute)

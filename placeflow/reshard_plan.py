@@ -61,7 +61,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from placeflow.errors import SpecError
-from placeflow.layout import GenLayout, TrainLayout
+from placeflow.layout import GenLayout, TrainLayout, split_stages, stage_of_layer
 from placeflow.models import Feature, ModelSpec
 
 
@@ -120,9 +120,10 @@ class ParamSpec:
         shape[self.dim] = sum(r.length for r in ranges)
         return tuple(shape)
 
-    def stage(self, num_layers: int, p: int) -> int:
-        """Pipeline stage of `p` holding this weight (contiguous layers per stage)."""
-        return min(max(self.layer, 0) * p // num_layers, p - 1)
+    def stage(self, stages: tuple[int, ...]) -> int:
+        """Pipeline stage holding this weight when stage i holds stages[i] contiguous
+        layers (`TrainLayout.stage_layers`, `GenLayout.stage_layers`)."""
+        return stage_of_layer(self.layer, stages)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,8 +275,7 @@ class TinyLlama:
                 f"num_kv_heads {self.num_kv_heads} must be a multiple of t={train.t} "
                 "(Megatron TP gives each rank whole heads)"
             )
-        if self.num_layers % train.p:
-            raise SpecError(f"num_layers {self.num_layers} must be a multiple of p={train.p}")
+        train.stage_layers(self.num_layers)  # SpecError unless the layers split into stages
         if train.e > 1 and self.num_experts % train.e:
             raise SpecError(
                 f"expert parallel e={train.e} must divide the {self.num_experts} experts "
@@ -323,7 +323,7 @@ def train_shard(
 ) -> tuple[Range, ...] | None:
     """Ranges of `param` that training `rank` holds; None if another stage holds it."""
     pp, tp, _ = train.coords(rank)
-    if param.stage(model.num_layers, train.p) != pp:
+    if param.stage(train.stage_layers(model.num_layers)) != pp:
         return None
     if param.expert >= 0 and model.expert_rank(param, train.e) != train.ep_rank(rank):
         return None  # another EP rank's expert
@@ -337,7 +337,7 @@ def gen_shard(
 ) -> tuple[Range, ...] | None:
     """Ranges of `param` that `rank` holds for generation (GenLayout's tg, pg); None if none."""
     _, gpp, gtp = gen.coords(rank)
-    if param.stage(model.num_layers, gen.pg) != gpp:
+    if param.stage(gen.stage_layers(model.num_layers)) != gpp:
         return None
     if param.sharding is Sharding.REPLICATED:
         return _full(param)
@@ -448,11 +448,12 @@ def stage_order(
     """The pieces `rank` sends, vocab weight first so that the stages' slots line up;
     the routed experts' pieces only (`experts`) or every other weight's."""
     pp = gen.train.coords(rank)[0]
+    stages = gen.train.stage_layers(model.num_layers)
     sent = [
         (p.sharding is not Sharding.VOCAB, i, p)
         for i, p in enumerate(model.params())
         # Another stage's parameters send nothing (transfer_piece is None): skip them cheaply.
-        if p.stage(model.num_layers, gen.train.p) == pp
+        if p.stage(stages) == pp
         and (p.expert >= 0) == experts
         and transfer_piece(model, p, gen, rank) is not None
     ]
@@ -695,9 +696,9 @@ def _sources(
 ) -> list[Send]:
     """The slices of `dst`'s generation shard of `param`, each from the trainer rank holding it."""
     replica, gpp, gtp = gen.coords(dst)
-    if param.stage(model.num_layers, gen.pg) != gpp:
+    if param.stage(split_stages(model.num_layers, gen.pg)) != gpp:
         return []
-    stage = param.stage(model.num_layers, train.p)
+    stage = param.stage(train.stage_layers(model.num_layers))
     # Generator replica r pulls from trainer replica r mod d, so replicas spread
     # their load over the trainer's data-parallel copies.
     dp = replica % train.d

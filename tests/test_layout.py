@@ -10,6 +10,7 @@ from placeflow.layout import (
     TrainLayout,
     colocated_transfer_bytes_per_rank,
     generation_shard_bytes,
+    stage_of_layer,
 )
 
 LAYOUTS = [
@@ -89,3 +90,43 @@ def test_expert_parallel_must_divide_data_parallel() -> None:
     with pytest.raises(SpecError, match="e=3 must divide data parallel d=4"):
         TrainLayout(d=4, e=3)
     assert TrainLayout(d=4, e=4).expert_dp == 1
+
+
+def test_uneven_stages_follow_megatrons_first_and_last_counts() -> None:
+    """NeMo RL's DeepSeek-V3 split: 61 layers, p = 16, 3 on the first stage and 2 on
+    the last, 4 on each of the 14 others."""
+    deepseek = TrainLayout(p=16, first_stage_layers=3, last_stage_layers=2)
+    assert deepseek.stage_layers(61) == (3,) + (4,) * 14 + (2,)
+    assert deepseek.heaviest_stage_layers(61) == 4
+    assert TrainLayout(p=4).stage_layers(8) == (2, 2, 2, 2)
+    assert TrainLayout(p=3, first_stage_layers=1).stage_layers(7) == (1, 3, 3)
+    assert TrainLayout(p=2, last_stage_layers=5).stage_layers(6) == (1, 5)
+    # Every layer on exactly one stage, in order; the embedding first, the head last.
+    stages = deepseek.stage_layers(61)
+    owners = [stage_of_layer(layer, stages) for layer in range(61)]
+    assert owners == sorted(owners) and [owners.count(s) for s in range(16)] == list(stages)
+    assert stage_of_layer(-1, stages) == 0 and stage_of_layer(61, stages) == 15
+
+
+@pytest.mark.parametrize(
+    ("layout", "layers", "match"),
+    [
+        (TrainLayout(p=16), 61, "do not divide into 16 equal stages"),
+        (TrainLayout(p=16, first_stage_layers=2, last_stage_layers=2), 61, "14 equal stages"),
+        (TrainLayout(p=2, first_stage_layers=3), 3, "do not divide into 1 equal"),
+    ],
+)
+def test_layers_that_do_not_split_are_refused(layout: TrainLayout, layers: int, match: str) -> None:
+    with pytest.raises(SpecError, match=match):
+        layout.stage_layers(layers)
+
+
+def test_uneven_stage_knobs_are_validated() -> None:
+    with pytest.raises(SpecError, match="need pipeline stages"):
+        TrainLayout(p=1, first_stage_layers=2)
+    with pytest.raises(SpecError, match="not both"):
+        TrainLayout(p=2, first_stage_layers=2, last_stage_layers=2)
+    with pytest.raises(SpecError, match="non-negative"):
+        TrainLayout(p=2, last_stage_layers=-1)
+    with pytest.raises(SpecError, match="pg = 1"):
+        GenLayout(train=TrainLayout(p=2, first_stage_layers=3), pg=2)

@@ -75,6 +75,9 @@ class Case:
 
 P2 = TrainLayout(p=2)
 P2T2, P2D2, P4 = TrainLayout(p=2, t=2), TrainLayout(p=2, d=2), TrainLayout(p=4)
+# Uneven stages (Megatron's first/last stage layer counts): 3 + 1 and 1 + 3 layers.
+P2_FIRST3 = TrainLayout(p=2, first_stage_layers=3)
+P2T2_LAST3 = TrainLayout(p=2, t=2, last_stage_layers=3)
 CASES = (
     Case(name="actor p2", train=P2, role=Role.ACTOR, tg=1),
     Case(name="actor p2 tied", train=P2, role=Role.ACTOR, tied=True, tg=1, resume=True),
@@ -106,6 +109,9 @@ CASES = (
     ),
     Case(name="actor p4", train=P4, role=Role.ACTOR, tied=True),
     Case(name="reward p4", train=P4, role=Role.REWARD),
+    Case(name="actor p2 uneven 3+1 to tg1", train=P2_FIRST3, role=Role.ACTOR, tg=1),
+    Case(name="critic p2 t2 uneven 1+3", train=P2T2_LAST3, role=Role.CRITIC, resume=True),
+    Case(name="actor p2 t2 uneven tied to tg2", train=P2T2_LAST3, role=Role.ACTOR, tied=True, tg=2),
 )
 
 
@@ -295,7 +301,7 @@ def _assemble(case: Case, got: dict[Any, Any]) -> dict[str, torch.Tensor]:
     for p in WEIGHTS.params():
         if p.name == "lm_head" and case.tied:
             continue
-        stage = p.stage(WEIGHTS.num_layers, case.train.p)
+        stage = p.stage(case.train.stage_layers(WEIGHTS.num_layers))
         shards = [got[case.name, case.train.rank(pp=stage, tp=i, dp=0)]["weights"][p.name]
                   for i in range(t)]  # fmt: skip
         if p.sharding is Sharding.REPLICATED:
@@ -350,7 +356,7 @@ def test_stage_holds_its_layers_only(world: tuple[Job, dict[Any, Any]]) -> None:
             pp = case.train.coords(rank)[0]
             names = set(got[case.name, rank]["weights"])
             w, n = case.arch.weights, WEIGHTS.num_layers
-            held = {p.name for p in w.params() if p.stage(n, case.train.p) == pp}
+            held = {p.name for p in w.params() if p.stage(case.train.stage_layers(n)) == pp}
             if pp == case.train.p - 1 and case.role is Role.CRITIC:
                 held = held - {"lm_head"} | {"value_head"}
             if pp == case.train.p - 1 and case.role is Role.ACTOR and case.tied:

@@ -83,7 +83,7 @@ def test_training_shards_partition_each_weight(gen):
     train = gen.train
     for param in MODEL.params():
         idx = _indices(param.shape)
-        stage = param.stage(MODEL.num_layers, train.p)
+        stage = param.stage(train.stage_layers(MODEL.num_layers))
         held = [
             take(idx, param, ranges).flatten()
             for tp in range(train.t)

@@ -44,20 +44,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from placeflow.layout import split_stages
+
 
 @dataclass(frozen=True)
 class PPGroup:
-    """This rank's pipeline group: `size` stages, this one at `rank` (its stage index)."""
+    """This rank's pipeline group: `size` stages, this one at `rank` (its stage index);
+    `first_stage_layers` / `last_stage_layers` as in `TrainLayout` (0: even stages)."""
 
     group: Any = None  # a torch.distributed ProcessGroup; None when size is 1
     size: int = 1
     rank: int = 0
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.size > 1 and self.group is None:
             raise ValueError(f"a PP group of size {self.size} needs a process group")
         if not 0 <= self.rank < self.size:
             raise ValueError(f"PP rank {self.rank} outside 0..{self.size - 1}")
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers of every stage of this group (`placeflow.layout.split_stages`)."""
+        return split_stages(num_layers, self.size, self.first_stage_layers, self.last_stage_layers)
 
     @property
     def is_first(self) -> bool:

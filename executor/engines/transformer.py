@@ -284,8 +284,7 @@ class Transformer(nn.Module):
                 f"TP size {tp.size} must divide num_kv_heads {w.num_kv_heads}, "
                 f"ffn {w.ffn} and vocab {w.vocab} (each rank holds whole heads and rows)"
             )
-        if w.num_layers % pp.size:
-            raise SpecError(f"num_layers {w.num_layers} must be a multiple of p={pp.size}")
+        pp.stage_layers(w.num_layers)  # SpecError unless the layers split into its stages
         self.arch, self.tp, self.pp, self.is_critic = arch, tp, pp, value_head
         self.num_values = num_values
         held = stage_weights(w, pp)
@@ -486,8 +485,8 @@ class Transformer(nn.Module):
 
 def stage_weights(weights: TinyLlama, pp: PPGroup) -> set[str]:
     """Names of the plan's weights on stage `pp.rank` of `pp.size` (ParamSpec.stage's rule)."""
-    n = weights.num_layers
-    return {p.name for p in weights.params() if p.stage(n, pp.size) == pp.rank}
+    stages = pp.stage_layers(weights.num_layers)
+    return {p.name for p in weights.params() if p.stage(stages) == pp.rank}
 
 
 # --- full weights and their shards ----------------------------------------------
