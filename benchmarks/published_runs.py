@@ -38,15 +38,16 @@ approximations, per row in `RUNS` and the results: context parallelism is not
 modelled (CP 2 is folded into d); placeflow's expert TP equals t and e is
 carved out of d, so the published EP with expert TP 1 becomes the e that
 gives each GPU the same expert bytes (E/(e·t) = E/EP_published); pipeline
-stages must divide the layers (Qwen3-235B has 94: PP 8 becomes 2 with t = 8);
-generation TP stays inside a node and must divide t, so vLLM TP 16 becomes
-tg 8 x pg 2; the colocated rows offload the actor's optimizer state during
+stages split the layers evenly unless the first / last stage is given its own
+count, as Megatron-core allows (Qwen3-235B has 94: PP 8 becomes 2 with t = 8;
+DeepSeek-V3's 61 use NeMo RL's stages of 3, 14 x 4 and 2); generation TP stays
+inside a node and must divide t, so vLLM TP 16 becomes tg 8 x pg 2 and
+DeepSeek-V3's TP 32 becomes tg 8 x pg 4 (a generator set splits its 61 layers
+as vLLM does, 15, 15, 16, 15; colocated generation stages gather whole
+training stages); the colocated rows offload the actor's optimizer state during
 generation (NeMo RL's `offload_before_refit` in
 `nemo_rl/models/policy/workers/megatron_policy_worker.py` moves the
-optimizer and gradient buffers to the host). DeepSeek-V3's 61
-layers (a prime) admit no pipeline split in a placeflow plan, and without one
-its 1.34 TB of weights fit no generation layout of at most 8 GPUs per replica
-(tg <= node): those rows are listed, not simulated.
+optimizer and gradient buffers to the host).
 
     python benchmarks/published_runs.py
 """
@@ -120,7 +121,6 @@ class PublishedRun:
     samples: int = 32
     train_batch: int = 512
     max_seq: int = MAX_SEQ
-    expressible: bool = True
 
 
 def _dense(p: int, d: int) -> dict[str, Any]:
@@ -171,18 +171,26 @@ RUNS = (
                  actor={"p": 2, "t": 8, "d": 8, "e": 8, "zero": 1, "tg": 8}),
     PublishedRun(name="nemo-rl-v0.6-deepseek-v3-on", source=SUMMARY_V06, model="deepseek-v3",
                  off_policy=False, num_gpus=256, avg_seq_len=701, tokens_per_s_per_gpu=12.1,
-                 step_s=134, prompts=32, samples=16, max_seq=1536, expressible=False,
+                 step_s=134, prompts=32, samples=16, max_seq=1536,
                  published_layout="G [TP 32, PP 1]; T [TP 1, CP 1, EP 16, PP 16]",
-                 layout_note="not expressible: p must divide 61 layers (NeMo RL uses stages of "
-                             "3, 14 x 4 and 2), and generation needs tg x pg >= 17 GPUs with "
-                             "tg <= 8",
-                 actor={}),
+                 layout_note="PP 16 with NeMo RL's uneven stages (3, 14 x 4, 2 layers); "
+                             "t = 8, d = 2, e = 2 (16 experts per GPU as with EP 16 at "
+                             "expert TP 1) so that generation can reuse training shards: "
+                             "vLLM TP 32 becomes tg 8 x pg 4 (stages of 15, 16, 16, 14 "
+                             "layers: four training stages each)",
+                 actor={"p": 16, "t": 8, "d": 2, "e": 2, "first_stage_layers": 3,
+                        "last_stage_layers": 2, "zero": 1, "tg": 8, "pg": 4,
+                        "offload_optimizer": True}),
     PublishedRun(name="nemo-rl-v0.6-deepseek-v3-1off", source=SUMMARY_V06, model="deepseek-v3",
                  off_policy=True, num_gpus=512, avg_seq_len=710, tokens_per_s_per_gpu=12.8,
-                 step_s=64.1, prompts=32, samples=16, max_seq=1536, expressible=False,
+                 step_s=64.1, prompts=32, samples=16, max_seq=1536,
                  published_layout="G [TP 32, PP 1] on 256 GPUs; T [TP 1, EP 16, PP 16] on 256",
-                 layout_note="not expressible: as the on-policy row",
-                 actor={}),
+                 layout_note="training as published (PP 16 with stages of 3, 14 x 4 and 2 "
+                             "layers); generation TP 32 spans 4 nodes, which placeflow's "
+                             "generation TP (inside a node) cannot: tg 8 x pg 4, vLLM's own "
+                             "split of 61 layers (15, 15, 16, 15)",
+                 actor={"p": 16, "t": 1, "d": 16, "e": 16, "first_stage_layers": 3,
+                        "last_stage_layers": 2, "zero": 1, "tg": 8, "pg": 4}),
 )  # fmt: skip
 
 
@@ -227,7 +235,8 @@ def plan_dict(run: PublishedRun) -> dict[str, Any]:
     }
     train_gpus = run.num_gpus // 2 if run.off_policy else run.num_gpus
     actor = {"micro_batch": 1, "recompute": True, **run.actor}
-    ref = {k: actor[k] for k in ("p", "t", "d", "e") if k in actor} | {"micro_batch": 2}
+    layout_keys = ("p", "t", "d", "e", "first_stage_layers", "last_stage_layers")
+    ref = {k: actor[k] for k in layout_keys if k in actor} | {"micro_batch": 2}
     sets: list[dict[str, Any]] = [
         {"roles": ["actor", "ref"], "pool": "h100", "first_device": 0, "num_devices": train_gpus}
     ]
@@ -274,8 +283,7 @@ def annotate(path: Path, run: PublishedRun) -> None:
 
 
 def simulate_row(run: PublishedRun) -> dict[str, Any]:
-    """Write the row's plan, simulate it and compare; a row placeflow cannot express
-    is returned with its reason and no figures."""
+    """Write the row's plan, simulate it and compare."""
     row: dict[str, Any] = {
         "name": run.name,
         "source": run.source,
@@ -286,8 +294,6 @@ def simulate_row(run: PublishedRun) -> dict[str, Any]:
         "published_step_s": run.step_s,
         "published_tokens_per_s_per_gpu": run.tokens_per_s_per_gpu,
     }
-    if not run.expressible:
-        return row | {"plan": None, "simulated_step_s": None, "step_rel_error": None}
     path = OUT_DIR / f"{run.name}.toml"
     save_plan(plan_from_dict(plan_dict(run), run.name, OUT_DIR), path)
     annotate(path, run)
@@ -330,10 +336,6 @@ def main() -> None:
           "| actor_update s |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        if r["plan"] is None:
-            print(f"| {r['name']} | {r['num_gpus']} | {r['published_step_s']} | "
-                  f"not expressible | | | |")  # fmt: skip
-            continue
         ph = r["simulated_phases_s"]
         err = "infeasible" if r["step_rel_error"] is None else f"{r['step_rel_error']:+.0%}"
         print(

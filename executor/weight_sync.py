@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from placeflow.executor.engines.hf import to_hf
 from placeflow.executor.reshard import MemoryMeter, Params
-from placeflow.layout import TrainLayout, split_stages
+from placeflow.layout import TrainLayout, generator_stage_layers
 from placeflow.reshard_plan import (
     DisjointPlan,
     GeneratorLayout,
@@ -94,7 +94,7 @@ def generator_shard_ranges(
 ) -> tuple[Range, ...] | None:
     """Ranges of `param` in generator `rank`'s shard; None if its stage holds none."""
     _, gpp, gtp = gen.coords(rank)
-    if param.stage(split_stages(model.num_layers, gen.pg)) != gpp:
+    if param.stage(generator_stage_layers(model.num_layers, gen.pg)) != gpp:
         return None
     if param.sharding is Sharding.REPLICATED:
         return (Range(start=0, length=param.shape[param.dim]),)

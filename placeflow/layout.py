@@ -191,20 +191,17 @@ class GenLayout:
             )
         if self.train.p % self.pg:
             raise SpecError(f"generation pg={self.pg} must divide training p={self.train.p}")
-        if self.pg > 1 and self.train.uneven:
-            raise SpecError(
-                f"generation pg={self.pg} with uneven training stages (first_stage_layers / "
-                "last_stage_layers) is not modelled: use pg = 1, or even training stages"
-            )
 
     @property
     def dg(self) -> int:
         return (self.train.t * self.train.p) // (self.tg * self.pg)
 
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
-        """Layers of each generation pipeline stage (even: uneven training stages
-        admit pg = 1 only)."""
-        return split_stages(num_layers, self.pg)
+        """Layers of each generation pipeline stage: generation stage j is made of the
+        p/pg consecutive training stages it gathers (HybridFlow's grouping above), so
+        uneven training stages give uneven generation stages."""
+        train = self.train.stage_layers(num_layers)
+        return tuple(sum(train[j * self._mp : (j + 1) * self._mp]) for j in range(self.pg))
 
     @property
     def num_replicas(self) -> int:
@@ -286,6 +283,20 @@ def split_stages(num_layers: int, p: int, first: int = 0, last: int = 0) -> tupl
         stages.insert(0, first)
     if last:
         stages.append(last)
+    return tuple(stages)
+
+
+@functools.cache
+def generator_stage_layers(num_layers: int, pg: int) -> tuple[int, ...]:
+    """Layers of each pipeline stage of a generator on its own devices, as vLLM splits
+    them (`vllm.distributed.utils.get_pp_indices` without VLLM_PP_LAYER_PARTITION):
+    L // pg each, the remainder one more each on the stages before the last, from the
+    end backwards (the last stage carries the final norm and head)."""
+    if not 1 <= pg <= num_layers:
+        raise SpecError(f"generation pg={pg} must be between 1 and the {num_layers} layers")
+    stages = [num_layers // pg] * pg
+    for i in range(2, num_layers % pg + 2):
+        stages[-i] += 1
     return tuple(stages)
 
 

@@ -60,7 +60,7 @@ from placeflow.cluster import (
 )
 from placeflow.errors import SpecError
 from placeflow.frozen import frozen
-from placeflow.layout import GenLayout, TrainLayout
+from placeflow.layout import GenLayout, TrainLayout, generator_stage_layers
 from placeflow.modcall import answer_calls
 from placeflow.models import ModelSpec
 from placeflow.tomlio import Table, load_spec, parse_enum
@@ -320,10 +320,13 @@ def _validate_role(plan: Plan, role: Role) -> None:
             )
         par.gen_layout(gen_devices)  # validates tg | t and pg | p for colocated generation
         _check_tp(f"{where} generation", par.tg, model, pool)
-        if model.num_layers % par.pg:
-            raise SpecError(
-                f"{where}: generation pg={par.pg} must divide the {model.num_layers} layers"
-            )
+        # Colocated generation stages gather whole training stages (pg | p, checked by
+        # gen_layout); a generator set splits the layers as vLLM does, pg <= L.
+        if gen_set is not None:
+            try:
+                generator_stage_layers(model.num_layers, par.pg)
+            except SpecError as exc:
+                raise SpecError(f"{where}: {exc}") from None
 
 
 # --- TOML --------------------------------------------------------------------

@@ -61,7 +61,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from placeflow.errors import SpecError
-from placeflow.layout import GenLayout, TrainLayout, split_stages, stage_of_layer
+from placeflow.layout import GenLayout, TrainLayout, generator_stage_layers, stage_of_layer
 from placeflow.models import Feature, ModelSpec
 
 
@@ -696,7 +696,7 @@ def _sources(
 ) -> list[Send]:
     """The slices of `dst`'s generation shard of `param`, each from the trainer rank holding it."""
     replica, gpp, gtp = gen.coords(dst)
-    if param.stage(split_stages(model.num_layers, gen.pg)) != gpp:
+    if param.stage(generator_stage_layers(model.num_layers, gen.pg)) != gpp:
         return []
     stage = param.stage(train.stage_layers(model.num_layers))
     # Generator replica r pulls from trainer replica r mod d, so replicas spread

@@ -172,7 +172,7 @@ def forward_cost(
     per_rank = math.ceil(num_samples / lay.d)
     mb = min(par.micro_batch, per_rank)
     num_micro = math.ceil(per_rank / mb)
-    layers = model.num_layers // lay.p
+    layers = lay.heaviest_stage_layers(model.num_layers)  # the slowest stage sets the pace
     stage = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
     gathered = 0.0
     if par.zero == 3 and lay.d > 1:
@@ -298,7 +298,7 @@ def _train_parts(
     """What one optimizer step of `train_cost` costs whatever the memory savers: a
     stage's layer forward and backward, the head's forward + backward, the pipeline's
     send/recv per micro-batch, the gradient reduction and the device optimizer step."""
-    layers = model.num_layers // lay.p
+    layers = lay.heaviest_stage_layers(model.num_layers)  # the slowest stage sets the pace
     fwd = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
     bwd = layers * compute.layer_backward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
     tokens = mb * seq

@@ -28,6 +28,10 @@
   vLLM sizes it, the cache gets the share `gpu_memory_utilization` of what a
   device has left after its reserve and the resident state; a replica runs at
   most `max_num_seqs` sequences at once.
+- Uneven pipeline stages (`TrainLayout.first_stage_layers` / `last_stage_layers`):
+  a rank holds the heaviest stage's share of the parameters, k_max/L of them
+  over t (as for even stages, the embedding and head are spread with the layers),
+  and its activations are those of k_max layers.
 - Mixture of experts (`shard_params`): a rank of layout p-t-d-e holds the
   dense parameters / (t·p) and the routed experts' parameters / (t·p·e);
   ZeRO shards the dense part's state over d and the experts' over the
@@ -64,7 +68,9 @@ def shard_params(
     """(parameters on one GPU, size of the data-parallel group that replicates them):
     the dense part over d, the routed experts over the expert-DP group d/e."""
     dense, experts = dense_and_expert_params(model, value_head=value_head)
-    mp = layout.t * layout.p
+    mp: float = layout.t * layout.p
+    if layout.uneven:  # the heaviest stage's share of the layers (embedding and head aside)
+        mp = layout.t * model.num_layers / layout.heaviest_stage_layers(model.num_layers)
     parts: tuple[tuple[float, int], ...] = ((dense / mp, layout.d),)
     if experts:
         parts += ((experts / (mp * layout.e), layout.expert_dp),)
@@ -124,11 +130,13 @@ def training_activation_bytes(
     recompute: bool,
     value_head: bool,
 ) -> float:
-    """Peak activation memory on the first pipeline stage during 1F1B."""
+    """Peak activation memory of a pipeline stage during 1F1B: the heaviest stage's
+    layers with p micro-batches in flight (the first stage's count; an upper bound
+    when uneven stages give the first stage fewer layers)."""
     sbh = seq * micro_batch * model.hidden_size
     bytes_scale = model.dtype.num_bytes / 2  # Korthikanti's constants are for 2-byte dtypes
     full_layer = sbh * (10 + 24 / layout.t) * bytes_scale
-    layers = model.num_layers // layout.p
+    layers = layout.heaviest_stage_layers(model.num_layers)
     per_micro = layers * 2 * sbh * bytes_scale + full_layer if recompute else layers * full_layer
     in_flight = min(layout.p, num_micro)
     logits = 2 * logits_bytes(model, layout.t, micro_batch * seq, value_head=value_head)

@@ -10,6 +10,7 @@ from placeflow.layout import (
     TrainLayout,
     colocated_transfer_bytes_per_rank,
     generation_shard_bytes,
+    generator_stage_layers,
     stage_of_layer,
 )
 
@@ -128,5 +129,20 @@ def test_uneven_stage_knobs_are_validated() -> None:
         TrainLayout(p=2, first_stage_layers=2, last_stage_layers=2)
     with pytest.raises(SpecError, match="non-negative"):
         TrainLayout(p=2, last_stage_layers=-1)
-    with pytest.raises(SpecError, match="pg = 1"):
-        GenLayout(train=TrainLayout(p=2, first_stage_layers=3), pg=2)
+
+
+def test_generation_stages_gather_consecutive_training_stages() -> None:
+    deepseek = TrainLayout(p=16, t=8, d=2, first_stage_layers=3, last_stage_layers=2)
+    assert GenLayout(train=deepseek, tg=8, pg=4).stage_layers(61) == (15, 16, 16, 14)
+    assert GenLayout(train=deepseek, tg=8, pg=1).stage_layers(61) == (61,)
+    assert GenLayout(train=TrainLayout(p=4), pg=2).stage_layers(8) == (4, 4)
+
+
+def test_generator_stages_split_as_vllm_does() -> None:
+    """vLLM's get_pp_indices: L // pg each, the remainder on the stages before the last."""
+    assert generator_stage_layers(61, 4) == (15, 15, 16, 15)
+    assert generator_stage_layers(10, 4) == (2, 3, 3, 2)
+    assert generator_stage_layers(8, 4) == (2, 2, 2, 2)
+    assert generator_stage_layers(5, 1) == (5,)
+    with pytest.raises(SpecError, match="between 1 and the 3 layers"):
+        generator_stage_layers(3, 4)
