@@ -50,7 +50,8 @@ def test_a_rank_holds_its_heaviest_stages_share_of_the_weights() -> None:
     # one layer's full activations, and the logits twice (forward and gradient).
     full_layer = sbh * (10 + 24 / 1) * model.dtype.num_bytes / 2
     logits = 2 * 1024 * model.vocab_size * 4.0
-    assert act == pytest.approx(16 * (4 * 2 * sbh * model.dtype.num_bytes / 2 + full_layer) + logits)
+    per_micro = 4 * 2 * sbh * model.dtype.num_bytes / 2 + full_layer
+    assert act == pytest.approx(16 * per_micro + logits)
 
 
 @pytest.mark.parametrize("name", ["nemo-rl-v0.6-deepseek-v3-on", "nemo-rl-v0.6-deepseek-v3-1off"])
