@@ -96,6 +96,12 @@ def check_executable(plan: Plan) -> None:
     w = plan.workload
     if w.reward_function is None and Role.REWARD not in w.models:
         raise SpecError("the workload needs a reward_function or a reward model")
+    if w.lora is not None:
+        raise SpecError(
+            f"[lora] (rank {w.lora.rank} on {', '.join(w.lora.roles)}) is simulated, planned "
+            "and exported (verl, OpenRLHF), but the executor's engines train full weights; "
+            "remove [lora] to run the plan here"
+        )
     for role, spec in w.models.items():
         # The engines run Llama/Qwen2/Qwen3 layers and mixtures of experts: latent
         # attention is refused by name, not run as a different model.

@@ -46,6 +46,7 @@ from typing import Any
 from placeflow.catalogue import CATALOGUE, get_model
 from placeflow.errors import SpecError
 from placeflow.frozen import frozen
+from placeflow.lora import LoRATargets, adapter_params_per_layer, check_adaptable
 from placeflow.models import ModelSpec
 from placeflow.tomlio import Table, load_spec, parse_enum
 
@@ -245,6 +246,41 @@ class DataSpec:
                 raise SpecError(f"[data] {name} must not be empty")
 
 
+@dataclass(frozen=True, kw_only=True)
+class LoRASpec:
+    """`[lora]`: low-rank adapters of rank `rank` on `targets` of the trained roles in
+    `roles`, their base weights frozen (`placeflow/lora.py`)."""
+
+    rank: int
+    alpha: float = 0.0  # the adapters' scale is alpha / rank; 0 means alpha = rank
+    targets: LoRATargets = LoRATargets.ALL_LINEAR
+    roles: tuple[Role, ...] = (Role.ACTOR,)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
+            raise SpecError(f"[lora] rank must be a positive integer, got {self.rank!r}")
+        if self.alpha < 0:
+            raise SpecError(f"[lora] alpha must be >= 0 (0: alpha = rank), got {self.alpha}")
+        if not self.roles:
+            raise SpecError("[lora] roles must name at least one trained role: actor, critic")
+        untrained = [r.value for r in self.roles if r not in (Role.ACTOR, Role.CRITIC)]
+        if untrained:
+            raise SpecError(
+                f"[lora] roles: {', '.join(untrained)} are not trained; adapters train the "
+                "actor or the critic"
+            )
+
+    def adapts(self, role: Role) -> bool:
+        return role in self.roles
+
+    def params(self, model: ModelSpec) -> int:
+        """Trainable adapter parameters of `model` (every decoder layer)."""
+        return model.num_layers * adapter_params_per_layer(model, self.rank, self.targets)
+
+
+_LORA_KEYS = ("rank", "alpha", "targets", "roles")
+
+
 DATA_SUFFIXES = (".jsonl", ".parquet")
 _DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSpec))
 
@@ -274,6 +310,11 @@ class Workload:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     rl: RLConfig = field(default_factory=RLConfig)
     data: DataSpec | None = None
+    lora: LoRASpec | None = None  # None: full fine-tuning of every trained role
+
+    def lora_of(self, role: Role) -> LoRASpec | None:
+        """The adapters `role` trains, or None when it trains its full weights."""
+        return self.lora if self.lora is not None and self.lora.adapts(role) else None
 
     @property
     def recomputes_old_logprobs(self) -> bool:
@@ -321,6 +362,15 @@ class Workload:
                 f"workload {self.name!r}: max_num_seqs must be a positive integer, "
                 f"got {self.max_num_seqs}"
             )
+        if self.lora is not None:
+            for role in self.lora.roles:
+                if role not in self.models:
+                    raise SpecError(
+                        f"workload {self.name!r}: [lora] roles names {role}, which "
+                        f"{self.algorithm} does not have here; its trained roles: "
+                        f"{', '.join(r for r in (Role.ACTOR, Role.CRITIC) if r in self.models)}"
+                    )
+                check_adaptable(self.models[role], self.lora.rank, f"[lora] {role}")
         if self.reward_workers < 0:
             raise SpecError(
                 f"workload {self.name!r}: reward_workers must be 0 (score on the driver) or "
@@ -399,7 +449,7 @@ def _data_spec(t: Table, base_dir: Path | None) -> DataSpec:
 _WORKLOAD_KEYS = (
     "name", "algorithm", "models", "batch", "reward_function", "reward_workers",
     "async_one_step_off", "rl", "data", "rollout_engine", "gpu_memory_utilization",
-    "max_num_seqs",
+    "max_num_seqs", "lora",
 )  # fmt: skip
 
 
@@ -459,6 +509,20 @@ def workload_from_dict(
         max_num_seqs=t.get_int("max_num_seqs", DEFAULT_MAX_NUM_SEQS),
         rl=rl,
         data=_data_spec(t.table("data"), base_dir) if t.has("data") else None,
+        lora=_lora_spec(t.table("lora")) if t.has("lora") else None,
+    )
+
+
+def _lora_spec(t: Table) -> LoRASpec:
+    t.reject_unknown(_LORA_KEYS)
+    raw_roles = t.data.get("roles", ["actor"])
+    if not isinstance(raw_roles, list) or not all(isinstance(r, str) for r in raw_roles):
+        raise SpecError(f"{t.where}: roles must be a list of role names, got {raw_roles!r}")
+    return LoRASpec(
+        rank=t.get_int("rank"),
+        alpha=t.get_float("alpha", 0.0),
+        targets=parse_enum(LoRATargets, t.get_str("targets", "all-linear"), t.where, "targets"),
+        roles=tuple(parse_role(r, t.where) for r in raw_roles),
     )
 
 
@@ -515,4 +579,10 @@ def workload_to_dict(w: Workload) -> dict[str, Any]:
     rl = {k: getattr(w.rl, k) for k in _RL_KEYS if getattr(w.rl, k) != getattr(RLConfig(), k)}
     if rl:
         out["rl"] = rl
+    if w.lora is not None:
+        lora: dict[str, Any] = {"rank": w.lora.rank, "targets": w.lora.targets.value}
+        if w.lora.alpha:
+            lora["alpha"] = w.lora.alpha
+        lora["roles"] = [r.value for r in w.lora.roles]
+        out["lora"] = lora
     return out

@@ -179,7 +179,9 @@ class _Prices:
         key = resident_key(par)
         hit = self._resident.get(key)
         if hit is None:
-            hit = self._resident[key] = resident_bytes(self.wl.models[self.role], self.role, par)
+            hit = self._resident[key] = resident_bytes(
+                self.wl.models[self.role], self.role, par, self.wl.lora_of(self.role)
+            )
         return hit
 
     def kv_variants(self, par: RoleParallelism) -> list[tuple[int, float]]:

@@ -118,6 +118,9 @@ def generator_option(
     par = RoleParallelism(train=TrainLayout(p=1, t=tg, d=m // tg), tg=tg, pg=1)
     gen = par.gen_layout(m)
     shard = weight_bytes_per_gpu(actor, tg, 1, value_head=False)
+    lora = wl.lora_of(Role.ACTOR)
+    if lora is not None:  # the generator keeps the base and loads the adapters (lora.py)
+        shard += lora.params(actor) * actor.dtype.num_bytes / tg
     # Whole MiB, as the memory constraints count them (planner.variables).
     free = (pool.gpu.usable_bytes // MIB - math.ceil(shard / MIB)) * MIB
     needed = math.ceil(wl.batch.num_samples / gen.num_replicas)
@@ -142,7 +145,12 @@ def generator_option(
     generation = [c for phase, c in costs.items() if stage_of(phase) == 0]
     one_node = trainer_pool.name == pool.name and pool.num_nodes == 1
     sync = callcosts.weight_sync_cost(
-        trainer_cm, actor, tg, 1, Scope.INTRA if one_node else Scope.INTER
+        trainer_cm,
+        actor,
+        tg,
+        1,
+        Scope.INTRA if one_node else Scope.INTER,
+        lora=lora,
     )
     return GeneratorOption(
         trainer_pool=trainer_pool.name,

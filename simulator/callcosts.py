@@ -45,6 +45,7 @@ from placeflow.layout import (
     disjoint_transfer_bytes_per_gen_rank,
     generation_shard_bytes,
 )
+from placeflow.lora import adapted_shapes
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
@@ -58,7 +59,7 @@ from placeflow.reshard_plan import (
 )
 from placeflow.simulator import compute, memory
 from placeflow.simulator.lengths import LengthModel
-from placeflow.workload import RolloutEngine
+from placeflow.workload import LoRASpec, RolloutEngine
 
 DECODE_POINTS = 12
 
@@ -223,8 +224,10 @@ def train_cost(
     ep_scope: Scope = Scope.INTRA,
     dp_ranks_per_node: int = 1,
     expert_dp_ranks_per_node: int = 1,
+    lora: LoRASpec | None = None,
 ) -> CallCost:
-    """One update call: `ppo_epochs` x `mini_batches` optimizer steps of 1F1B training.
+    """One update call: `ppo_epochs` x `mini_batches` optimizer steps of 1F1B training
+    (of the adapters only, the base frozen, with `lora`: placeflow/lora.py).
 
     `dp_ranks_per_node` / `expert_dp_ranks_per_node`: the fewest ranks of a (expert)
     data-parallel group on one node, which prices its reduction across nodes
@@ -239,15 +242,25 @@ def train_cost(
         expert_ranks_per_node=expert_dp_ranks_per_node,
     )
     fwd, bwd, head, p2p, sync_s, opt_s = cm.remember(
-        ("train_parts", model, lay, mb, seq, num_micro, par.zero, dp, ep_scope, value_head),
+        ("train_parts", model, lay, mb, seq, num_micro, par.zero, dp, ep_scope, value_head, lora),
         lambda: _train_parts(
-            cm, model, lay, mb, seq, num_micro, par.zero, dp, ep_scope, value_head=value_head
+            cm,
+            model,
+            lay,
+            mb,
+            seq,
+            num_micro,
+            par.zero,
+            dp,
+            ep_scope,
+            value_head=value_head,
+            lora=lora,
         ),
     )
     stage = fwd * (2 if par.recompute else 1) + bwd
     pipeline_s = (num_micro + lay.p - 1) * (stage + p2p) + num_micro * head
     if par.host_optimizer_step:
-        opt_s = _host_optimizer_step_s(cm, model, lay, par.zero, value_head=value_head)
+        opt_s = _host_optimizer_step_s(cm, model, lay, par.zero, value_head=value_head, lora=lora)
     steps = ppo_epochs * mini_batches
     time_s = steps * (pipeline_s + sync_s + opt_s)
     busy = steps * (num_micro * (stage + p2p + head / lay.p) + sync_s + opt_s)
@@ -259,7 +272,9 @@ def train_cost(
         # Reload the Adam state before the update and write it back after; while the
         # update runs it is on the device again.
         state = int(
-            memory.optimizer_state_bytes_per_gpu(model, lay, par.zero, value_head=value_head)
+            memory.optimizer_state_bytes_per_gpu(
+                model, lay, par.zero, value_head=value_head, lora=lora
+            )
         )
         offload_s = cm.copy_s("h2d", state) + cm.copy_s("d2h", state)
         transient += state
@@ -278,6 +293,7 @@ def train_cost(
             "optimizer_s": opt_s,
             "offload_s": offload_s,
             "optimizer_on_host": par.host_optimizer_step,
+            "lora_rank": lora.rank if lora is not None else 0,
         },
     )
 
@@ -294,16 +310,31 @@ def _train_parts(
     ep_scope: Scope,
     *,
     value_head: bool,
+    lora: LoRASpec | None = None,
 ) -> tuple[float, float, float, float, float, float]:
     """What one optimizer step of `train_cost` costs whatever the memory savers: a
     stage's layer forward and backward, the head's forward + backward, the pipeline's
-    send/recv per micro-batch, the gradient reduction and the device optimizer step."""
+    send/recv per micro-batch, the gradient reduction and the device optimizer step.
+    With LoRA the base GEMMs' weight gradients are skipped and the adapters' GEMMs added."""
     layers = lay.heaviest_stage_layers(model.num_layers)  # the slowest stage sets the pace
     fwd = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
     bwd = layers * compute.layer_backward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
     tokens = mb * seq
     head = compute.head_forward_s(cm, model, lay.t, tokens, value_head=value_head)
     head += compute.head_backward_s(cm, model, lay.t, tokens, value_head=value_head)
+    if lora is not None:
+        layer_dw, head_dw = compute.base_weight_grad_s(
+            cm, model, lay.t, mb, seq, value_head=value_head
+        )
+        shapes = adapted_shapes(model, lora.targets)
+        fwd += layers * compute.lora_layer_s(
+            cm, model, lay.t, mb, seq, shapes, lora.rank, backward=False
+        )
+        bwd += layers * (
+            compute.lora_layer_s(cm, model, lay.t, mb, seq, shapes, lora.rank, backward=True)
+            - layer_dw
+        )
+        head -= head_dw
     act_bytes = tokens * model.hidden_size * model.dtype.num_bytes
     p2p = (
         2 * cm.collective_s(CollectiveKind.SEND_RECV, act_bytes, 2, Scope.INTRA)
@@ -311,19 +342,26 @@ def _train_parts(
         else 0.0
     )
     sync_s, opt_s = _dp_sync_and_optimizer_s(
-        cm, model, lay, zero, num_micro, dp, value_head=value_head
+        cm, model, lay, zero, num_micro, dp, value_head=value_head, lora=lora
     )
     return fwd, bwd, head, p2p, sync_s, opt_s
 
 
 def _host_optimizer_step_s(
-    cm: CostModel, model: ModelSpec, lay: TrainLayout, zero: int, *, value_head: bool
+    cm: CostModel,
+    model: ModelSpec,
+    lay: TrainLayout,
+    zero: int,
+    *,
+    value_head: bool,
+    lora: LoRASpec | None = None,
 ) -> float:
     """One optimizer step on the host: the rank's gradient partition goes down, the host
     CPU runs AdamW over it (fp32 master and moments in host memory), the updated
     weights come back up in the model's dtype. The partition is the rank's ZeRO
     shard, params/(t·p·d) for zero >= 1, the whole t·p shard for zero = 0."""
-    shard_params = model.num_params(value_head=value_head) // (lay.t * lay.p)
+    trained = model.num_params(value_head=value_head) if lora is None else lora.params(model)
+    shard_params = trained // (lay.t * lay.p)
     partition = math.ceil(shard_params / lay.d) if zero >= 1 else shard_params
     partition_bytes = partition * model.dtype.num_bytes
     return (
@@ -352,6 +390,7 @@ def _dp_sync_and_optimizer_s(
     dp: _DPGroups,
     *,
     value_head: bool,
+    lora: LoRASpec | None = None,
 ) -> tuple[float, float]:
     """Gradient reduction and optimizer step of one rank; a mixture of experts reduces
     its dense gradients over d and its experts' over the expert-DP group d/e (whose
@@ -359,7 +398,22 @@ def _dp_sync_and_optimizer_s(
     each with its own ranks per node)."""
     sync = 0.0
     opt_params = 0
-    for params, d in memory.shard_params(model, lay, value_head=value_head):
+    if lora is not None and zero == 3:
+        # The frozen base is sharded over d too: gathered before every micro-batch's
+        # forward and backward, as a full model's weights are below.
+        for params, d in memory.shard_params(model, lay, value_head=value_head):
+            sync += (
+                2
+                * num_micro
+                * cm.collective_s(
+                    CollectiveKind.ALL_GATHER,
+                    int(params) * model.dtype.num_bytes,
+                    d,
+                    dp.scope,
+                    ranks_per_node=dp.ranks_per_node,
+                )
+            )
+    for params, d in memory.trained_shard_params(model, lay, lora, value_head=value_head):
         shard = int(params)
         # The dense part is reduced over the DP groups (size d), the experts over the
         # expert-DP groups (d / e), each with its own ranks per node.
@@ -502,16 +556,25 @@ def weight_sync_cost(
     scope: Scope,
     *,
     train: TrainLayout | None = None,
+    lora: LoRASpec | None = None,
 ) -> CallCost:
     """Trainer -> generator on other devices: each generator rank receives its shard in buckets.
 
     Bytes and buckets come from the disjoint plan (`train` defaults to one
     trainer rank: which rank sends does not change what a generator receives).
+    With LoRA the generator keeps the frozen base and receives the adapters only,
+    their 1/(tg·pg) share, in buckets (placeflow/lora.py).
     """
-    buckets = disjoint_buckets(model, tg, pg, train or TrainLayout(), WEIGHT_SYNC_BUCKET_BYTES)
+    buckets = (
+        disjoint_buckets(model, tg, pg, train or TrainLayout(), WEIGHT_SYNC_BUCKET_BYTES)
+        if lora is None
+        else None
+    )
     if buckets is None:
-        # Fallback for replicated KV heads: M/(tg·pg) in full buckets plus the rest.
-        per_rank = disjoint_transfer_bytes_per_gen_rank(model.num_bytes(), tg, pg)
+        # Adapters, or replicated KV heads (no disjoint plan): bytes/(tg·pg) in full
+        # buckets plus the rest.
+        total = model.num_bytes() if lora is None else lora.params(model) * model.dtype.num_bytes
+        per_rank = disjoint_transfer_bytes_per_gen_rank(total, tg, pg)
         full, rest = divmod(int(per_rank), WEIGHT_SYNC_BUCKET_BYTES)
         buckets = (WEIGHT_SYNC_BUCKET_BYTES,) * full + ((rest,) if rest else ())
     sizes = Counter(buckets)

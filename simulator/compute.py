@@ -445,3 +445,45 @@ def decode_step_s(
         return time_s
 
     return cm.remember(("decode_step", model, tg, pg, batch, kv_len, engine), compute)
+
+
+# --- LoRA (placeflow/lora.py) ------------------------------------------------------------
+
+
+def base_weight_grad_s(
+    cm: CostModel, model: ModelSpec, t: int, batch: int, seq: int, *, value_head: bool
+) -> tuple[float, float]:
+    """(one layer, the head) of the weight-gradient GEMMs of a dense model's backward,
+    k×n×m each: what a LoRA backward skips, its base weights being frozen. A critic's
+    value head stays trained (lora.py), so its head term is 0."""
+    m = batch * seq
+    shapes = _attention_gemm_shapes(model, t) + _mlp_gemm_shapes(
+        model.hidden_size, model.ffn_hidden_size, t
+    )
+    layer = sum(cm.gemm_s(k, n, m) for n, k in shapes)
+    head = 0.0 if value_head else cm.gemm_s(model.hidden_size, model.vocab_size // t, m)
+    return layer, head
+
+
+def lora_layer_s(
+    cm: CostModel,
+    model: ModelSpec,
+    t: int,
+    batch: int,
+    seq: int,
+    shapes: tuple[tuple[int, int], ...],
+    rank: int,
+    *,
+    backward: bool,
+) -> float:
+    """The adapters' GEMMs of one layer on one TP rank: per adapted (in, out) projection
+    x·A (m, r, in) then ·B (m, out, r), the rank holding in/t or out/t of the sharded
+    side (either way r·(in + out)/t parameters, as Megatron shards the adapters with
+    their layer); the backward runs each GEMM twice (input and weight gradients)."""
+    m = batch * seq
+    time_s = 0.0
+    for fan_in, fan_out in shapes:
+        down = cm.gemm_s(m, rank, max(1, fan_in // t))
+        up = cm.gemm_s(m, max(1, fan_out // t), rank)
+        time_s += 2 * (down + up) if backward else down + up
+    return time_s

@@ -32,6 +32,12 @@
   a rank holds the heaviest stage's share of the parameters, k_max/L of them
   over t (as for even stages, the embedding and head are spread with the layers),
   and its activations are those of k_max layers.
+- LoRA (`LoRASpec`, `placeflow/lora.py`): the base weights are frozen and kept
+  like a forward-only role's (the model's dtype, over t·p, and over d with
+  zero = 3); gradients and Adam state exist for the adapters only, which are
+  sharded as the layers they adapt (over t·p) and by ZeRO over d like any
+  trained parameter. Activations are those of full training: the backward
+  still needs every layer's input gradient.
 - Mixture of experts (`shard_params`): a rank of layout p-t-d-e holds the
   dense parameters / (t·p) and the routed experts' parameters / (t·p·e);
   ZeRO shards the dense part's state over d and the experts' over the
@@ -44,6 +50,7 @@ from __future__ import annotations
 from placeflow.layout import GenLayout, TrainLayout, generation_shard_bytes
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
+from placeflow.workload import LoRASpec
 
 ADAM_BYTES_PER_PARAM = 16
 
@@ -62,15 +69,31 @@ def dense_and_expert_params(model: ModelSpec, *, value_head: bool) -> tuple[int,
     return model.num_params(value_head=value_head) - experts, experts
 
 
+def _model_parallel_ways(model: ModelSpec, layout: TrainLayout) -> float:
+    """Into how many parts t·p splits the layers' parameters for the heaviest rank: t·p,
+    or t·L/k_max with uneven stages (embedding and head are spread with the layers)."""
+    if layout.uneven:
+        return layout.t * model.num_layers / layout.heaviest_stage_layers(model.num_layers)
+    return layout.t * layout.p
+
+
+def trained_shard_params(
+    model: ModelSpec, layout: TrainLayout, lora: LoRASpec | None, *, value_head: bool
+) -> tuple[tuple[float, int], ...]:
+    """`shard_params` of the parameters a role trains: all of them, or with LoRA the
+    adapters only (over t·p, replicated over d like dense weights)."""
+    if lora is None:
+        return shard_params(model, layout, value_head=value_head)
+    return ((lora.params(model) / _model_parallel_ways(model, layout), layout.d),)
+
+
 def shard_params(
     model: ModelSpec, layout: TrainLayout, *, value_head: bool
 ) -> tuple[tuple[float, int], ...]:
     """(parameters on one GPU, size of the data-parallel group that replicates them):
     the dense part over d, the routed experts over the expert-DP group d/e."""
     dense, experts = dense_and_expert_params(model, value_head=value_head)
-    mp: float = layout.t * layout.p
-    if layout.uneven:  # the heaviest stage's share of the layers (embedding and head aside)
-        mp = layout.t * model.num_layers / layout.heaviest_stage_layers(model.num_layers)
+    mp = _model_parallel_ways(model, layout)
     parts: tuple[tuple[float, int], ...] = ((dense / mp, layout.d),)
     if experts:
         parts += ((experts / (mp * layout.e), layout.expert_dp),)
@@ -88,13 +111,21 @@ def weight_bytes_per_gpu(
 
 
 def training_state_bytes_per_gpu(
-    model: ModelSpec, layout: TrainLayout, zero: int, *, value_head: bool
+    model: ModelSpec,
+    layout: TrainLayout,
+    zero: int,
+    *,
+    value_head: bool,
+    lora: LoRASpec | None = None,
 ) -> float:
-    """Weights + gradients + optimizer state on one GPU under ZeRO stage `zero`."""
+    """Weights + gradients + optimizer state on one GPU under ZeRO stage `zero`; with
+    LoRA the frozen base's weights plus the adapters' weights, gradients and state."""
     w = g = model.dtype.num_bytes
     opt = ADAM_BYTES_PER_PARAM - w - g
     total = 0.0
-    for shard, d in shard_params(model, layout, value_head=value_head):
+    if lora is not None:
+        total += kept_weight_bytes_per_gpu(model, layout, zero, value_head=value_head)
+    for shard, d in trained_shard_params(model, layout, lora, value_head=value_head):
         per_param = {
             0: w + g + opt,
             1: w + g + opt / d,
@@ -106,13 +137,18 @@ def training_state_bytes_per_gpu(
 
 
 def optimizer_state_bytes_per_gpu(
-    model: ModelSpec, layout: TrainLayout, zero: int, *, value_head: bool
+    model: ModelSpec,
+    layout: TrainLayout,
+    zero: int,
+    *,
+    value_head: bool,
+    lora: LoRASpec | None = None,
 ) -> float:
     """The Adam state part of `training_state_bytes_per_gpu` (what offloading moves)."""
     opt = ADAM_BYTES_PER_PARAM - 2 * model.dtype.num_bytes
     return sum(
         shard * opt / (d if zero >= 1 else 1)
-        for shard, d in shard_params(model, layout, value_head=value_head)
+        for shard, d in trained_shard_params(model, layout, lora, value_head=value_head)
     )
 
 
@@ -161,16 +197,20 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, tg: int, pg: int) -> float:
 
 
 def trained_resident_bytes_per_gpu(
-    model: ModelSpec, par: RoleParallelism, *, value_head: bool
+    model: ModelSpec, par: RoleParallelism, *, value_head: bool, lora: LoRASpec | None = None
 ) -> float:
     """What a trained role keeps on a device between its calls.
 
     Weights, gradients and Adam state under ZeRO; with optimizer offload (either
     step) the Adam state part (fp32 master and moments) is in host memory.
     """
-    state = training_state_bytes_per_gpu(model, par.train, par.zero, value_head=value_head)
+    state = training_state_bytes_per_gpu(
+        model, par.train, par.zero, value_head=value_head, lora=lora
+    )
     if par.offload_optimizer:
-        state -= optimizer_state_bytes_per_gpu(model, par.train, par.zero, value_head=value_head)
+        state -= optimizer_state_bytes_per_gpu(
+            model, par.train, par.zero, value_head=value_head, lora=lora
+        )
     return state
 
 

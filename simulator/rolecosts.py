@@ -29,7 +29,7 @@ from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import DispatchKind, Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.lengths import LengthModel
-from placeflow.workload import Role, Workload
+from placeflow.workload import LoRASpec, Role, Workload
 
 
 def span_scope(first_device: int, gpus_per_node: int, groups: Iterable[list[int]]) -> Scope:
@@ -230,6 +230,7 @@ def call_cost(
             expert_dp_ranks_per_node=expert_dp_ranks_per_node(
                 first_device, gpus_per_node, par.train
             ),
+            lora=workload.lora_of(call.role),
         )
         per_rank = math.ceil(call.num_samples / par.train.d)
     payload = call_payload_bytes(call.kind, per_rank, workload.batch.prompt_len, seq)
@@ -269,8 +270,13 @@ def resident_key(par: RoleParallelism) -> tuple[object, ...]:
     return (par.train, par.zero, par.offload_optimizer)
 
 
-def resident_bytes(model: ModelSpec, role: Role, par: RoleParallelism) -> float:
-    """Bytes per GPU a role keeps between its calls (weights; plus grads and Adam if trained)."""
+def resident_bytes(
+    model: ModelSpec, role: Role, par: RoleParallelism, lora: LoRASpec | None = None
+) -> float:
+    """Bytes per GPU a role keeps between its calls (weights; plus grads and Adam if trained;
+    with `lora`, the workload's adapters for this role, `Workload.lora_of`)."""
     if role in (Role.ACTOR, Role.CRITIC):
-        return memory.trained_resident_bytes_per_gpu(model, par, value_head=role.has_value_head)
+        return memory.trained_resident_bytes_per_gpu(
+            model, par, value_head=role.has_value_head, lora=lora
+        )
     return memory.frozen_weight_bytes_per_gpu(model, par, value_head=role.has_value_head)

@@ -66,10 +66,14 @@ class _Call:
 def _resident_bytes(plan: Plan, set_index: int) -> float:
     """Weights (and, for trained roles, gradients and optimizer state) kept on each GPU."""
     s = plan.sets[set_index]
+    wl = plan.workload
     if s.generator:
         par = plan.parallelism[Role.ACTOR]
-        return gen_shard_bytes(plan.workload.models[Role.ACTOR].num_bytes(), par.tg, par.pg)
-    return sum(resident_bytes(plan.workload.models[r], r, plan.parallelism[r]) for r in s.roles)
+        actor = wl.models[Role.ACTOR]
+        lora = wl.lora_of(Role.ACTOR)
+        adapters = lora.params(actor) * actor.dtype.num_bytes if lora is not None else 0
+        return gen_shard_bytes(actor.num_bytes() + adapters, par.tg, par.pg)
+    return sum(resident_bytes(wl.models[r], r, plan.parallelism[r], wl.lora_of(r)) for r in s.roles)
 
 
 def _gen_layout(plan: Plan) -> GenLayout:
@@ -195,7 +199,9 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
             == plan.sets[gen_set].first_device // plan.pool_of(gen_set).gpus_per_node
         )
         scope = Scope.INTRA if same_node else Scope.INTER
-        cost = callcosts.weight_sync_cost(cm, actor, par.tg, par.pg, scope)
+        cost = callcosts.weight_sync_cost(
+            cm, actor, par.tg, par.pg, scope, lora=plan.workload.lora_of(Role.ACTOR)
+        )
         phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
     elif needs_reshard(gen, par.zero):
         scope = reshard_scope(

@@ -23,7 +23,7 @@ Safe-RLHF's cost model.
 from __future__ import annotations
 
 from placeflow.export import Export, Target
-from placeflow.export.common import nodes_of, set_label
+from placeflow.export.common import lora_alpha, lora_target_modules, nodes_of, set_label
 from placeflow.models import DType
 from placeflow.plan import Plan
 from placeflow.workload import Algorithm, Role
@@ -184,6 +184,20 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
         flags.append("--actor.gradient_checkpointing_enable")
     if w.async_one_step_off and plan.generator_set() is not None:
         flags.append("--train.async_enable")
+    if w.lora is not None:
+        trained_roles = [r for r in (Role.ACTOR, Role.CRITIC) if r in w.models]
+        if set(w.lora.roles) != set(trained_roles):
+            notes.append(
+                f"[lora] adapts {', '.join(w.lora.roles)} only; OpenRLHF's --ds.lora.* apply "
+                f"to every model DeepSpeed trains ({', '.join(trained_roles)})"
+            )
+        flags += ["--ds.lora.rank", str(w.lora.rank)]
+        alpha = lora_alpha(w.lora)
+        if not isinstance(alpha, int):  # OpenRLHF's parser takes an integer alpha
+            notes.append(f"[lora] alpha {alpha}: OpenRLHF takes an integer; {round(alpha)} given")
+            alpha = round(alpha)
+        flags += ["--ds.lora.alpha", str(alpha)]
+        flags += ["--ds.lora.target_modules", *lora_target_modules(w.lora).split()]
     return flags
 
 

@@ -33,9 +33,9 @@ distributed optimizer is ZeRO-1), Safe-RLHF's cost model.
 from __future__ import annotations
 
 from placeflow.export import Export, Target
-from placeflow.export.common import nodes_of, set_label
+from placeflow.export.common import lora_alpha, lora_target_modules, nodes_of, set_label
 from placeflow.plan import Plan, RoleParallelism
-from placeflow.workload import Algorithm, Role
+from placeflow.workload import Algorithm, LoRASpec, Role
 
 CONFIG_NAME = "ppo_megatron_trainer"
 COMMAND = ("python3", "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}")
@@ -98,6 +98,8 @@ def export(plan: Plan) -> Export:
         out["critic.model.path"] = w.models[Role.CRITIC].name
     if Role.REWARD in w.models:
         out |= _reward(plan, notes)
+    if w.lora is not None:
+        out |= _lora(w.lora)
     if Role.COST in w.models:
         notes.append("cost: verl has no cost model (Safe-RLHF's); left out")
     return Export(
@@ -113,6 +115,21 @@ def export(plan: Plan) -> Export:
             "and give the data files (data.train_files, data.val_files)",
         ),
     )
+
+
+# verl's model config of each role that can train adapters (actor_rollout_ref.model /
+# critic.model: lora_rank, lora_alpha, target_modules, passed to PEFT's LoraConfig).
+LORA_PREFIX = {Role.ACTOR: "actor_rollout_ref.model", Role.CRITIC: "critic.model"}
+
+
+def _lora(lora: LoRASpec) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for role in lora.roles:
+        prefix = LORA_PREFIX[role]
+        out[f"{prefix}.lora_rank"] = lora.rank
+        out[f"{prefix}.lora_alpha"] = lora_alpha(lora)
+        out[f"{prefix}.target_modules"] = lora_target_modules(lora, verl_list=True)
+    return out
 
 
 def par_of(plan: Plan, role: Role) -> RoleParallelism:
