@@ -303,3 +303,29 @@ def test_every_example_plan_composes_against_verl(path: Path) -> None:
     if plan.workload.algorithm.value == "safe-rlhf":
         assert any("safe-rlhf: verl has no such algorithm" in n for n in result.unexpressed)
         assert any(n.startswith("cost: verl has no cost model") for n in result.unexpressed)
+
+
+@pytest.mark.parametrize("targets", ["all-linear", "attention"])
+def test_lora_exports_compose_for_verl_and_parse_for_openrlhf(targets: str) -> None:
+    """[lora] lands in verl's actor and critic model configs and in OpenRLHF's
+    --ds.lora.* flags, with the rank, alpha and target modules of the workload."""
+    from placeflow.lora import LoRATargets
+    from placeflow.workload import LoRASpec
+
+    plan = load_plan(PLANS / "ppo-7b-split-h100x16.toml")
+    lora = LoRASpec(
+        rank=16, alpha=32, targets=LoRATargets(targets), roles=(Role.ACTOR, Role.CRITIC)
+    )
+    plan = dataclasses.replace(plan, workload=dataclasses.replace(plan.workload, lora=lora))
+    cfg = _verl_config(list(export_plan(plan, Target.VERL).arguments))
+    modules = "all-linear" if targets == "all-linear" else ["q_proj", "k_proj", "v_proj", "o_proj"]
+    for prefix in ("actor_rollout_ref.model", "critic.model"):
+        assert _get(cfg, f"{prefix}.lora_rank") == 16
+        assert _get(cfg, f"{prefix}.lora_alpha") == 32
+        got = _get(cfg, f"{prefix}.target_modules")
+        assert (got if isinstance(got, str) else list(got)) == modules
+    flags = _openrlhf_args(export_plan(plan, Target.OPENRLHF).arguments)
+    assert getattr(flags, "ds.lora.rank") == 16 and getattr(flags, "ds.lora.alpha") == 32
+    # nargs="*": the words given, a list also for the single word all-linear.
+    words = [modules] if isinstance(modules, str) else modules
+    assert getattr(flags, "ds.lora.target_modules") == words
