@@ -270,6 +270,7 @@ class RLLoop:
             zero=par.zero,
             offload=OffloadMode.of(par.offload_optimizer, par.host_optimizer_step),
             micro_batch=par.micro_batch,
+            forward_micro_batch=par.forward_micro_batch,
             pad_id=self.tok.pad_id,
             tp_impl=self.tp_impl,
         )

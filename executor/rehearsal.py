@@ -73,7 +73,11 @@ def rehearsal_plan(plan: Plan) -> Plan:
         batch=_tiny_batch(plan),
     )
     parallelism = {
-        role: dataclasses.replace(par, micro_batch=min(par.micro_batch, 4))
+        role: dataclasses.replace(
+            par,
+            micro_batch=min(par.micro_batch, 4),
+            forward_micro_batch=min(par.forward_micro_batch, 8),
+        )
         for role, par in plan.parallelism.items()
     }
     return Plan(

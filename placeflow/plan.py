@@ -26,6 +26,7 @@ e = 1                 # expert parallel (MoE models; divides d and the expert co
 tg = 2                # generation tensor parallelism (actor only)
 pg = 1
 micro_batch = 8       # samples per micro-batch (forward and training)
+# forward_micro_batch = 16  # samples per micro-batch of forward-only calls (0: micro_batch)
 zero = 1              # ZeRO stage 0-3 over d
 recompute = true      # full activation recomputation in training
 offload_optimizer = false  # keep Adam state in host memory outside the update (trained roles)
@@ -119,6 +120,10 @@ class RoleParallelism:
     tg: int = 1
     pg: int = 1
     micro_batch: int = 1
+    # Samples per micro-batch of a forward-only call (log-probs, values, scores); 0: the
+    # training micro_batch. Without activations kept for a backward it can be larger
+    # (verl's log_prob_micro_batch_size_per_gpu).
+    forward_micro_batch: int = 0
     zero: int = 1
     recompute: bool = True
     offload_optimizer: bool = False
@@ -127,6 +132,11 @@ class RoleParallelism:
     def __post_init__(self) -> None:
         if self.micro_batch <= 0:
             raise SpecError(f"micro_batch must be a positive integer, got {self.micro_batch}")
+        if self.forward_micro_batch < 0:
+            raise SpecError(
+                "forward_micro_batch must be a positive integer (or 0: the training "
+                f"micro_batch), got {self.forward_micro_batch}"
+            )
         if self.zero not in (0, 1, 2, 3):
             raise SpecError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero}")
         if self.optimizer_step is OptimizerStep.HOST and not self.offload_optimizer:
@@ -134,6 +144,11 @@ class RoleParallelism:
                 'optimizer_step = "host" updates the Adam state where it is kept, in host '
                 'memory: set offload_optimizer = true as well (or optimizer_step = "device")'
             )
+
+    @property
+    def forward_mb(self) -> int:
+        """Samples per micro-batch of this role's forward-only calls."""
+        return self.forward_micro_batch or self.micro_batch
 
     @property
     def host_optimizer_step(self) -> bool:
@@ -341,6 +356,7 @@ _PAR_KEYS = (
     "tg",
     "pg",
     "micro_batch",
+    "forward_micro_batch",
     "zero",
     "recompute",
     "offload_optimizer",
@@ -366,6 +382,7 @@ def _parallelism_from_table(t: Table) -> RoleParallelism:
         tg=t.get_int("tg", 1),
         pg=t.get_int("pg", 1),
         micro_batch=t.get_int("micro_batch", 1),
+        forward_micro_batch=t.get_int("forward_micro_batch", 0),
         zero=t.get_int("zero", 1),
         recompute=t.get_bool("recompute", True),
         offload_optimizer=t.get_bool("offload_optimizer", False),
@@ -448,6 +465,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         if role is Role.ACTOR:
             row.update(tg=par.tg, pg=par.pg)
         row.update(micro_batch=par.micro_batch, zero=par.zero, recompute=par.recompute)
+        if par.forward_micro_batch:  # set only when given, so that older plans keep their hash
+            row["forward_micro_batch"] = par.forward_micro_batch
         if par.offload_optimizer:
             row["offload_optimizer"] = True
         if par.optimizer_step is not OptimizerStep.DEVICE:  # the default is left out: same hash

@@ -11,7 +11,7 @@ Generation (per generation replica, replicas run in parallel):
 - The decode sum is integrated over `DECODE_POINTS` sampled steps (trapezoid);
   the step cost is smooth in s.
 
-Forward calls: samples split over d ranks, micro-batches of `micro_batch`
+Forward calls: samples split over d ranks, micro-batches of `forward_micro_batch`
 samples of prompt + mean response tokens, through p stages: (m + p − 1) stage
 times (pipeline fill and drain).
 
@@ -171,7 +171,7 @@ def forward_cost(
 ) -> CallCost:
     lay = par.train
     per_rank = math.ceil(num_samples / lay.d)
-    mb = min(par.micro_batch, per_rank)
+    mb = min(par.forward_mb, per_rank)
     num_micro = math.ceil(per_rank / mb)
     layers = lay.heaviest_stage_layers(model.num_layers)  # the slowest stage sets the pace
     stage = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)

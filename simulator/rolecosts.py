@@ -163,7 +163,7 @@ def call_key(call: ModelCall, par: RoleParallelism) -> tuple[object, ...]:
     if call.kind == CallKind.GENERATE:
         return (par.train, par.tg, par.pg)
     if call.kind == CallKind.FORWARD:
-        return (par.train, par.micro_batch, par.zero)
+        return (par.train, par.forward_mb, par.zero)
     return (
         par.train,
         par.micro_batch,

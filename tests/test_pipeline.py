@@ -54,6 +54,7 @@ class Case:
     tg: int | None = None  # actor only: a colocated rollout at this tg, resharded after the update
     resume: bool = False  # checkpoint this rank, update twice more, resume, update: same weights
     offload: OffloadMode = OffloadMode.NONE  # where the Adam state lives between updates
+    forward_micro_batch: int = 0  # forward-only calls' micro-batch (0: micro_batch)
 
     @property
     def arch(self) -> Arch:
@@ -70,6 +71,7 @@ class Case:
             zero=self.zero,
             offload=self.offload,
             micro_batch=2,
+            forward_micro_batch=self.forward_micro_batch,
         )
 
 
@@ -110,6 +112,8 @@ CASES = (
     Case(name="actor p4", train=P4, role=Role.ACTOR, tied=True),
     Case(name="reward p4", train=P4, role=Role.REWARD),
     Case(name="actor p2 uneven 3+1 to tg1", train=P2_FIRST3, role=Role.ACTOR, tg=1),
+    Case(name="ref p2 forward mb 3", train=P2, role=Role.REF, forward_micro_batch=3),
+    Case(name="critic p2 d2 forward mb 3", train=P2D2, role=Role.CRITIC, forward_micro_batch=3),
     Case(name="critic p2 t2 uneven 1+3", train=P2T2_LAST3, role=Role.CRITIC, resume=True),
     Case(name="actor p2 t2 uneven tied to tg2", train=P2T2_LAST3, role=Role.ACTOR, tied=True, tg=2),
 )
@@ -277,7 +281,9 @@ def world(request: pytest.FixtureRequest) -> tuple[Job, dict[Any, Any]]:
 def _oracle(case: Case) -> dict[str, Any]:
     groups = RoleGroups(tp=SINGLE, pp=SINGLE_STAGE)
     cpu = torch.device("cpu")
-    setup, engine = case.setup, None
+    # One process, forward micro-batches as large as the training ones: outputs do not
+    # depend on how a forward-only call is cut into micro-batches.
+    setup, engine = dataclasses.replace(case.setup, forward_micro_batch=0), None
     if case.role is Role.ACTOR:
         engine = ActorEngine(setup, groups, cpu, gen=None, rank=0, reshard_plan=None)
     elif case.role is Role.CRITIC:

@@ -84,8 +84,14 @@ class EngineSetup:
     zero: int = 0
     offload: OffloadMode = OffloadMode.NONE  # where the Adam state lives between phases
     micro_batch: int = 8
+    forward_micro_batch: int = 0  # forward-only calls' micro-batch; 0: micro_batch
     pad_id: int = 0
     tp_impl: TPImpl = TPImpl.NATIVE  # native or megatron-core TP layers (tp.py)
+
+    @property
+    def forward_mb(self) -> int:
+        """Samples per micro-batch of a forward-only call (log-probs, values, scores)."""
+        return self.forward_micro_batch or self.micro_batch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,7 +276,7 @@ class ScoringEngine:
             out = stage_outputs(self.model, mb, x, last)
             return response_logp(out, mb, temperature)[0] if last else out
 
-        lp = _forward_stages(self.model, batch, self.setup.micro_batch, fn)
+        lp = _forward_stages(self.model, batch, self.setup.forward_mb, fn)
         return Batch(tensors={Field.LOGPROBS: lp})
 
     @torch.no_grad()
@@ -286,7 +292,7 @@ class ScoringEngine:
             end = width + mb.tensors[Field.RESPONSE_MASK].long().sum(1).clamp(min=1) - 1
             return values[torch.arange(len(mb), device=values.device), end]
 
-        scores = _forward_stages(self.model, batch, self.setup.micro_batch, fn)
+        scores = _forward_stages(self.model, batch, self.setup.forward_mb, fn)
         return Batch(tensors={Field.SCORES: scores})
 
 
@@ -329,12 +335,11 @@ class _Trainable:
                 sums[Metric.GRAD_NORM] = sums.get(Metric.GRAD_NORM, 0.0) + norm * num_micro
         return averaged(sums, count)
 
-    def _micro_count(self, num_samples: int) -> int:
-        """Micro-batches every DP rank runs for its `num_samples`: the most any rank needs
-        (uneven shards differ by a sample; FSDP needs the same count on every rank)."""
-        count = torch.tensor(
-            [max(1, -(-num_samples // self.setup.micro_batch))], device=self.device
-        )
+    def _micro_count(self, num_samples: int, size: int) -> int:
+        """Micro-batches of `size` every DP rank runs for its `num_samples`: the most any
+        rank needs (uneven shards differ by a sample; FSDP needs the same count on every
+        rank)."""
+        count = torch.tensor([max(1, -(-num_samples // size))], device=self.device)
         if self.groups.dp_size > 1:
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.groups.dp_group)
         return int(count.item())
@@ -343,7 +348,8 @@ class _Trainable:
         """Forwards and backwards of one mini-batch (1F1B over the stages); its real
         micro-batches (padding ones, see `_micro_batches`, add no metrics)."""
         num_tokens = self._global_tokens(mini.tensors[Field.RESPONSE_MASK])
-        micros = _micro_batches(mini, self.setup.micro_batch, self._micro_count(len(mini)))
+        size = self.setup.micro_batch
+        micros = _micro_batches(mini, size, self._micro_count(len(mini), size))
         real = min(len(micros), len(mini))
         last = self.model.pp.is_last
 
@@ -384,8 +390,9 @@ class _Trainable:
             out = stage_outputs(self.trainer, mb, x, last)
             return fn(mb, out) if last else out
 
-        count = self._micro_count(len(batch))
-        return _forward_stages(self.model, batch, self.setup.micro_batch, stage, count)
+        size = self.setup.forward_mb
+        count = self._micro_count(len(batch), size)
+        return _forward_stages(self.model, batch, size, stage, count)
 
     def state(self) -> dict[str, Any]:
         return self.trainer.state()

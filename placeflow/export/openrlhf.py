@@ -126,11 +126,15 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
     if len(zeros) > 1:
         notes.append(f"ZeRO stages {sorted(zeros)}: --ds.zero_stage is one for all; the highest")
     # OpenRLHF: one micro-batch for the updates, one for the forward passes of experience.
-    for flag, roles in (
-        ("--train.micro_batch_size", (Role.ACTOR, Role.CRITIC)),
-        ("--rollout.micro_batch_size", (Role.REF, Role.REWARD)),
+    for flag, roles, forward in (
+        ("--train.micro_batch_size", (Role.ACTOR, Role.CRITIC), False),
+        ("--rollout.micro_batch_size", (Role.REF, Role.REWARD), True),
     ):
-        sizes = {r: plan.parallelism[r].micro_batch for r in roles if r in w.models}
+        sizes = {
+            r: plan.parallelism[r].forward_mb if forward else plan.parallelism[r].micro_batch
+            for r in roles
+            if r in w.models
+        }
         if len(set(sizes.values())) > 1:
             notes.append(
                 f"micro-batches ({', '.join(f'{r} {m}' for r, m in sizes.items())}): {flag} "
@@ -155,7 +159,7 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
         "--rollout.n_samples_per_prompt", str(b.samples_per_prompt),
         "--train.batch_size", str(b.num_samples // b.mini_batches),
         "--train.micro_batch_size", str(actor.micro_batch),
-        "--rollout.micro_batch_size", str(plan.parallelism[forward].micro_batch),
+        "--rollout.micro_batch_size", str(plan.parallelism[forward].forward_mb),
         "--train.max_epochs", str(b.ppo_epochs),
         "--data.max_len", str(b.prompt_len + b.response_len),
         "--rollout.max_new_tokens", str(b.response_len),

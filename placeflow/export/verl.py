@@ -12,7 +12,8 @@ size (placeflow's tg). The mapping:
   actor's set size              trainer.nnodes, trainer.n_gpus_per_node
   actor / ref / critic t, p     <role>.megatron.tensor_model_parallel_size, pipeline_...
   actor tg, pg                  actor_rollout_ref.rollout.tensor_model_parallel_size, pipeline_...
-  micro_batch                   ppo_micro_batch_size_per_gpu, log_prob_micro_batch_size_per_gpu
+  micro_batch                   ppo_micro_batch_size_per_gpu
+  forward_micro_batch           log_prob_micro_batch_size_per_gpu (actor, ref)
   e (experts over DP)           <role>.megatron.expert_model_parallel_size
   zero >= 1                     megatron.use_distributed_optimizer
   recompute                     <model>.enable_gradient_checkpointing
@@ -87,14 +88,20 @@ def export(plan: Plan) -> Export:
         "actor_rollout_ref.rollout.tensor_model_parallel_size": par.tg,
         "actor_rollout_ref.rollout.pipeline_model_parallel_size": par.pg,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": par.micro_batch,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": par.micro_batch,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": par.forward_mb,
         "actor_rollout_ref.model.path": w.models[Role.ACTOR].name,
     }
     if Role.REF in w.models:
-        ref_mb = plan.parallelism[Role.REF].micro_batch
+        ref_mb = plan.parallelism[Role.REF].forward_mb
         out["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = ref_mb
     if Role.CRITIC in w.models:
-        out["critic.ppo_micro_batch_size_per_gpu"] = plan.parallelism[Role.CRITIC].micro_batch
+        critic = plan.parallelism[Role.CRITIC]
+        out["critic.ppo_micro_batch_size_per_gpu"] = critic.micro_batch
+        if critic.forward_mb != critic.micro_batch:
+            notes.append(
+                f"critic: forward_micro_batch {critic.forward_mb}; verl's Megatron critic "
+                f"computes values with its ppo micro-batch ({critic.micro_batch})"
+            )
         out["critic.model.path"] = w.models[Role.CRITIC].name
     if Role.REWARD in w.models:
         out |= _reward(plan, notes)
