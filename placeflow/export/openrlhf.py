@@ -126,12 +126,12 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
     if len(zeros) > 1:
         notes.append(f"ZeRO stages {sorted(zeros)}: --ds.zero_stage is one for all; the highest")
     # OpenRLHF: one micro-batch for the updates, one for the forward passes of experience.
-    for flag, roles, forward in (
+    for flag, roles, forward_only in (
         ("--train.micro_batch_size", (Role.ACTOR, Role.CRITIC), False),
         ("--rollout.micro_batch_size", (Role.REF, Role.REWARD), True),
     ):
         sizes = {
-            r: plan.parallelism[r].forward_mb if forward else plan.parallelism[r].micro_batch
+            r: plan.parallelism[r].forward_mb if forward_only else plan.parallelism[r].micro_batch
             for r in roles
             if r in w.models
         }
