@@ -159,9 +159,14 @@ def role_calls(workload: Workload, role: Role) -> tuple[ModelCall, ...]:
 def call_key(call: ModelCall, par: RoleParallelism) -> tuple[object, ...]:
     """The fields of `par` that `call_cost` reads for `call` (besides the device set, the
     generation KV budget and the workload): two parallelisms with the same key give the
-    call the same cost, so that a caller pricing many may price each key once."""
+    call the same cost, so that a caller pricing many may price each key once.
+
+    A generation call reads only its generation layout's tg, pg and number of
+    replicas (`GenLayout.num_replicas`, d·t·p/(tg·pg)): the training layout's
+    split of the devices does not matter to it (the reshard before it does)."""
     if call.kind == CallKind.GENERATE:
-        return (par.train, par.tg, par.pg)
+        lay = par.train
+        return (par.tg, par.pg, lay.d * (lay.t * lay.p) // (par.tg * par.pg))
     if call.kind == CallKind.FORWARD:
         return (par.train, par.micro_batch, par.zero)
     return (
