@@ -31,6 +31,7 @@ from pathlib import Path
 
 from planner_speed import ROOT, ppo_problem
 
+import placeflow
 from placeflow.catalogue import CATALOGUE
 from placeflow.cluster import ClusterSpec
 from placeflow.plan import Plan
@@ -192,6 +193,8 @@ def main() -> None:
                     + " ".join(["benchmarks/planner_reference.py", *sys.argv[1:]]),
                     "date": time.strftime("%Y-%m-%d"),
                     "load_avg_1m": round(os.getloadavg()[0], 2),
+                    # Which checkout's package ran (a base tree comes through PYTHONPATH).
+                    "placeflow": str(Path(placeflow.__file__).resolve().parent),
                     "cases": cases,
                 },
                 indent=1,
