@@ -141,7 +141,7 @@ def _fitting_fronts(stages: np.ndarray, fit: np.ndarray) -> tuple[np.ndarray, np
     and its last varying load is below that of every earlier p that fits. Otherwise
     (any other roles' calls in stage 0) each distinct row of `fit` gets its own front.
     """
-    varying = np.flatnonzero(stages.max(axis=0) != stages.min(axis=0)) if len(stages) else []
+    varying = np.flatnonzero(stages.max(axis=0) != stages.min(axis=0))  # stages: >= 1 row
     if len(varying) > 2:
         fronts: dict[bytes, np.ndarray] = {}
         per_option = []
