@@ -22,8 +22,9 @@ option of the same role, pool and count are dropped (Pareto pruning on arrays,
 
 Each call is priced once per distinct key (`_Prices`): a call's cost depends
 on a few fields of the parallelism (`rolecosts.call_key`), so the forward
-calls are shared by the memory-saver choices and tg, the updates by tg, and
-generation with its reshard by the micro-batch and savers; the actor's trainer
+calls are shared by the memory-saver choices and tg, the updates by tg,
+generation by every layout with the same tg, pg and number of replicas, and
+the reshard by the micro-batch and savers; the actor's trainer
 options (generation apart) reuse the same priced calls. The costs are the
 simulator's `rolecosts.call_cost`, so an option's numbers are those the
 simulator's `role_call_costs` gives it (`tests/test_planner_table_oracle.py`
@@ -151,8 +152,9 @@ class _Prices:
 
     A call's cost depends on a few fields of the parallelism only
     (`rolecosts.call_key`): the forward calls not on the memory savers or tg, the
-    updates not on tg, generation and reshard on the layout, tg, ZeRO and the KV
-    budget. Options that share those share the priced call.
+    updates not on tg, generation on tg, pg, the number of replicas and the KV
+    budget, the reshard on the layout, tg and ZeRO. Options that share those share
+    the priced call.
     """
 
     def __init__(self, wl: Workload, role: Role, pool: PoolSpec, cm: CostModel) -> None:
@@ -164,6 +166,7 @@ class _Prices:
         self._resident: dict[tuple[object, ...], float] = {}
         self._kv: dict[tuple[object, ...], list[tuple[int, float]]] = {}
         self._generation: dict[tuple[object, ...], float] = {}
+        self._generate: dict[tuple[object, ...], float] = {}
         self._reshards: dict[tuple[object, ...], callcosts.CallCost] = {}
 
     def _price(self, call: ModelCall, par: RoleParallelism) -> callcosts.CallCost:
@@ -208,8 +211,21 @@ class _Prices:
         hit = self._generation.get(key)
         if hit is None:
             gen = par.gen_layout()
-            costs = {
-                c.phase: call_cost(
+            hit = self._generate_s(par, gen, kv_seqs)
+            if needs_reshard(gen, par.zero):
+                hit += self._reshard(par, gen).time_s
+            self._generation[key] = hit
+        return hit
+
+    def _generate_s(self, par: RoleParallelism, gen: GenLayout, kv_seqs: int) -> float:
+        """The generation calls' seconds, summed from 0.0 in the dataflow's order; shared by
+        the layouts with the same `call_key` (tg, pg, replicas) and KV budget."""
+        key = (*call_key(self.generate[0], par), kv_seqs) if self.generate else ()
+        hit = self._generate.get(key)
+        if hit is None:
+            hit = 0.0
+            for c in self.generate:
+                hit += call_cost(
                     self.wl,
                     c,
                     par,
@@ -218,12 +234,8 @@ class _Prices:
                     gpus_per_node=self.pool.gpus_per_node,
                     gen=gen,
                     kv_seqs=kv_seqs,
-                )
-                for c in self.generate
-            }
-            if needs_reshard(gen, par.zero):
-                costs[Phase.RESHARD] = self._reshard(par, gen)
-            hit = self._generation[key] = _stage_times(costs)[0]
+                ).time_s
+            self._generate[key] = hit
         return hit
 
     def _reshard(self, par: RoleParallelism, gen: GenLayout) -> callcosts.CallCost:

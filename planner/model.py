@@ -14,6 +14,24 @@ of the GPUs used (in hundredths of a cent):
 - gpus:       minimise N·(T_max + 1) + T  subject to  T <= W / target_tokens_per_s
               (the fewest GPUs; among plans with as few, the fastest; T_max the
               largest step the model allows, three times its stage horizon)
+
+Ties. Times are whole units, so several choices often reach the same optimum;
+which one a solver returns would depend on its search (its parameters, its
+version). The plan is made unique by a second, lexicographic objective over
+the choices' canonical ranks (`tie_break_groups`), minimised among the optima
+(`planner.solve`). Groups, most significant first: the placement (x[P], by its
+index), each set (y[P, j, ·], by the key κ(f) = (Σ_k L_k(f), n_f, L_0(f),
+L_1(f), L_2(f), A(f), q_f)) and the generator (g[·], by (m_u, load_u, s_u,
+tg_u, q'_u, q_u)). Each group's chosen element has the rank r_i of its key
+(0 when the group chooses nothing), and the tie-break value is the mixed-radix
+number
+
+    S = Σ_i r_i · Π_{i' > i} |group i'|
+
+which differs between any two choices, so the least S among the optima is one
+plan. κ is monotone in dominance (an option no worse in every load and in
+devices has a key no greater), so the canonical plan is also the least one
+among choices the set fronts pruned.
 """
 
 from __future__ import annotations
@@ -48,6 +66,41 @@ class BuiltModel:
     variables: Variables
     step: cp_model.IntVar
     objective: cp_model.LinearExprT
+    # The tie-break's groups, most significant first: (rank, variable) pairs.
+    tie_break: list[list[tuple[int, cp_model.IntVar]]]
+
+
+def _ranked(
+    keyed: list[tuple[tuple[object, ...], cp_model.IntVar]],
+) -> list[tuple[int, cp_model.IntVar]]:
+    """Each variable with the rank of its key among the group's (keys are distinct)."""
+    order = sorted(range(len(keyed)), key=lambda i: keyed[i][0])
+    rank = {i: r for r, i in enumerate(order)}
+    return [(rank[i], var) for i, (_, var) in enumerate(keyed)]
+
+
+def tie_break_groups(v: Variables, table: CostTable) -> list[list[tuple[int, cp_model.IntVar]]]:
+    """The tie-break's groups (see the module docstring), most significant first; groups
+    of one element (rank 0 whatever the choice) are left out."""
+    groups = [[(p, var) for p, var in v.x.items()]]
+    for key in sorted(v.y):
+        groups.append(
+            _ranked(
+                [
+                    ((sum(f.stage_units), f.num_gpus, *f.stage_units, f.gen_apart, f.pool), var)
+                    for f, var in v.y[key]
+                ]
+            )
+        )
+    groups.append(
+        _ranked(
+            [
+                ((u.num_gpus, u.load_s, u.sync_s, u.tg, u.pool, u.trainer_pool), var)
+                for u, var in v.generator_terms(table)
+            ]
+        )
+    )
+    return [g for g in groups if len(g) > 1]
 
 
 def build_model(
@@ -102,4 +155,10 @@ def build_model(
         model.add(step <= table.to_units(tokens_per_step / target_tokens_per_s))
         goal = gpus * (NUM_STAGES * horizon + 1) + step
     model.minimize(goal)
-    return BuiltModel(model=model, variables=v, step=step, objective=goal)
+    return BuiltModel(
+        model=model,
+        variables=v,
+        step=step,
+        objective=goal,
+        tie_break=tie_break_groups(v, table),
+    )

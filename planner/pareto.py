@@ -25,16 +25,31 @@ def pareto_indices(points: np.ndarray) -> np.ndarray:
     rows the first is kept. In index order for up to `_CHUNK` rows, else in
     lexicographic order of the rows.
 
-    Sweep over the rows in lexicographic order (ties by index), a block at a time:
-    only a row before it can dominate or equal a row, so a row of the block that no
-    earlier row of the block is <= is on the front (the rows before the block that
-    could dominate it are on the front or dominated by a row that is, which would
-    have removed it). The block's front then removes every later row it dominates
-    or equals, in one vectorised comparison, before the next block. The fronts the
-    planner builds are small next to their rows, so most rows go in the first rounds.
+    Sweep over the rows in an order where a row comes after every row that dominates
+    or equals it, a block at a time: a row of the block that no earlier row of the
+    block is <= is on the front (the rows before the block that could dominate it
+    are on the front or dominated by a row that is, which would have removed it).
+    The block's front then removes every later row it dominates or equals, in one
+    vectorised comparison, before the next block. The order is by the sum of the
+    columns scaled to [0, 1] (a dominating row's sum is no greater: rounding is
+    monotone), then lexicographic, then by index: rows good in every column come
+    first and remove the most (sort-filter-skyline). The fronts the planner builds
+    are small next to their rows, so most rows go in the first rounds.
     """
     n = len(points)
-    order = np.lexsort((np.arange(n), *points.T[::-1]))
+    if n == 0:
+        return np.zeros(0, dtype=np.intp)
+    # A column equal in every row decides nothing, and leaving it out keeps the
+    # lexicographic order: fronts of set options often have two or three such.
+    varying = points.max(axis=0) != points.min(axis=0)
+    if not varying.all():
+        points = points[:, varying]
+    if points.shape[1] <= 2:
+        out = _front_2d(points)
+        return np.sort(out) if n <= _CHUNK else out
+    low = points.min(axis=0)
+    score = ((points - low) / (points.max(axis=0) - low)).sum(axis=1)
+    order = np.lexsort((np.arange(n), *points.T[::-1], score))
     rows, index = points[order], order
     kept, size = [], _FIRST_BLOCK
     while len(index):
@@ -47,15 +62,38 @@ def pareto_indices(points: np.ndarray) -> np.ndarray:
         if len(index):
             removed = (block[front][:, None, :] <= rows[None, :, :]).all(axis=2).any(axis=0)
             rows, index = rows[~removed], index[~removed]
-    out = np.concatenate(kept) if kept else np.zeros(0, dtype=np.intp)
-    return np.sort(out) if n <= _CHUNK else out
+    out = np.concatenate(kept)
+    if n <= _CHUNK:
+        return np.sort(out)
+    return out[np.lexsort((out, *points[out].T[::-1]))]
+
+
+def _front_2d(points: np.ndarray) -> np.ndarray:
+    """`pareto_indices` for at most two columns, in lexicographic order of the rows: in
+    that order (ties by index) a row is on the front iff its second column is below
+    every earlier row's (an earlier row is no greater in the first)."""
+    n = len(points)
+    cols = [np.zeros(n, dtype=points.dtype)] * (2 - points.shape[1]) + list(points.T)
+    order = np.lexsort((np.arange(n), cols[1], cols[0]))
+    second = cols[1][order]
+    earlier = np.minimum.accumulate(second)
+    front = np.ones(n, dtype=bool)
+    front[1:] = second[1:] < earlier[:-1]
+    return order[front]
 
 
 def pareto_mask(points: np.ndarray) -> np.ndarray:
     """Whether each row is on the front: no other row dominates it (equal rows all kept)."""
-    if len(points) == 0:
+    n = len(points)
+    if n == 0:
         return np.zeros(0, dtype=bool)
-    unique, inverse = np.unique(points, axis=0, return_inverse=True)
-    on_front = np.zeros(len(unique), dtype=bool)
-    on_front[pareto_indices(unique)] = True
-    return on_front[inverse.reshape(-1)]
+    # The distinct rows, by one lexicographic sort (np.unique along an axis is slower).
+    order = np.lexsort(points.T[::-1])
+    ordered = points[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    on_front = np.zeros(int(first.sum()), dtype=bool)
+    on_front[pareto_indices(ordered[first])] = True
+    mask = np.empty(n, dtype=bool)
+    mask[order] = on_front[np.cumsum(first) - 1]
+    return mask

@@ -8,6 +8,9 @@
    is the least of the per-placement optima, so no solve over all placements
    is needed, and the search is proven optimal exactly when every row is
    (proven optimal, or proven infeasible with a reason about the workload).
+   Each solve returns the canonical plan among those its model finds equally
+   good (`planner.model`'s tie-break), so a row's plan does not depend on the
+   solver's settings or search.
 3. Each resulting plan is checked by the independent validator and re-scored
    by the full simulator; plans are ranked by the objective on the simulator's
    numbers.

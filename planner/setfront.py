@@ -42,7 +42,7 @@ import numpy as np
 
 from placeflow.cluster import ClusterSpec
 from placeflow.planner.costtable import NUM_STAGES, CostTable, RoleOption
-from placeflow.planner.pareto import pareto_indices
+from placeflow.planner.pareto import _CHUNK, pareto_indices
 from placeflow.workload import Role
 
 MIB = 1 << 20
@@ -113,8 +113,7 @@ def _last_role(
     """The choices of a whole set that fit (5), not dominated in (L_0, L_1, L_2) by another
     choice with the same last-role option: for each option of the last role, only the
     stage front of the partial choices that fit beside it can be part of the set's
-    front. Options of the last role that admit the same partial choices share that
-    front, so it is computed once per distinct set of fitting choices.
+    front.
     """
     if head is None:
         fits = rows[:, 3] + rows[:, 4] <= capacity_mib  # (5)
@@ -122,25 +121,55 @@ def _last_role(
     res, tr = head.crit[:, 3], head.crit[:, 4]
     # fit[a, p]: partial choice p fits beside option a of the last role (5).
     fit = res[None, :] + rows[:, 3:4] + np.maximum(tr[None, :], rows[:, 4:5]) <= capacity_mib
-    # Options with the same fitting choices share a front: keyed by the packed mask.
-    packed = np.packbits(fit, axis=1)
-    fronts: dict[bytes, np.ndarray] = {}
-    per_option = []
-    for a in range(len(rows)):
-        front = fronts.get(key := packed[a].tobytes())
-        if front is None:
-            inside = np.flatnonzero(fit[a])
-            front = fronts[key] = inside[pareto_indices(head.crit[inside, :NUM_STAGES])]
-        per_option.append(front)
-    ps = np.concatenate(per_option) if per_option else np.zeros(0, dtype=np.intp)
+    options, ps = _fitting_fronts(head.crit[:, :NUM_STAGES], fit)
     if not len(ps):
         empty = np.zeros((0, head.choice.shape[1] + 1), dtype=np.int64)
         return empty, np.zeros((0, NUM_STAGES + 3), dtype=np.int64)
-    options = np.repeat(np.arange(len(rows)), [len(f) for f in per_option])
     crit = head.crit[ps] + rows[options]
     crit[:, 4] = np.maximum(head.crit[ps, 4], rows[options, 4])
     crit[:, 5] = rows[options, 5]  # A: only the actor, which comes last, sets it
     return np.concatenate([head.choice[ps], options[:, None]], axis=1), crit
+
+
+def _fitting_fronts(stages: np.ndarray, fit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each row a of `fit`, `pareto_indices` of the stage loads of the partial choices
+    p with fit[a, p]: the pairs (a, p), a ascending.
+
+    The partial choices hold no actor, so their generation stage L_0 is 0 and at most two
+    stage columns vary; then one sweep serves every row a at once: in the partial
+    choices' lexicographic order (ties by index), p is on row a's front iff it fits
+    and its last varying load is below that of every earlier p that fits. Otherwise
+    (any other roles' calls in stage 0) each distinct row of `fit` gets its own front.
+    """
+    varying = np.flatnonzero(stages.max(axis=0) != stages.min(axis=0))  # stages: >= 1 row
+    if len(varying) > 2:
+        fronts: dict[bytes, np.ndarray] = {}
+        per_option = []
+        for a in range(len(fit)):
+            front = fronts.get(key := np.packbits(fit[a]).tobytes())
+            if front is None:
+                inside = np.flatnonzero(fit[a])
+                front = fronts[key] = inside[pareto_indices(stages[inside])]
+            per_option.append(front)
+        options = np.repeat(np.arange(len(fit)), [len(f) for f in per_option])
+        ps = np.concatenate(per_option) if per_option else np.zeros(0, dtype=np.intp)
+        return options, ps.astype(np.intp)
+    cols = [np.zeros(len(stages), dtype=stages.dtype)] * (2 - len(varying))
+    cols += [stages[:, k] for k in varying]
+    order = np.lexsort((np.arange(len(stages)), cols[1], cols[0]))
+    last = cols[1][order]
+    fit = fit[:, order]
+    masked = np.where(fit, last[None, :], np.iinfo(np.int64).max)
+    earlier = np.minimum.accumulate(masked, axis=1)
+    front = fit.copy()
+    front[:, 1:] &= last[None, 1:] < earlier[:, :-1]
+    options, at = np.nonzero(front)
+    # Each row's front in `pareto_indices`'s order: by index up to _CHUNK fitting
+    # choices, else lexicographic (the sweep's order); the solver's variables follow it.
+    by_index = fit.sum(axis=1)[options] <= _CHUNK
+    within = np.where(by_index, order[at], at)
+    keep = np.lexsort((within, options))
+    return options[keep], order[at][keep]
 
 
 class SetFronts:

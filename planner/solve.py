@@ -17,7 +17,7 @@ from placeflow.cluster import ClusterSpec
 from placeflow.errors import SpecError
 from placeflow.planner.costtable import CostTable, RoleOption
 from placeflow.planner.generators import GeneratorOption
-from placeflow.planner.model import Objective, build_model
+from placeflow.planner.model import BuiltModel, Objective, build_model
 from placeflow.planner.setfront import SetFronts
 from placeflow.planner.space import Placement
 from placeflow.workload import Role
@@ -58,6 +58,22 @@ class Solution:
     objective_bound: int  # proven lower bound (equals the value when optimal)
 
 
+# CP-SAT settings. The set-option models are small (one option per set): probing and
+# repeated presolve rounds cost more than they save there (about 2.5 times faster
+# without, `benchmarks/planner_phases.py`). Which optimum a solve returns does not
+# depend on them: the tie-break makes it unique (planner.model).
+SOLVER_PARAMETERS: dict[str, int | bool] = {
+    "cp_model_probing_level": 0,
+    "max_presolve_iterations": 1,
+}
+# The tie-break's solves start from an optimal hint under one more constraint: their
+# presolve costs more than their search.
+TIE_BREAK_PARAMETERS = {**SOLVER_PARAMETERS, "cp_model_presolve": False}
+# A tie-break chunk's mixed-radix span stays below this, so that its values are exact
+# in the double-precision parts of the solver too.
+MAX_TIE_BREAK_SPAN = 2**53
+
+
 def solve(
     placements: list[Placement],
     table: CostTable,
@@ -74,6 +90,12 @@ def solve(
     """Solve over `placements`. `one_step_off`: the workload's asynchronous mode, in which
     a generator set overlaps training (constraint (8c)). `fronts`: the set options of
     `table` (`planner.setfront`), shared between the solves of one search.
+
+    Two phases: the least objective, then, among the choices that reach it, the least
+    tie-break (`planner.model`), so that the plan does not depend on the solver's
+    search. A chunk of the tie-break cut short by the time limit keeps the best
+    choice found: still optimal in the objective, but then not necessarily the
+    canonical one among equals.
     """
     roles = {r for placement in placements for block in placement.sets for r in block}
     if roles - {key[0] for key in table.options}:
@@ -88,11 +110,7 @@ def solve(
         one_step_off=one_step_off,
         fronts=fronts,
     )
-    solver = cp_model.CpSolver()
-    # Deterministic time (CP-SAT's measure of work, about seconds of one core): the
-    # same limit gives the same answer however loaded the machine is.
-    solver.parameters.max_deterministic_time = time_limit_s
-    solver.parameters.num_workers = num_workers
+    solver = _solver(time_limit_s, num_workers, SOLVER_PARAMETERS)
     code = solver.solve(built.model)
     if code == cp_model.INFEASIBLE:
         raise Infeasible(infeasibility_reason(table, objective, target_tokens_per_s))
@@ -103,6 +121,91 @@ def solve(
             f"no plan found within the solver's limit of {time_limit_s:g} s of deterministic "
             "time; raise --time-limit"
         )
+    value, bound = round(solver.objective_value), round(solver.best_objective_bound)
+    spent_s, used_s = solver.deterministic_time, solver.wall_time
+    final = solver
+    if code == cp_model.OPTIMAL:
+        built.model.add(built.objective <= value)
+        for chunk in _tie_break_chunks(built.tie_break):
+            built.model.clear_hints()
+            for var in _decisions(built):
+                built.model.add_hint(var, final.boolean_value(var))
+            built.model.minimize(chunk)
+            tie = _solver(max(time_limit_s - spent_s, 0.0), num_workers, TIE_BREAK_PARAMETERS)
+            tie_code = tie.solve(built.model)
+            spent_s, used_s = spent_s + tie.deterministic_time, used_s + tie.wall_time
+            if tie_code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                break
+            final = tie
+            if tie_code != cp_model.OPTIMAL:
+                break
+            built.model.add(chunk <= round(tie.objective_value))
+    return _solution(
+        final,
+        built,
+        placements,
+        table,
+        status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
+        solve_s=used_s,
+        objective_value=value,
+        objective_bound=bound,
+    )
+
+
+def _solver(
+    time_limit_s: float, num_workers: int, parameters: dict[str, int | bool]
+) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    # Deterministic time (CP-SAT's measure of work, about seconds of one core): the
+    # same limit gives the same answer however loaded the machine is.
+    solver.parameters.max_deterministic_time = time_limit_s
+    solver.parameters.num_workers = num_workers
+    for name, setting in parameters.items():
+        setattr(solver.parameters, name, setting)
+    return solver
+
+
+def _decisions(built: BuiltModel) -> list[cp_model.IntVar]:
+    v = built.variables
+    return [*v.x.values(), *(var for _, var in v.set_terms()), *v.g.values()]
+
+
+def _tie_break_chunks(
+    groups: list[list[tuple[int, cp_model.IntVar]]],
+) -> list[cp_model.LinearExpr]:
+    """The tie-break S as mixed-radix sums over consecutive groups, each chunk's span
+    (the product of its group sizes) below MAX_TIE_BREAK_SPAN; minimising the chunks
+    one after the other, most significant first, minimises S."""
+    chunks: list[list[list[tuple[int, cp_model.IntVar]]]] = []
+    span = MAX_TIE_BREAK_SPAN
+    for group in groups:
+        if span * len(group) > MAX_TIE_BREAK_SPAN:
+            chunks.append([])
+            span = 1
+        chunks[-1].append(group)
+        span *= len(group)
+    exprs = []
+    for chunk in chunks:
+        variables, coeffs, weight = [], [], 1
+        for group in reversed(chunk):
+            variables += [var for _, var in group]
+            coeffs += [rank * weight for rank, _ in group]
+            weight *= len(group)
+        exprs.append(cp_model.LinearExpr.weighted_sum(variables, coeffs))
+    return exprs
+
+
+def _solution(
+    solver: cp_model.CpSolver,
+    built: BuiltModel,
+    placements: list[Placement],
+    table: CostTable,
+    *,
+    status: Status,
+    solve_s: float,
+    objective_value: int,
+    objective_bound: int,
+) -> Solution:
     v = built.variables
     p = next(i for i, var in v.x.items() if solver.boolean_value(var))
     placement = placements[p]
@@ -114,15 +217,15 @@ def solve(
     options = {role: opt for f in chosen for role, opt in zip(f.roles, f.options, strict=True)}
     generator = next((u for u, var in v.generator_terms(table) if solver.boolean_value(var)), None)
     return Solution(
-        status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
+        status=status,
         placement=placement,
         sets=sets,
         options=options,
         generator=generator,
         step_s=solver.value(built.step) * table.time_unit_s,
-        solve_s=solver.wall_time,
-        objective_value=round(solver.objective_value),
-        objective_bound=round(solver.best_objective_bound),
+        solve_s=solve_s,
+        objective_value=objective_value,
+        objective_bound=objective_bound,
     )
 
 

@@ -241,9 +241,10 @@ def train_cost(
         ranks_per_node=dp_ranks_per_node,
         expert_ranks_per_node=expert_dp_ranks_per_node,
     )
-    fwd, bwd, head, p2p, sync_s, opt_s = cm.remember(
-        ("train_parts", model, lay, mb, seq, num_micro, par.zero, dp, ep_scope, value_head, lora),
-        lambda: _train_parts(
+    # The planner prices every memory saver of a layout: what they share is remembered.
+    shared = cm.remember(
+        ("train_shared", model, lay, mb, seq, num_micro, par.zero, dp, ep_scope, value_head, lora),
+        lambda: _train_shared(
             cm,
             model,
             lay,
@@ -257,26 +258,30 @@ def train_cost(
             lora=lora,
         ),
     )
-    stage = fwd * (2 if par.recompute else 1) + bwd
-    pipeline_s = (num_micro + lay.p - 1) * (stage + p2p) + num_micro * head
+    stage = shared.fwd * (2 if par.recompute else 1) + shared.bwd
+    pipeline_s = (num_micro + lay.p - 1) * (stage + shared.p2p) + num_micro * shared.head
+    opt_s = shared.opt_s
     if par.host_optimizer_step:
-        opt_s = _host_optimizer_step_s(cm, model, lay, par.zero, value_head=value_head, lora=lora)
+        opt_s = cm.remember(
+            ("host_optimizer_step", model, lay, par.zero, value_head, lora),
+            lambda: _host_optimizer_step_s(
+                cm, model, lay, par.zero, value_head=value_head, lora=lora
+            ),
+        )
     steps = ppo_epochs * mini_batches
-    time_s = steps * (pipeline_s + sync_s + opt_s)
-    busy = steps * (num_micro * (stage + p2p + head / lay.p) + sync_s + opt_s)
-    transient = memory.training_activation_bytes(
-        model, lay, mb, seq, num_micro, recompute=par.recompute, value_head=value_head
-    )
+    time_s = steps * (pipeline_s + shared.sync_s + opt_s)
+    busy = steps * (num_micro * (stage + shared.p2p + shared.head / lay.p) + shared.sync_s + opt_s)
+    transient = shared.recompute_bytes if par.recompute else shared.activation_bytes
     offload_s = 0.0
     if par.offload_optimizer and not par.host_optimizer_step:
         # Reload the Adam state before the update and write it back after; while the
         # update runs it is on the device again.
-        state = int(
-            memory.optimizer_state_bytes_per_gpu(
-                model, lay, par.zero, value_head=value_head, lora=lora
-            )
+        state, offload_s = cm.remember(
+            ("optimizer_offload", model, lay, par.zero, value_head, lora),
+            lambda: _optimizer_offload(
+                cm, model, lay, par.zero, value_head=value_head, lora=lora
+            ),
         )
-        offload_s = cm.copy_s("h2d", state) + cm.copy_s("d2h", state)
         transient += state
         time_s += offload_s
         busy += offload_s
@@ -289,7 +294,7 @@ def train_cost(
             "micro_batches": num_micro,
             "micro_batch": mb,
             "pipeline_s": pipeline_s,
-            "dp_sync_s": sync_s,
+            "dp_sync_s": shared.sync_s,
             "optimizer_s": opt_s,
             "offload_s": offload_s,
             "optimizer_on_host": par.host_optimizer_step,
@@ -298,7 +303,21 @@ def train_cost(
     )
 
 
-def _train_parts(
+@dataclass(frozen=True, kw_only=True)
+class _TrainShared:
+    """What one optimizer step of `train_cost` costs whatever the memory savers."""
+
+    fwd: float  # a stage's layer forwards, one micro-batch
+    bwd: float  # a stage's layer backwards
+    head: float  # the head's forward + backward
+    p2p: float  # the pipeline's send/recv per micro-batch
+    sync_s: float  # gradient reduction
+    opt_s: float  # the device optimizer step
+    activation_bytes: float  # 1F1B peak activations without recomputation
+    recompute_bytes: float  # ... with recomputation
+
+
+def _train_shared(
     cm: CostModel,
     model: ModelSpec,
     lay: TrainLayout,
@@ -311,11 +330,9 @@ def _train_parts(
     *,
     value_head: bool,
     lora: LoRASpec | None = None,
-) -> tuple[float, float, float, float, float, float]:
-    """What one optimizer step of `train_cost` costs whatever the memory savers: a
-    stage's layer forward and backward, the head's forward + backward, the pipeline's
-    send/recv per micro-batch, the gradient reduction and the device optimizer step.
-    With LoRA the base GEMMs' weight gradients are skipped and the adapters' GEMMs added."""
+) -> _TrainShared:
+    """`_TrainShared` of one layout; with LoRA the base GEMMs' weight gradients are
+    skipped and the adapters' GEMMs added."""
     layers = lay.heaviest_stage_layers(model.num_layers)  # the slowest stage sets the pace
     fwd = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
     bwd = layers * compute.layer_backward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
@@ -344,7 +361,39 @@ def _train_parts(
     sync_s, opt_s = _dp_sync_and_optimizer_s(
         cm, model, lay, zero, num_micro, dp, value_head=value_head, lora=lora
     )
-    return fwd, bwd, head, p2p, sync_s, opt_s
+    activations = {
+        recompute: memory.training_activation_bytes(
+            model, lay, mb, seq, num_micro, recompute=recompute, value_head=value_head
+        )
+        for recompute in (False, True)
+    }
+    return _TrainShared(
+        fwd=fwd,
+        bwd=bwd,
+        head=head,
+        p2p=p2p,
+        sync_s=sync_s,
+        opt_s=opt_s,
+        activation_bytes=activations[False],
+        recompute_bytes=activations[True],
+    )
+
+
+def _optimizer_offload(
+    cm: CostModel,
+    model: ModelSpec,
+    lay: TrainLayout,
+    zero: int,
+    *,
+    value_head: bool,
+    lora: LoRASpec | None = None,
+) -> tuple[int, float]:
+    """The Adam state an offloading update reloads (bytes per GPU), and the seconds of
+    reloading it before the update and writing it back after."""
+    state = int(
+        memory.optimizer_state_bytes_per_gpu(model, lay, zero, value_head=value_head, lora=lora)
+    )
+    return state, cm.copy_s("h2d", state) + cm.copy_s("d2h", state)
 
 
 def _host_optimizer_step_s(

@@ -29,7 +29,7 @@ from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import DispatchKind, Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.lengths import LengthModel
-from placeflow.workload import LoRASpec, Role, Workload
+from placeflow.workload import BatchSpec, LoRASpec, Role, Workload
 
 
 def span_scope(first_device: int, gpus_per_node: int, groups: Iterable[list[int]]) -> Scope:
@@ -95,7 +95,27 @@ def reshard_scope(first_device: int, gpus_per_node: int, gen: GenLayout) -> Scop
 
 def train_seq_len(workload: Workload) -> int:
     """Tokens per sample in forward and training calls: prompt plus mean response."""
-    return workload.batch.prompt_len + max(1, round(LengthModel.of(workload.batch).mean))
+    return _train_seq_len(workload.batch)
+
+
+@cache
+def _train_seq_len(batch: BatchSpec) -> int:
+    return batch.prompt_len + max(1, round(LengthModel.of(batch).mean))
+
+
+@cache
+def train_scopes(
+    first_device: int, gpus_per_node: int, layout: TrainLayout
+) -> tuple[Scope, Scope, int, int]:
+    """(dp_scope, ep_scope, dp_ranks_per_node, expert_dp_ranks_per_node) of `layout` on a
+    set starting at `first_device`: what a forward or update call's collectives read,
+    looked up once per call (the planner prices thousands)."""
+    return (
+        dp_scope(first_device, gpus_per_node, layout),
+        ep_scope(first_device, gpus_per_node, layout),
+        dp_ranks_per_node(first_device, gpus_per_node, layout),
+        expert_dp_ranks_per_node(first_device, gpus_per_node, layout),
+    )
 
 
 def kv_bytes_per_seq(workload: Workload, gen: GenLayout) -> float:
@@ -159,9 +179,14 @@ def role_calls(workload: Workload, role: Role) -> tuple[ModelCall, ...]:
 def call_key(call: ModelCall, par: RoleParallelism) -> tuple[object, ...]:
     """The fields of `par` that `call_cost` reads for `call` (besides the device set, the
     generation KV budget and the workload): two parallelisms with the same key give the
-    call the same cost, so that a caller pricing many may price each key once."""
+    call the same cost, so that a caller pricing many may price each key once.
+
+    A generation call reads only its generation layout's tg, pg and number of
+    replicas (`GenLayout.num_replicas`, d·t·p/(tg·pg)): the training layout's
+    split of the devices does not matter to it (the reshard before it does)."""
     if call.kind == CallKind.GENERATE:
-        return (par.train, par.tg, par.pg)
+        lay = par.train
+        return (par.tg, par.pg, lay.d * (lay.t * lay.p) // (par.tg * par.pg))
     if call.kind == CallKind.FORWARD:
         return (par.train, par.forward_mb, par.zero)
     return (
@@ -201,6 +226,7 @@ def call_cost(
         cost = callcosts.generation_cost(cm, model, gen, shape)
         per_rank = shape.num_seqs
     elif call.kind == CallKind.FORWARD:
+        dp, ep, dp_rpn, _ = train_scopes(first_device, gpus_per_node, par.train)
         cost = callcosts.forward_cost(
             cm,
             model,
@@ -208,13 +234,13 @@ def call_cost(
             call.num_samples,
             seq,
             value_head=call.role.has_value_head,
-            ep_scope=ep_scope(first_device, gpus_per_node, par.train),
-            dp_scope=dp_scope(first_device, gpus_per_node, par.train),
-            dp_ranks_per_node=dp_ranks_per_node(first_device, gpus_per_node, par.train),
+            ep_scope=ep,
+            dp_scope=dp,
+            dp_ranks_per_node=dp_rpn,
         )
         per_rank = math.ceil(call.num_samples / par.train.d)
     else:
-        scope = dp_scope(first_device, gpus_per_node, par.train)
+        dp, ep, dp_rpn, expert_dp_rpn = train_scopes(first_device, gpus_per_node, par.train)
         cost = callcosts.train_cost(
             cm,
             model,
@@ -223,13 +249,11 @@ def call_cost(
             seq,
             workload.batch.ppo_epochs,
             workload.batch.mini_batches,
-            scope,
+            dp,
             value_head=call.role.has_value_head,
-            ep_scope=ep_scope(first_device, gpus_per_node, par.train),
-            dp_ranks_per_node=dp_ranks_per_node(first_device, gpus_per_node, par.train),
-            expert_dp_ranks_per_node=expert_dp_ranks_per_node(
-                first_device, gpus_per_node, par.train
-            ),
+            ep_scope=ep,
+            dp_ranks_per_node=dp_rpn,
+            expert_dp_ranks_per_node=expert_dp_rpn,
             lora=workload.lora_of(call.role),
         )
         per_rank = math.ceil(call.num_samples / par.train.d)
