@@ -278,9 +278,7 @@ def train_cost(
         # update runs it is on the device again.
         state, offload_s = cm.remember(
             ("optimizer_offload", model, lay, par.zero, value_head, lora),
-            lambda: _optimizer_offload(
-                cm, model, lay, par.zero, value_head=value_head, lora=lora
-            ),
+            lambda: _optimizer_offload(cm, model, lay, par.zero, value_head=value_head, lora=lora),
         )
         transient += state
         time_s += offload_s
