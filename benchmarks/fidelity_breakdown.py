@@ -53,7 +53,7 @@ from placeflow.executor.engines.transformer import Arch, Transformer
 from placeflow.executor.fields import Field
 from placeflow.plan import Plan
 from placeflow.profiles.schema import DispatchKind
-from placeflow.simulator import callcosts, compute, simulate
+from placeflow.simulator import compute, simulate
 from placeflow.simulator.simulate import cost_models_for
 from placeflow.workload import Role
 
