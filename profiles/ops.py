@@ -109,5 +109,5 @@ def bytes_moved(op: Op, params: Params, dtype_bytes: int) -> float:
     if op is Op.COLLECTIVE:
         return int(p["num_bytes"]) * collective_bus_factor(str(p["kind"]), int(p["world_size"]))
     if op is Op.FRAMEWORK:
-        return 0.0  # host work: a fixed time per piece
+        return float(int(p["num_units"]))  # host work: time in proportion to the pieces
     return float(int(p["num_bytes"]))  # copy; dispatch: the payload serialised and sent
