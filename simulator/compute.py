@@ -17,7 +17,19 @@ by `tests/test_engines.py::test_engine_op_counts_match_the_simulator` (every
 dispatched aten op, less the kernels costed above). One op's host dispatch
 costs `op_overhead_s`, the profile's smallest elementwise add, which a
 profiler loop of back-to-back adds measures at the dispatch rate (launch-bound
-on a GPU). How the two resources combine (`overlapped_s`):
+on a GPU).
+
+Where the profile has framework entries (`placeflow.profiles.framework`, the
+`cpu` profile) the host work of a piece is measured rather than counted: the
+engine's own code timed per layer forward, backward and decode step, per call
+outside the layers and per decode step outside them, at a size where kernels
+are negligible, less what this module prices for those kernels at that size
+(`framework_host_s`). On this CPU that is several microseconds per op
+(Python, `nn.Module` calls, the dispatcher, autograd), 4-8x the bare add's
+price. The optimizer's host time (AdamW's loop over tensors, gradient
+clipping) is `optimizer_host_s`, per layer and per call. GPU profiles have no
+such entries and keep the counted ops. How the two resources combine
+(`overlapped_s`):
 
 - CPU: the host is the device. Each kernel's measured time includes its own
   dispatch; the extra ops run one after another in the same thread, so they add.
