@@ -200,9 +200,12 @@ def overlapped_s(
     CPU: device_s + host. GPU: max(device_s, kernels · op + host).
     """
     host_s = framework_host_s(cm, host) if host is not None else None
-    if host_s is None:
-        host_s = num_extra_ops * op_overhead_s(cm)
-    return _combined_s(cm, device_s, num_kernels, host_s)
+    if host_s is not None:
+        return _combined_s(cm, device_s, num_kernels, host_s)
+    op_s = op_overhead_s(cm)
+    if cm.device_kind == "cpu":
+        return device_s + num_extra_ops * op_s
+    return max(device_s, (num_kernels + num_extra_ops) * op_s)
 
 
 def _combined_s(cm: CostModel, device_s: float, num_kernels: int, host_s: float) -> float:
