@@ -72,7 +72,15 @@ class RoundCosts(CostModel):
     def optimizer_s(self, num_params: int) -> float:
         return OPT_S
 
-    def collective_s(self, kind: CollectiveKind, num_bytes: int, world_size: int, scope: Scope, *, ranks_per_node: int = 1) -> float:  # fmt: skip
+    def collective_s(
+        self,
+        kind: CollectiveKind,
+        num_bytes: int,
+        world_size: int,
+        scope: Scope,
+        *,
+        ranks_per_node: int = 1,
+    ) -> float:
         return 0.0 if world_size <= 1 else 30e-6
 
     def framework_s(self, kind: FrameworkKind) -> float | None:

@@ -286,9 +286,9 @@ def test_cpu_workers_sharing_cores_are_stretched() -> None:
     shared, alone = runs["grpo-tiny-cpu4-split"]
     for phase in (Phase.GENERATE, Phase.ACTOR_UPDATE):
         assert shared[phase] == pytest.approx(alone[phase]), phase
-    s, l = sorted((alone[Phase.REF_LOGPROB], alone[Phase.OLD_LOGPROB]))
+    short, long = sorted((alone[Phase.REF_LOGPROB], alone[Phase.OLD_LOGPROB]))
     assert sorted((shared[Phase.REF_LOGPROB], shared[Phase.OLD_LOGPROB])) == pytest.approx(
-        [2 * s, l + s]
+        [2 * short, long + short]
     )
 
 
