@@ -1,15 +1,17 @@
 """Benchmark: where a CPU fidelity plan's phase time goes, piece by piece, against the model.
 
 For one GRPO plan of `benchmarks/fidelity_cpu.py` (default colocate-tiny-llama-8p)
-it times, in this one process (one torch thread, no Ray, no other worker), what
-one rank of each phase runs through the engine's real code — the rollout
+it times, in this one process (one torch thread, no Ray, no other worker; thread
+CPU time, so that other processes' load does not count), what one rank of each
+phase runs through the engine's real code — the rollout
 (`Sampler.generate` of the rank's sequences), a scoring call
 (`ScoringEngine.logprobs`), the actor's forward (`ActorEngine.logprobs`) and
 its update (`ActorEngine.update`: forwards, backwards and optimizer steps, the
 optimizer step timed apart) — and, in a Ray actor, an empty round trip of the
-rank's Batch. Beside each it prints what the simulator prices for the same
-piece (`simulator/compute.py`, `callcosts.py` without dispatch and core
-sharing, and the `dispatch` entry), and the measured phase from an executor
+rank's Batch (wall clock). Beside them it prints what the simulator prices:
+each phase as simulated (dispatch and core sharing included) with its parts
+(prefill, decode, pipeline, gradient reduction, optimizer, dispatch), one
+optimizer step's kernel and host time, and the measured phase from an executor
 run of the plan (`--run`: 4 steps, the first a warm-up, the median of the
 others). The measured phase less the alone-engine time, the round trip and
 the core-sharing stretch is what is left for collectives and waiting.
@@ -176,7 +178,8 @@ def _payloads(plan: Plan) -> dict[str, int]:
 
 
 def simulated_pieces(plan: Plan) -> dict[str, Any]:
-    """The simulator's price of the same pieces: phases without dispatch or core sharing."""
+    """The simulator's price: each phase of the first step with its parts, and one
+    optimizer step (its kernel, and its host time where the profile has it)."""
     cms = cost_models_for(plan, "cpu")
     estimate = simulate(plan, cms)
     cm = next(iter(cms.values())) if isinstance(cms, dict) else cms
@@ -189,14 +192,12 @@ def simulated_pieces(plan: Plan) -> dict[str, Any]:
                 **{k: v for k, v in p.detail.items() if k.endswith("_s")},
             }
     actor = plan.workload.models[Role.ACTOR]
-    par = plan.parallelism[Role.ACTOR]
-    samples = plan.workload.batch.prompts_per_step * plan.workload.batch.samples_per_prompt
     phases["optimizer_step"] = {
         "simulated_s": cm.optimizer_s(actor.num_params(value_head=False)),
+        "host_s": compute.optimizer_host_s(cm, actor, actor.num_layers),
     }
     phases["op_overhead_s"] = {"simulated_s": compute.op_overhead_s(cm)}
     phases["dispatch_1KiB"] = {"simulated_s": cm.dispatch_s(DispatchKind.RAY_CALL, 1024)}
-    del samples, par
     return phases
 
 
