@@ -13,6 +13,12 @@ every row, the machine's load average around each run, and the summary
 prints a markdown table.
 
     python benchmarks/fidelity_cpu.py [--steps 4] [--profile cpu] [--only NAME ...]
+
+With `--resimulate RESULTS` it runs nothing: it simulates the same plans with
+the current model and profile and compares them with the measured figures of
+an earlier results file (each phase's and each step's median as that run
+recorded it), writing benchmarks/results/fidelity_cpu_resimulated.json. This
+separates a change of the model from the load of the day.
 """
 
 from __future__ import annotations
@@ -143,7 +149,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--only", nargs="*", default=None, help="plan names to run")
+    parser.add_argument(
+        "--resimulate", type=Path, default=None, help="an earlier results file to compare with"
+    )
     args = parser.parse_args()
+    if args.resimulate is not None:
+        resimulate(args.resimulate, args.profile)
+        return
     matrix = [(label, plan) for label, plan in plans() if not args.only or plan.name in args.only]
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     rows, t0 = [], time.perf_counter()
@@ -212,6 +224,59 @@ def main() -> None:
         f"{report['median_abs_error_steps']:.0%}, worst {report['worst_abs_error_steps']:.0%}; "
         f"load average {report['load_1min_median']:.1f} (max {report['load_1min_max']:.1f}) "
         f"on {os.cpu_count()} CPUs"
+    )
+
+
+def resimulate(results: Path, profile: str) -> None:
+    """The current model against an earlier run's measured figures (module docstring)."""
+    earlier = json.loads(results.read_text())
+    measured = {r["plan"]: r for r in earlier["rows"]}
+    rows = []
+    for _, plan in plans():
+        if plan.name not in measured:
+            continue
+        estimate = simulate(plan, cost_models_for(plan, profile))
+        predicted = estimate.phase_totals_s()
+        old = measured[plan.name]
+        phases = [
+            {**p, "predicted_s": predicted[p["phase"]]}
+            for p in old["phases"]
+            if p["phase"] in predicted
+        ]
+        for p in phases:
+            p["rel_error"] = p["predicted_s"] / p["measured_s"] - 1
+        step = {**old["step"], "predicted_s": estimate.iteration_s}
+        step["rel_error"] = step["predicted_s"] / step["measured_s"] - 1
+        rows.append({"plan": plan.name, "phases": phases, "step": step})
+        print(
+            f"| {plan.name} | "
+            + ", ".join(f"{p['phase']} {p['rel_error']:+.0%}" for p in phases)
+            + f" | {step['measured_s'] * 1e3:.0f} / {step['predicted_s'] * 1e3:.0f} "
+            f"({step['rel_error']:+.0%}) |"
+        )
+    errors = [abs(p["rel_error"]) for r in rows for p in r["phases"]]
+    step_errors = [abs(r["step"]["rel_error"]) for r in rows]
+    report = {
+        "command": "python " + " ".join(["benchmarks/fidelity_cpu.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d"),
+        "measured_in": str(results),
+        "measured_on": earlier["date"],
+        "measured_load_1min_median": earlier["load_1min_median"],
+        "profile": profile,
+        "num_plans": len(rows),
+        "median_abs_error_all_phases": statistics.median(errors),
+        "worst_abs_error_all_phases": max(errors),
+        "median_abs_error_steps": statistics.median(step_errors),
+        "worst_abs_error_steps": max(step_errors),
+        "rows": rows,
+    }
+    out = ROOT / "benchmarks/results/fidelity_cpu_resimulated.json"
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(
+        f"{len(rows)} plans re-simulated against {results.name}: median |error| over all "
+        f"phases {report['median_abs_error_all_phases']:.0%}, worst "
+        f"{report['worst_abs_error_all_phases']:.0%}; over steps median "
+        f"{report['median_abs_error_steps']:.0%}, worst {report['worst_abs_error_steps']:.0%}"
     )
 
 

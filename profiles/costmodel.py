@@ -42,6 +42,7 @@ from placeflow.profiles.grid import DTYPE_BYTES
 from placeflow.profiles.schema import (
     CollectiveKind,
     Entry,
+    FrameworkKind,
     Op,
     Params,
     Profile,
@@ -62,7 +63,7 @@ class ProfileCoverageError(SpecError):
 def family_key(op: Op, params: Params) -> FamilyKey:
     if op is Op.COLLECTIVE:
         return (op.value, str(params["kind"]), str(params["scope"]))
-    if op is Op.DISPATCH:
+    if op in (Op.DISPATCH, Op.FRAMEWORK):
         return (op.value, str(params["kind"]))
     return (op.value,)
 
@@ -383,6 +384,14 @@ class CostModel:
     def dispatch_s(self, kind: str, num_bytes: int) -> float:
         """Host time of one controller -> worker call carrying `num_bytes` (round trip)."""
         return self._memo_time(Op.DISPATCH, {"kind": kind, "num_bytes": max(1, num_bytes)})
+
+    def framework_s(self, kind: FrameworkKind) -> float | None:
+        """Host seconds of one piece of the engine's work of `kind` (a layer's forward,
+        a decode step's bookkeeping...), as profiled; None where the profile has no
+        such entry (then the simulator prices the engine's extra ops instead)."""
+        if (Op.FRAMEWORK, (kind.value,)) not in self.series:
+            return None
+        return self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
 
     def collective_s(
         self,

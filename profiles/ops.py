@@ -28,6 +28,7 @@ _SIZE_PARAM: dict[Op, str] = {
     Op.COLLECTIVE: "num_bytes",
     Op.COPY: "num_bytes",
     Op.DISPATCH: "num_bytes",
+    Op.FRAMEWORK: "num_units",
 }
 
 # Parameters that must match exactly for two series to be compared at all
@@ -107,4 +108,6 @@ def bytes_moved(op: Op, params: Params, dtype_bytes: int) -> float:
         return 28.0 * int(p["num_params"])
     if op is Op.COLLECTIVE:
         return int(p["num_bytes"]) * collective_bus_factor(str(p["kind"]), int(p["world_size"]))
+    if op is Op.FRAMEWORK:
+        return float(int(p["num_units"]))  # host work: time in proportion to the pieces
     return float(int(p["num_bytes"]))  # copy; dispatch: the payload serialised and sent

@@ -28,6 +28,10 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   the device, timed by CUDA events.
 - dispatch: a Ray actor call's round trip with a payload of num_bytes
   (`placeflow.profiles.dispatch`), driver wall clock.
+- framework (CPU only): the engine's own host time per layer forward,
+  backward and decode step, per call and per optimizer step, timed through
+  its Transformer, Sampler and TrainEngine on a tiny model
+  (`placeflow.profiles.framework`), thread CPU time.
 
 Inputs of GEMMs, decode and elementwise ops are views into one scratch buffer
 filled once with uniform(-1, 1) values (no denormals, no per-point allocation
@@ -73,6 +77,7 @@ from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
 from placeflow.profiles.dispatch import measure_dispatch
+from placeflow.profiles.framework import measure_framework
 from placeflow.profiles.grid import DTYPE_BYTES, GridPoint, ProfilerGrid
 from placeflow.profiles.schema import (
     CopyDirection,
@@ -520,8 +525,10 @@ def profile_device(
     name: str,
     progress: bool = True,
     threads: int | None = None,
+    framework: bool = True,
 ) -> Profile:
-    """Time every point of `grid` on this machine's `device` ("cpu" or "cuda").
+    """Time every point of `grid` on this machine's `device` ("cpu" or "cuda"), and on
+    CPU (with `framework`) the engine's framework overhead.
 
     Raises SpecError if `device` is unknown, does not match the grid, or is
     "cuda" on a machine without a CUDA device.
@@ -543,6 +550,8 @@ def profile_device(
                 repeats=grid.repeats,
                 on_point=lambda: report("ray calls", 1),
             )
+            # The engine's host overhead is measured where the engine runs: on CPU here.
+            overhead = measure_framework() if framework and device == "cpu" else []
         provenance = _provenance(device, grid, measured, load)
     finally:
         torch.set_num_threads(previous_threads)
@@ -550,6 +559,6 @@ def profile_device(
         name=name,
         device_kind=device,
         provenance=provenance,
-        entries=(*measured.entries, *collectives, *dispatch),
+        entries=(*measured.entries, *collectives, *dispatch, *overhead),
         grid=grid.to_json(),
     )

@@ -56,6 +56,7 @@ class Op(StrEnum):
     COLLECTIVE = "collective"
     COPY = "copy"
     DISPATCH = "dispatch"
+    FRAMEWORK = "framework"
 
 
 class Source(StrEnum):
@@ -94,6 +95,20 @@ class DispatchKind(StrEnum):
     RAY_CALL = "ray_call"  # one Ray actor call and its result, carrying num_bytes of tensors
 
 
+class FrameworkKind(StrEnum):
+    """Host work of placeflow's engine per piece, timed through the engine's own code at
+    a size where kernels are negligible (measured by `placeflow.profiles.framework`)."""
+
+    LAYER_FORWARD = "layer_forward"  # one decoder layer's forward
+    LAYER_BACKWARD = "layer_backward"  # one decoder layer's backward
+    LAYER_DECODE = "layer_decode"  # one decoder layer in a decode step with the KV cache
+    CALL_FORWARD = "call_forward"  # per forward: embedding, positions, mask, final norm, head
+    CALL_BACKWARD = "call_backward"  # per backward: the same ops' gradients and the loss
+    DECODE_STEP = "decode_step"  # per decode step outside the layers: head, sampling, stops
+    OPTIMIZER_LAYER = "optimizer_layer"  # the optimizer step and clipping, per layer's tensors
+    OPTIMIZER_CALL = "optimizer_call"  # the same for the tensors outside the layers
+
+
 class CopyDirection(StrEnum):
     H2D = "h2d"
     D2H = "d2h"
@@ -109,6 +124,7 @@ class CopyDirection(StrEnum):
 #     the all-gather output, the reduce-scatter input, the all-reduce buffer)
 #   copy: num_bytes host<->device (pinned host memory)
 #   dispatch: one controller -> worker call carrying num_bytes of tensors, round trip
+#   framework: the engine's host time of num_units pieces of one kind (FrameworkKind)
 OP_PARAMS: dict[Op, tuple[str, ...]] = {
     Op.GEMM: ("m", "n", "k"),
     Op.ATTN_PREFILL_FWD: ("batch", "seq", "num_heads", "num_kv_heads", "head_dim"),
@@ -119,13 +135,18 @@ OP_PARAMS: dict[Op, tuple[str, ...]] = {
     Op.COLLECTIVE: ("kind", "world_size", "scope", "num_bytes"),
     Op.COPY: ("direction", "num_bytes"),
     Op.DISPATCH: ("kind", "num_bytes"),
+    Op.FRAMEWORK: ("kind", "num_units"),
 }
 
 
 def _str_param_enum(op: Op, key: str) -> type[StrEnum] | None:
     """The enum a string parameter must belong to, or None for integer parameters."""
     if key == "kind":
-        return {Op.ELEMENTWISE: ElementwiseKind, Op.DISPATCH: DispatchKind}.get(op, CollectiveKind)
+        return {
+            Op.ELEMENTWISE: ElementwiseKind,
+            Op.DISPATCH: DispatchKind,
+            Op.FRAMEWORK: FrameworkKind,
+        }.get(op, CollectiveKind)
     return {"scope": Scope, "direction": CopyDirection}.get(key)
 
 

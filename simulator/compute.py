@@ -17,7 +17,19 @@ by `tests/test_engines.py::test_engine_op_counts_match_the_simulator` (every
 dispatched aten op, less the kernels costed above). One op's host dispatch
 costs `op_overhead_s`, the profile's smallest elementwise add, which a
 profiler loop of back-to-back adds measures at the dispatch rate (launch-bound
-on a GPU). How the two resources combine (`overlapped_s`):
+on a GPU).
+
+Where the profile has framework entries (`placeflow.profiles.framework`, the
+`cpu` profile) the host work of a piece is measured rather than counted: the
+engine's own code timed per layer forward, backward and decode step, per call
+outside the layers and per decode step outside them, at a size where kernels
+are negligible, less what this module prices for those kernels at that size
+(`framework_host_s`). On this CPU that is several microseconds per op
+(Python, `nn.Module` calls, the dispatcher, autograd), 4-8x the bare add's
+price. The optimizer's host time (AdamW's loop over tensors, gradient
+clipping) is `optimizer_host_s`, per layer and per call. GPU profiles have no
+such entries and keep the counted ops. How the two resources combine
+(`overlapped_s`):
 
 - CPU: the host is the device. Each kernel's measured time includes its own
   dispatch; the extra ops run one after another in the same thread, so they add.
@@ -75,12 +87,15 @@ the planner asks the same questions for thousands of plans.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 
+from placeflow.catalogue import get_model
 from placeflow.models import Feature, ModelSpec
+from placeflow.profiles import framework as ref
 from placeflow.profiles.costmodel import CostModel
-from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, Scope
+from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, FrameworkKind, Scope
 from placeflow.workload import RolloutEngine
 
 # Dispatched ops of the engine not costed as kernels (see the module docstring).
@@ -122,16 +137,93 @@ def op_overhead_s(cm: CostModel) -> float:
 PRICED_FEATURES = frozenset({Feature.QK_NORM, Feature.HEAD_DIM, Feature.MOE, Feature.MLA})
 
 
-def overlapped_s(cm: CostModel, device_s: float, num_kernels: int, num_extra_ops: int) -> float:
-    """Time of work whose kernels take `device_s` and whose host dispatches
-    `num_kernels` kernels plus `num_extra_ops` framework ops (module docstring).
+def framework_host_s(cm: CostModel, kind: FrameworkKind) -> float | None:
+    """The engine's host time of one piece of `kind` beyond its kernels, from the
+    profile's framework entry; None where the profile has none.
 
-    CPU: device_s + extra · op. GPU: max(device_s, (kernels + extra) · op).
+    The entry was timed through the engine on the reference model at the
+    reference size (`placeflow.profiles.framework`), kernels included; what the
+    cost model prices for those kernels at that size is taken off (at least 0),
+    so that the kernels, priced at the real size, are not counted twice.
     """
+
+    def compute() -> float | None:
+        measured = cm.framework_s(kind)
+        if measured is None:
+            return None
+        return max(0.0, measured - _reference_kernels_s(cm, kind))
+
+    return cm.remember(("framework_host", kind), compute)
+
+
+def _reference_kernels_s(cm: CostModel, kind: FrameworkKind) -> float:
+    """What the cost model prices for the kernels inside a framework entry's piece."""
+    model = get_model(ref.REFERENCE_MODEL)
+    b, s = ref.REFERENCE_BATCH, ref.REFERENCE_SEQ
+    if kind is FrameworkKind.LAYER_FORWARD:
+        return layer_forward_kernels_s(cm, model, 1, b, s)
+    if kind is FrameworkKind.LAYER_BACKWARD:
+        return layer_backward_kernels_s(cm, model, 1, b, s)
+    if kind is FrameworkKind.LAYER_DECODE:
+        return layer_forward_kernels_s(cm, model, 1, b, 1, decode_kv_len=ref.REFERENCE_DECODE_KV)
+    if kind is FrameworkKind.CALL_FORWARD:
+        return _head_forward_kernels_s(cm, model, 1, b * s, value_head=False)
+    if kind is FrameworkKind.CALL_BACKWARD:
+        return _head_backward_kernels_s(cm, model, 1, b * s, value_head=False)
+    if kind is FrameworkKind.DECODE_STEP:
+        return _head_forward_kernels_s(cm, model, 1, b, value_head=False)
+    layer_params = _layer_params(model)
+    if kind is FrameworkKind.OPTIMIZER_LAYER:
+        return cm.optimizer_s(layer_params)
+    assert kind is FrameworkKind.OPTIMIZER_CALL
+    return cm.optimizer_s(model.num_params(value_head=False) - model.num_layers * layer_params)
+
+
+def _layer_params(model: ModelSpec) -> int:
+    """Parameters of one decoder layer (the difference one more layer makes)."""
+    more = dataclasses.replace(model, num_layers=model.num_layers + 1)
+    return more.num_params(value_head=False) - model.num_params(value_head=False)
+
+
+def overlapped_s(
+    cm: CostModel,
+    device_s: float,
+    num_kernels: int,
+    num_extra_ops: int,
+    host: FrameworkKind | None = None,
+) -> float:
+    """Time of work whose kernels take `device_s` and whose host dispatches
+    `num_kernels` kernels plus framework work: the profile's measured framework
+    time of the piece `host` where it has one, else `num_extra_ops` ops at one
+    small op's price (module docstring).
+
+    CPU: device_s + host. GPU: max(device_s, kernels · op + host).
+    """
+    host_s = framework_host_s(cm, host) if host is not None else None
+    if host_s is not None:
+        return _combined_s(cm, device_s, num_kernels, host_s)
     op_s = op_overhead_s(cm)
     if cm.device_kind == "cpu":
         return device_s + num_extra_ops * op_s
     return max(device_s, (num_kernels + num_extra_ops) * op_s)
+
+
+def _combined_s(cm: CostModel, device_s: float, num_kernels: int, host_s: float) -> float:
+    """Host and device combined: added on a CPU, overlapped on a GPU (module docstring)."""
+    if cm.device_kind == "cpu":
+        return device_s + host_s
+    return max(device_s, num_kernels * op_overhead_s(cm) + host_s)
+
+
+def optimizer_host_s(cm: CostModel, model: ModelSpec, num_layers: int) -> float:
+    """The engine's host time of one optimizer step (AdamW's per-tensor loop and the
+    gradient clipping) over `num_layers` layers and the tensors outside them, beyond
+    `CostModel.optimizer_s`'s kernel time; 0 where the profile has no framework entries."""
+    per_layer = framework_host_s(cm, FrameworkKind.OPTIMIZER_LAYER)
+    per_call = framework_host_s(cm, FrameworkKind.OPTIMIZER_CALL)
+    if per_layer is None or per_call is None:
+        return 0.0
+    return num_layers * per_layer + per_call
 
 
 def _attention_gemm_shapes(model: ModelSpec, t: int) -> tuple[tuple[int, int], ...]:
@@ -333,10 +425,10 @@ def layer_forward_s(
     """One layer's eager forward (prefill, scoring or training) on one rank."""
     kernels = layer_forward_kernels_s(cm, model, t, batch, seq, e=e, ep_scope=ep_scope)
     launches = KERNELS_LAYER_FORWARD + _tp_kernels(t) + _moe_kernels(model, backward=False)
-    return overlapped_s(cm, kernels, launches, EXTRA_OPS_LAYER_FORWARD)
+    return overlapped_s(cm, kernels, launches, EXTRA_OPS_LAYER_FORWARD, FrameworkKind.LAYER_FORWARD)
 
 
-def layer_backward_s(
+def layer_backward_kernels_s(
     cm: CostModel,
     model: ModelSpec,
     t: int,
@@ -346,7 +438,7 @@ def layer_backward_s(
     e: int = 1,
     ep_scope: Scope = Scope.INTRA,
 ) -> float:
-    """One layer's backward (no recomputation) on one rank; the mean over layers for MoE."""
+    """Device time of one layer's backward kernels (no recomputation) on one rank."""
 
     def compute() -> float:
         m = batch * seq
@@ -362,11 +454,27 @@ def layer_backward_s(
         time_s += 4 * cm.elementwise_s(ElementwiseKind.RMSNORM, act)
         time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
         time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
-        launches = KERNELS_LAYER_BACKWARD + _tp_kernels(t) + _moe_kernels(model, backward=True)
-        time_s = overlapped_s(cm, time_s, launches, EXTRA_OPS_LAYER_BACKWARD)
         return time_s
 
-    return cm.remember(("layer_bwd", model, t, batch, seq, e, ep_scope), compute)
+    return cm.remember(("layer_bwd_kernels", model, t, batch, seq, e, ep_scope), compute)
+
+
+def layer_backward_s(
+    cm: CostModel,
+    model: ModelSpec,
+    t: int,
+    batch: int,
+    seq: int,
+    *,
+    e: int = 1,
+    ep_scope: Scope = Scope.INTRA,
+) -> float:
+    """One layer's backward (no recomputation) on one rank; the mean over layers for MoE."""
+    kernels = layer_backward_kernels_s(cm, model, t, batch, seq, e=e, ep_scope=ep_scope)
+    launches = KERNELS_LAYER_BACKWARD + _tp_kernels(t) + _moe_kernels(model, backward=True)
+    return overlapped_s(
+        cm, kernels, launches, EXTRA_OPS_LAYER_BACKWARD, FrameworkKind.LAYER_BACKWARD
+    )
 
 
 def _head_forward_kernels_s(
@@ -386,10 +494,16 @@ def head_forward_s(
     """LM head plus float32 log-softmax over the vocabulary shard, or a scalar value head;
     with the forward's framework ops outside the layers."""
     kernels = _head_forward_kernels_s(cm, model, t, tokens, value_head=value_head)
-    return overlapped_s(cm, kernels, KERNELS_HEAD_FORWARD[value_head], EXTRA_OPS_CALL_FORWARD)
+    return overlapped_s(
+        cm,
+        kernels,
+        KERNELS_HEAD_FORWARD[value_head],
+        EXTRA_OPS_CALL_FORWARD,
+        FrameworkKind.CALL_FORWARD,
+    )
 
 
-def head_backward_s(
+def _head_backward_kernels_s(
     cm: CostModel, model: ModelSpec, t: int, tokens: int, *, value_head: bool
 ) -> float:
     n = 1 if value_head else model.vocab_size // t
@@ -397,7 +511,20 @@ def head_backward_s(
     time_s = cm.gemm_s(tokens, k, n) + cm.gemm_s(k, n, tokens)
     if not value_head:
         time_s += cm.elementwise_s(ElementwiseKind.SOFTMAX, tokens * n * 4)
-    return overlapped_s(cm, time_s, KERNELS_HEAD_BACKWARD[value_head], EXTRA_OPS_CALL_BACKWARD)
+    return time_s
+
+
+def head_backward_s(
+    cm: CostModel, model: ModelSpec, t: int, tokens: int, *, value_head: bool
+) -> float:
+    kernels = _head_backward_kernels_s(cm, model, t, tokens, value_head=value_head)
+    return overlapped_s(
+        cm,
+        kernels,
+        KERNELS_HEAD_BACKWARD[value_head],
+        EXTRA_OPS_CALL_BACKWARD,
+        FrameworkKind.CALL_BACKWARD,
+    )
 
 
 def decode_step_s(
@@ -440,8 +567,14 @@ def decode_step_s(
                 KERNELS_LAYER_FORWARD + _tp_kernels(tg) + _moe_kernels(model, backward=False)
             )
             kernels += KERNELS_HEAD_FORWARD[False]
-            extra = model.num_layers * EXTRA_OPS_LAYER_DECODE + EXTRA_OPS_DECODE_STEP
-            time_s = overlapped_s(cm, device_s, kernels, extra)
+            layer_host = framework_host_s(cm, FrameworkKind.LAYER_DECODE)
+            step_host = framework_host_s(cm, FrameworkKind.DECODE_STEP)
+            if layer_host is None or step_host is None:
+                extra = model.num_layers * EXTRA_OPS_LAYER_DECODE + EXTRA_OPS_DECODE_STEP
+                time_s = overlapped_s(cm, device_s, kernels, extra)
+            else:
+                host_s = model.num_layers * layer_host + step_host
+                time_s = _combined_s(cm, device_s, kernels, host_s)
         return time_s
 
     return cm.remember(("decode_step", model, tg, pg, batch, kv_len, engine), compute)

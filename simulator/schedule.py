@@ -8,12 +8,30 @@ graph allows. Among ready work the one that can start earliest goes first;
 ties go to the lower `priority` (the dataflow's topological order), so the
 schedule is deterministic. Work with no set (controller work) only waits for
 its predecessors.
+
+Shared host cores (CPU workers, `PoolSpec.cores_per_node`). Work may name the
+hosts its workers run on and how many of them it keeps busy there
+(`Work.hosts`); its `duration_s` is its time with only its own workers busy.
+Where calls on different sets run at the same time on one host with `c`
+cores, the host's cores are shared among all their busy workers (processor
+sharing): with W workers busy on the host, a call of w of them, whose duration
+already counts its own max(1, w/c) stretch, progresses at rate
+
+    r = max(1, w/c) / max(1, W/c)           (the slowest of its hosts)
+
+so that two 2-worker calls on a 2-core host each run at half speed, and a
+call alone keeps its duration. Rates change only when a call starts or ends,
+so the schedule advances from event to event. Without shared hosts every rate
+is 1 and the schedule is the list schedule above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+
+# Remaining work below this (seconds) counts as done: float residue of rate changes.
+_DONE_S = 1e-12
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +41,8 @@ class Work:
     duration_s: float
     preds: tuple[Hashable, ...] = ()
     priority: int = 0
+    # (host, workers this work keeps busy there), for hosts whose cores are shared.
+    hosts: tuple[tuple[Hashable, int], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,13 +52,20 @@ class Span:
     end_s: float
 
 
-def schedule(tasks: Sequence[Work]) -> dict[Hashable, Span]:
-    """Start and end of every task; raises ValueError on a dependency cycle or unknown id."""
+def schedule(
+    tasks: Sequence[Work], cores: Mapping[Hashable, int] | None = None
+) -> dict[Hashable, Span]:
+    """Start and end of every task; raises ValueError on a dependency cycle or unknown id.
+
+    `cores`: the cores of each shared host that `Work.hosts` names (module docstring).
+    """
     by_id = {t.id: t for t in tasks}
     for t in tasks:
         for p in t.preds:
             if p not in by_id:
                 raise ValueError(f"task {t.id!r} depends on unknown task {p!r}")
+    if cores and any(h in cores for t in tasks for h, _ in t.hosts):
+        return _shared_schedule(tasks, cores)
     set_free: dict[int, float] = {}
     done: dict[Hashable, Span] = {}
     pending = list(tasks)
@@ -60,4 +87,55 @@ def schedule(tasks: Sequence[Work]) -> dict[Hashable, Span]:
         done[task.id] = Span(id=task.id, start_s=start, end_s=end)
         for s in task.sets:
             set_free[s] = end
+    return done
+
+
+def _rates(running: Sequence[Work], cores: Mapping[Hashable, int]) -> list[float]:
+    """Each running task's progress per second (module docstring)."""
+    busy: dict[Hashable, int] = {}
+    for t in running:
+        for h, w in t.hosts:
+            busy[h] = busy.get(h, 0) + w
+    rates = []
+    for t in running:
+        rate = 1.0
+        for h, w in t.hosts:
+            if h in cores:
+                c = cores[h]
+                rate = min(rate, max(1.0, w / c) / max(1.0, busy[h] / c))
+        rates.append(rate)
+    return rates
+
+
+def _shared_schedule(tasks: Sequence[Work], cores: Mapping[Hashable, int]) -> dict[Hashable, Span]:
+    """The schedule advanced event by event, with rates from shared host cores."""
+    now = 0.0
+    busy_sets: set[int] = set()
+    done: dict[Hashable, Span] = {}
+    started: dict[Hashable, float] = {}
+    remaining: dict[Hashable, float] = {}
+    running: list[Work] = []
+    pending = list(tasks)
+    while pending or running:
+        # Start, in priority order, everything whose predecessors ended and sets are free.
+        for _, t in sorted(enumerate(pending), key=lambda it: (it[1].priority, it[0])):
+            if all(p in done for p in t.preds) and not busy_sets.intersection(t.sets):
+                started[t.id], remaining[t.id] = now, t.duration_s
+                running.append(t)
+                busy_sets.update(t.sets)
+        pending = [t for t in pending if t.id not in started]
+        if not running:
+            raise ValueError(f"dependency cycle among {[t.id for t in pending]}")
+        rates = _rates(running, cores)
+        step = min(remaining[t.id] / r for t, r in zip(running, rates, strict=True))
+        now += step
+        still = []
+        for t, r in zip(running, rates, strict=True):
+            remaining[t.id] -= step * r
+            if remaining[t.id] <= _DONE_S:
+                done[t.id] = Span(id=t.id, start_s=started[t.id], end_s=now)
+                busy_sets.difference_update(t.sets)
+            else:
+                still.append(t)
+        running = still
     return done

@@ -224,7 +224,30 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
     return result
 
 
-def _tasks(costed: list[_Call], num_steps: int) -> list[Work]:
+def _hosts(plan: Plan, sets: tuple[int, ...]) -> tuple[tuple[Hashable, int], ...]:
+    """(pool, node) -> devices of `sets` there, on pools whose cores are shared."""
+    busy: dict[Hashable, int] = {}
+    for i in sets:
+        pool = plan.pool_of(i)
+        if pool.cores_per_node is None:
+            continue
+        for d in plan.sets[i].devices():
+            host = (pool.name, d // pool.gpus_per_node)
+            busy[host] = busy.get(host, 0) + 1
+    return tuple(busy.items())
+
+
+def _shared_cores(plan: Plan) -> dict[Hashable, int]:
+    """Cores of every node of the pools that declare them (`schedule`'s shared hosts)."""
+    return {
+        (pool.name, n): pool.cores_per_node
+        for pool in plan.cluster.pools
+        if pool.cores_per_node is not None
+        for n in range(pool.num_nodes)
+    }
+
+
+def _tasks(plan: Plan, costed: list[_Call], num_steps: int) -> list[Work]:
     """Tasks of `num_steps` unrolled steps (one-step-off when num_steps > 1).
 
     Step k's calls after generation wait for step k−1's updates. The weight
@@ -252,6 +275,7 @@ def _tasks(costed: list[_Call], num_steps: int) -> list[Work]:
                     duration_s=c.cost.time_s,
                     preds=tuple(preds),
                     priority=priority,
+                    hosts=_hosts(plan, c.sets),
                 )
             )
     return tasks
@@ -276,7 +300,7 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
             )
         else:
             num_steps = 3
-    raw_slots = schedule(_tasks(costed, num_steps))
+    raw_slots = schedule(_tasks(plan, costed, num_steps), _shared_cores(plan))
     # Work ids are (step, phase) pairs (see _tasks).
     slots = cast(dict[tuple[int, Phase], Span], raw_slots)
     by_phase = {c.phase: c for c in costed}

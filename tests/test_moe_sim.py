@@ -44,6 +44,9 @@ class RecordingCostModel:
             self.memo[key] = compute()
         return self.memo[key]
 
+    def framework_s(self, kind: object) -> None:
+        return None  # no framework entries: the counted extra ops, as a GPU profile
+
     def gemm_s(self, m: int, n: int, k: int) -> float:
         self.gemms.append((m, n, k))
         return 2.0 * m * n * k / FLOPS_PER_S

@@ -261,21 +261,35 @@ def test_optimizer_offload_needs_a_trained_role():
 
 
 def test_cpu_workers_sharing_cores_are_stretched() -> None:
-    """cpu4: 4 logical workers on 2 cores. A phase on all 4 runs at half speed; on 2, at full."""
+    """cpu4: 4 logical workers on 2 cores. A phase on all 4 runs at half speed; on 2, at
+    full speed alone and at half speed beside another 2-worker phase."""
     import dataclasses as dc
 
     from placeflow.simulator.simulate import cost_models_for
 
     plans = Path(__file__).resolve().parents[1] / "examples" / "plans"
-    for name, factor in (("grpo-tiny-cpu4-colocate", 2.0), ("grpo-tiny-cpu4-split", 1.0)):
+    runs = {}
+    for name in ("grpo-tiny-cpu4-colocate", "grpo-tiny-cpu4-split"):
         plan = load_plan(plans / f"{name}.toml")
         assert plan.cluster.pools[0].cores_per_node == 2
         free_pool = dc.replace(plan.cluster.pools[0], cores_per_node=None)
         free = dc.replace(plan, cluster=dc.replace(plan.cluster, pools=(free_pool,)))
         cms = cost_models_for(plan, "cpu")
-        shared, alone = simulate(plan, cms).phase_totals_s(), simulate(free, cms).phase_totals_s()
-        for phase, seconds in alone.items():
-            assert shared[phase] == pytest.approx(seconds * factor), (name, phase)
+        runs[name] = simulate(plan, cms).phase_totals_s(), simulate(free, cms).phase_totals_s()
+    shared, alone = runs["grpo-tiny-cpu4-colocate"]
+    for phase, seconds in alone.items():  # every phase keeps all 4 workers busy
+        assert shared[phase] == pytest.approx(seconds * 2.0), phase
+    # Split: 2 workers per set. Generation and the update run alone at full speed; the
+    # reference and old-policy forwards run at once on the two sets, 4 workers on 2 cores
+    # (simulator/schedule.py): both at half speed until the shorter (s alone) ends at 2s,
+    # then the longer (l alone) finishes its l − s alone, at l + s.
+    shared, alone = runs["grpo-tiny-cpu4-split"]
+    for phase in (Phase.GENERATE, Phase.ACTOR_UPDATE):
+        assert shared[phase] == pytest.approx(alone[phase]), phase
+    short, long = sorted((alone[Phase.REF_LOGPROB], alone[Phase.OLD_LOGPROB]))
+    assert sorted((shared[Phase.REF_LOGPROB], shared[Phase.OLD_LOGPROB])) == pytest.approx(
+        [2 * short, long + short]
+    )
 
 
 def test_cores_per_node_is_for_cpu_pools_only() -> None:

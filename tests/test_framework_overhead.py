@@ -1,0 +1,248 @@
+"""The engine's framework overhead: profiled through the engine, priced by the simulator,
+and CPU cores shared by calls that run at once.
+
+Oracles: hand-made piece times whose slopes and intercepts are computed by hand;
+a cost model whose every kernel costs a round number, so that each priced piece
+is the framework entry computed by hand; processor-sharing schedules worked out
+on paper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from placeflow.catalogue import get_model
+from placeflow.profiles import framework
+from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.registry import fitted_cost_model, load_profile
+from placeflow.profiles.schema import (
+    CollectiveKind,
+    ElementwiseKind,
+    FrameworkKind,
+    Op,
+    Scope,
+    Source,
+)
+from placeflow.simulator import compute
+from placeflow.simulator.schedule import Work, schedule
+
+GEMM_S, ATTN_S, ELEM_S, OPT_S = 10e-6, 20e-6, 4e-6, 50e-6
+MODEL = get_model("tiny-llama")
+L = MODEL.num_layers
+# Per layer forward: 4 GEMMs, attention, 2 norms + 2 adds + SwiGLU, at any size.
+LAYER_FWD_KERNELS = 4 * GEMM_S + ATTN_S + 5 * ELEM_S
+# Backward: 8 GEMMs, the attention backward, 4 norms + 2 adds, SwiGLU twice.
+LAYER_BWD_KERNELS = 8 * GEMM_S + ATTN_S + 8 * ELEM_S
+HEAD_FWD_KERNELS = GEMM_S + ELEM_S  # LM head + log-softmax
+FRAMEWORK = {
+    FrameworkKind.LAYER_FORWARD: 500e-6,
+    FrameworkKind.LAYER_BACKWARD: 900e-6,
+    FrameworkKind.LAYER_DECODE: 450e-6,
+    FrameworkKind.CALL_FORWARD: 300e-6,
+    FrameworkKind.CALL_BACKWARD: 700e-6,
+    FrameworkKind.DECODE_STEP: 600e-6,
+    FrameworkKind.OPTIMIZER_LAYER: 1000e-6,
+    FrameworkKind.OPTIMIZER_CALL: 700e-6,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RoundCosts(CostModel):
+    """Round kernel times; framework entries from `entries` (None: the profile has none)."""
+
+    entries: dict[FrameworkKind, float] | None = None
+    op_s: float = 1e-6
+
+    def gemm_s(self, m: int, n: int, k: int) -> float:
+        return GEMM_S
+
+    def attn_prefill_s(self, *args: int, backward: bool = False) -> float:
+        return ATTN_S
+
+    def attn_decode_s(self, *args: int) -> float:
+        return ATTN_S
+
+    def elementwise_s(self, kind: str, num_bytes: int) -> float:
+        small_add = kind == ElementwiseKind.ADD and num_bytes == compute.OP_OVERHEAD_BYTES
+        return self.op_s if small_add else ELEM_S
+
+    def optimizer_s(self, num_params: int) -> float:
+        return OPT_S
+
+    def collective_s(
+        self,
+        kind: CollectiveKind,
+        num_bytes: int,
+        world_size: int,
+        scope: Scope,
+        *,
+        ranks_per_node: int = 1,
+    ) -> float:
+        return 0.0 if world_size <= 1 else 30e-6
+
+    def framework_s(self, kind: FrameworkKind) -> float | None:
+        return None if self.entries is None else self.entries[kind]
+
+
+def _costs(device_kind: str = "cpu", entries: Any = FRAMEWORK) -> RoundCosts:
+    return RoundCosts(
+        profile_name="round", dtype_bytes=4, rooflines={}, series={}, device_kind=device_kind,
+        entries=entries,
+    )  # fmt: skip
+
+
+def test_cpu_pieces_cost_their_kernels_plus_the_measured_host_time() -> None:
+    cm = _costs()
+    # Kernels cost the same at every size here, so each piece is its entry exactly:
+    # kernels + (entry − the same kernels at the reference size).
+    assert compute.layer_forward_s(cm, MODEL, 1, 8, 32) == pytest.approx(500e-6)
+    assert compute.layer_backward_s(cm, MODEL, 1, 8, 32) == pytest.approx(900e-6)
+    assert compute.head_forward_s(cm, MODEL, 1, 256, value_head=False) == pytest.approx(300e-6)
+    head_bwd = compute.head_backward_s(cm, MODEL, 1, 256, value_head=False)
+    assert head_bwd == pytest.approx(700e-6)
+    # A decode step: L layers' decode entry plus the step's own.
+    step = compute.decode_step_s(cm, MODEL, 1, 1, 8, 40)
+    assert step == pytest.approx(L * 450e-6 + 600e-6)
+    # The optimizer's host time beyond its kernel, per layer and per call.
+    assert compute.optimizer_host_s(cm, MODEL, L) == pytest.approx(
+        L * (1000e-6 - OPT_S) + (700e-6 - OPT_S)
+    )
+
+
+def test_host_time_is_never_negative() -> None:
+    # An entry cheaper than the priced kernels at the reference size adds nothing.
+    cheap = {k: 1e-6 for k in FrameworkKind}
+    cm = _costs(entries=cheap)
+    assert compute.layer_forward_s(cm, MODEL, 1, 8, 32) == pytest.approx(LAYER_FWD_KERNELS)
+    assert compute.layer_backward_s(cm, MODEL, 1, 8, 32) == pytest.approx(LAYER_BWD_KERNELS)
+    assert compute.optimizer_host_s(cm, MODEL, L) == 0.0
+
+
+def test_gpu_overlaps_the_measured_host_time_with_the_kernels() -> None:
+    cm = _costs("cuda")
+    host = 500e-6 - LAYER_FWD_KERNELS
+    launches = compute.KERNELS_LAYER_FORWARD * 1e-6
+    assert compute.layer_forward_s(cm, MODEL, 1, 8, 32) == pytest.approx(
+        max(LAYER_FWD_KERNELS, launches + host)
+    )
+
+
+def test_without_framework_entries_the_extra_ops_are_priced_as_before() -> None:
+    cm = _costs(entries=None)
+    assert compute.layer_forward_s(cm, MODEL, 1, 8, 32) == pytest.approx(
+        LAYER_FWD_KERNELS + compute.EXTRA_OPS_LAYER_FORWARD * 1e-6
+    )
+    device = L * LAYER_FWD_KERNELS + HEAD_FWD_KERNELS
+    extra = L * compute.EXTRA_OPS_LAYER_DECODE + compute.EXTRA_OPS_DECODE_STEP
+    assert compute.decode_step_s(cm, MODEL, 1, 1, 8, 40) == pytest.approx(device + extra * 1e-6)
+    assert compute.optimizer_host_s(cm, MODEL, L) == 0.0
+
+
+def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piece times built from known per-layer and per-call costs come back as entries."""
+    (l1, l2), (n1, n2) = framework.LAYER_COUNTS, framework.DECODE_STEPS
+
+    def times(per_layer: float, per_call: float) -> tuple[list[float], list[float]]:
+        # Three samples per size, spread ±10 %: every kind is linear in them.
+        return tuple(  # type: ignore[return-value]
+            [(per_call + n * per_layer) * f for f in (0.9, 1.0, 1.1)] for n in (l1, l2)
+        )
+
+    fwd = times(400e-6, 300e-6)
+    bwd = times(800e-6, 700e-6)
+    train = tuple([f + b for f, b in zip(fwd[i], bwd[i], strict=True)] for i in (0, 1))
+
+    def decode(steps: int) -> tuple[list[float], list[float]]:
+        # 2 ms of prefill and setup per call, then steps x (layers x 450 µs + 600 µs).
+        return tuple(  # type: ignore[return-value]
+            [(2e-3 + steps * (n * 450e-6 + 600e-6)) * f for f in (0.9, 1.0, 1.1)] for n in (l1, l2)
+        )
+
+    fake = {
+        "forward": fwd,
+        "train": train,
+        "decode_short": decode(n1),
+        "decode_long": decode(n2),
+        "step": times(1000e-6, 700e-6),
+    }
+    monkeypatch.setattr(framework, "_paired_samples", lambda repeats, warmup: fake)
+    entries = {FrameworkKind(e.params["kind"]): e for e in framework.measure_framework()}
+    expected = {
+        FrameworkKind.LAYER_FORWARD: 400e-6,
+        FrameworkKind.CALL_FORWARD: 300e-6,
+        FrameworkKind.LAYER_BACKWARD: 800e-6,
+        FrameworkKind.CALL_BACKWARD: 700e-6,
+        FrameworkKind.LAYER_DECODE: 450e-6,
+        FrameworkKind.DECODE_STEP: 600e-6,
+        FrameworkKind.OPTIMIZER_LAYER: 1000e-6,
+        FrameworkKind.OPTIMIZER_CALL: 700e-6,
+    }
+    assert set(entries) == set(FrameworkKind)
+    for kind, value in expected.items():
+        e = entries[kind]
+        assert e.median_s == pytest.approx(value), kind
+        # numpy's linear p10 of 3 samples (0.9, 1.0, 1.1) is 0.92, its p90 1.08.
+        assert e.p10_s == pytest.approx(0.92 * value) and e.p90_s == pytest.approx(1.08 * value)
+        assert e.op is Op.FRAMEWORK and e.source is Source.MEASURED
+
+
+def test_the_timers_run_the_engine() -> None:
+    pieces = framework._pieces(2)
+    assert set(pieces) == {"forward", "train", "decode_short", "decode_long", "step"}
+    assert all(timer() > 0 for timer in pieces.values())
+
+
+def test_the_cpu_profile_carries_measured_framework_entries_and_gpu_profiles_none() -> None:
+    entries = load_profile("cpu").entries_for(Op.FRAMEWORK)
+    assert {FrameworkKind(e.params["kind"]) for e in entries} == set(FrameworkKind)
+    assert {e.source for e in entries} == {Source.MEASURED}
+    cm = fitted_cost_model("cpu")
+    for e in entries:  # the fitted model answers each entry exactly
+        assert cm.framework_s(FrameworkKind(e.params["kind"])) == e.median_s
+    for gpu in ("h100-sxm", "a100-80gb"):
+        assert not load_profile(gpu).entries_for(Op.FRAMEWORK)
+        assert fitted_cost_model(gpu).framework_s(FrameworkKind.LAYER_FORWARD) is None
+
+
+def _spans(tasks: list[Work], cores: dict[str, int] | None) -> dict[object, tuple[float, float]]:
+    return {k: (s.start_s, s.end_s) for k, s in schedule(tasks, cores).items()}
+
+
+def test_calls_on_one_host_share_its_cores() -> None:
+    # Two 2-worker calls on disjoint sets of a 2-core host: 4 busy workers, each call at
+    # half speed while both run. The short one (4 s alone) ends at 8 s; the long one has
+    # done 4 of its 10 s by then, and runs the other 6 s alone: ends at 14 s.
+    tasks = [
+        Work(id="long", sets=(0,), duration_s=10.0, hosts=(("h", 2),)),
+        Work(id="short", sets=(1,), duration_s=4.0, hosts=(("h", 2),)),
+        Work(id="after", sets=(1,), duration_s=1.0, preds=("short",), hosts=(("h", 2),)),
+    ]
+    got = _spans(tasks, {"h": 2})
+    assert got["short"] == pytest.approx((0.0, 8.0))
+    # "after" starts at 8 s beside "long": both at half speed; it ends at 10 s, by when
+    # "long" has 10 − 4 − 1 = 5 s left, alone: 15 s.
+    assert got["after"] == pytest.approx((8.0, 10.0))
+    assert got["long"] == pytest.approx((0.0, 15.0))
+    # Without shared cores the plain list schedule.
+    plain = _spans(tasks, None)
+    assert plain == {"long": (0.0, 10.0), "short": (0.0, 4.0), "after": (4.0, 5.0)}
+
+
+def test_a_call_alone_keeps_its_own_stretch() -> None:
+    # 4 workers on a 2-core host: the duration already counts 4/2; alone it is not
+    # stretched again. On another host, or with enough cores, nothing changes.
+    alone = [Work(id="a", sets=(0,), duration_s=3.0, hosts=(("h", 4),))]
+    assert _spans(alone, {"h": 2}) == {"a": (0.0, 3.0)}
+    apart = [
+        Work(id="a", sets=(0,), duration_s=3.0, hosts=(("h", 2),)),
+        Work(id="b", sets=(1,), duration_s=3.0, hosts=(("g", 2),)),
+    ]
+    assert _spans(apart, {"h": 2, "g": 2}) == {"a": (0.0, 3.0), "b": (0.0, 3.0)}
+    roomy = [
+        Work(id="a", sets=(0,), duration_s=3.0, hosts=(("h", 2),)),
+        Work(id="b", sets=(1,), duration_s=3.0, hosts=(("h", 2),)),
+    ]
+    assert _spans(roomy, {"h": 4}) == {"a": (0.0, 3.0), "b": (0.0, 3.0)}
