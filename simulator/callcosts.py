@@ -482,7 +482,10 @@ def _dp_sync_and_optimizer_s(
         if zero == 3:
             sync += 2 * num_micro * gather
         opt_params += math.ceil(shard / d)
-    return sync, cm.optimizer_s(opt_params)
+    # Kernel time of AdamW over the rank's partition, plus the engine's host time of
+    # its per-tensor loop over the heaviest stage's layers (0 without framework entries).
+    layers = lay.heaviest_stage_layers(model.num_layers)
+    return sync, cm.optimizer_s(opt_params) + compute.optimizer_host_s(cm, model, layers)
 
 
 @dataclass(frozen=True, kw_only=True)

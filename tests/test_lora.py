@@ -105,6 +105,9 @@ class FlopCostModel:
     def optimizer_s(self, num_params: int) -> float:
         return 0.0
 
+    def framework_s(self, kind: object) -> None:
+        return None  # no framework entries: kernel times only
+
     def copy_s(self, direction: str, num_bytes: int) -> float:
         return 0.0
 
