@@ -72,8 +72,8 @@ from rich.progress import (
 from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
-from placeflow.profiles.dispatch import measure_dispatch
 from placeflow.profiles.grid import DTYPE_BYTES, GridPoint, ProfilerGrid
+from placeflow.profiles.ray_roundtrip import measure_dispatch
 from placeflow.profiles.schema import (
     CopyDirection,
     ElementwiseKind,
