@@ -31,6 +31,7 @@ from placeflow.cliargs import (
 from placeflow.clio import table_progress, write_or_fallback
 from placeflow.errors import SpecError
 from placeflow.fsio import check_output_dir, check_output_path, safe_name
+from placeflow.metrics import Metric
 
 Handler = Callable[[argparse.Namespace, Console], int]
 MAX_STEPS = 10_000_000
@@ -260,6 +261,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
 
 def _placement_json(result: object) -> dict[str, object]:
     from placeflow.planner.search import RankedPlan
+    from placeflow.workload import Role
 
     assert isinstance(result, RankedPlan)
     plan, est = result.plan, result.estimate
@@ -277,7 +279,7 @@ def _placement_json(result: object) -> dict[str, object]:
                 "t": par.train.t,
                 "d": par.train.d,
                 **({"e": par.train.e} if par.train.e > 1 else {}),  # MoE expert parallel
-                **({"tg": par.tg, "pg": par.pg} if role.value == "actor" else {}),
+                **({"tg": par.tg, "pg": par.pg} if role is Role.ACTOR else {}),
                 "micro_batch": par.micro_batch,
                 "zero": par.zero,
                 "recompute": par.recompute,
@@ -441,14 +443,14 @@ def _print_run(console: Console, records: Sequence[object], run_dir: Path) -> No
         m = rec.metrics  # type: ignore[attr-defined]
         table.add_row(
             str(rec.step),  # type: ignore[attr-defined]
-            f"{m['reward_mean']:.3f}",
-            f"{m.get('exact_match', float('nan')):.2f}",
-            f"{m['pg_loss']:+.4f}",
-            f"{m.get('kl_ref', 0.0):.4f}",
-            f"{m['entropy']:.2f}",
-            f"{m['response_len_mean']:.1f}",
-            f"{m['tokens_per_s']:,.0f}",
-            f"{m['step_time_s']:.2f}",
+            f"{m[Metric.REWARD_MEAN]:.3f}",
+            f"{m.get(Metric.EXACT_MATCH, float('nan')):.2f}",
+            f"{m[Metric.PG_LOSS]:+.4f}",
+            f"{m.get(Metric.KL_REF, 0.0):.4f}",
+            f"{m[Metric.ENTROPY]:.2f}",
+            f"{m[Metric.RESPONSE_LEN_MEAN]:.1f}",
+            f"{m[Metric.TOKENS_PER_S]:,.0f}",
+            f"{m[Metric.STEP_TIME_S]:.2f}",
         )
     console.print(table)
 
