@@ -289,9 +289,6 @@ class Worker:
         self.roles[role] = RoleRank(info=info, groups=groups, layout=layout)
         return info
 
-    def rank_info(self, role: Role) -> RankInfo:
-        return self.roles[role].info
-
     # --- engines: the RL loop's calls ---------------------------------------------
     def build_engine(self, role: Role, setup: EngineSetup) -> None:
         """Build `role`'s engine on this rank: its pipeline stage of its TP shard (collective:

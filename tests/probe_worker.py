@@ -1,4 +1,5 @@
-"""A Worker with probes only tests call: sums over its process groups, tags, injected failures.
+"""A Worker with probes only tests call: its ranks, sums over its process groups, tags,
+injected failures.
 
 `ProbeWorker` adds to the production `Worker` what a test needs to look inside a
 worker group and what it needs to break one; `ProbeController` starts it as a
@@ -23,7 +24,7 @@ from ray import cloudpickle
 
 from placeflow.executor.batch import Batch
 from placeflow.executor.controller import Controller
-from placeflow.executor.worker import Axis, Worker, worker_actor
+from placeflow.executor.worker import Axis, RankInfo, Worker, worker_actor
 from placeflow.workload import Role
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -46,6 +47,9 @@ class Tag(StrEnum):
 
 
 class ProbeWorker(Worker):
+    def rank_info(self, role: Role) -> RankInfo:
+        return self.roles[role].info
+
     def all_reduce(self, role: Role, axis: Axis, value: float) -> float:
         """Sum `value` over this rank's `axis` group of `role` (a check that the groups work)."""
         t = torch.tensor([value], dtype=torch.float64, device=self.device)  # NCCL needs CUDA

@@ -70,7 +70,7 @@ def test_plan_runs_on_four_logical_workers(cpu4_plans, kind):
 def check_ranks(c: Controller, group: WorkerGroup) -> None:
     train = group.spec.layout.train
     infos = c.gather(
-        group, [w.rank_info.remote(group.role) for w in group.workers], Worker.rank_info
+        group, [w.rank_info.remote(group.role) for w in group.workers], ProbeWorker.rank_info
     )
     assert [i.rank for i in infos] == list(range(train.world_size))
     assert [(i.pp, i.tp, i.dp) for i in infos] == [train.coords(r) for r in range(len(infos))]

@@ -348,13 +348,6 @@ class Transformer(nn.Module):
                 )
             params[name].copy_(tensor)
 
-    @torch.no_grad()
-    def init_random(self, seed: int) -> None:
-        """Seeded init of the *full* model, then this rank's slice: the same model at any TP, PP."""
-        self.load_full(
-            random_full(self.arch, seed, critic=self.is_critic, num_values=self.num_values)
-        )
-
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
         """This rank's TP slice of the full weights this stage holds (every one must be there)."""
         names = set(self.shard_names())
