@@ -203,14 +203,13 @@ def _gib(num_bytes: float) -> str:
 
 
 def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.api import simulate
     from placeflow.plan import load_plan
-    from placeflow.simulator import simulate
-    from placeflow.simulator.simulate import cost_models_for
 
     if args.report:
         check_output_path(args.report, "--report")
     plan = load_plan(args.plan)
-    estimate = simulate(plan, cost_models_for(plan, args.profile))
+    estimate = simulate(plan, profile=args.profile)
     if args.report:
         from placeflow.reports import simulate_report
 
@@ -307,17 +306,15 @@ def _gpus_label(plan: Any) -> str:
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import Progress
 
+    from placeflow.api import plan
     from placeflow.cluster import load_cluster
     from placeflow.plan import save_plan
-    from placeflow.planner import Objective, plan_search
-    from placeflow.profiles.registry import fitted_cost_model
     from placeflow.workload import load_workload
 
     for flag, path in (("--out", args.out), ("--report", args.report)):
         if path:
             check_output_path(path, flag)
     cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
-    costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
     with (
         Progress(
             console=Console(stderr=True),
@@ -327,11 +324,10 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         table_progress("costing options", quiet=args.json) as costing,
     ):
         task = bar.add_task("solving per placement", total=None)
-        result = plan_search(
+        result = plan(
             cluster,
             workload,
-            costs,
-            objective=Objective(args.objective),
+            objective=args.objective,
             target_tokens_per_s=args.target_tokens_per_s,
             time_limit_s=args.time_limit,
             top_k=args.top,
@@ -360,18 +356,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             entry["infeasible_reason"] = pr.reason
         else:
             entry.update(
-                {
-                    k: v
-                    for k, v in _placement_json(pr.best).items()
-                    if k
-                    in (
-                        "gpus_per_set",
-                        "generator_gpus",
-                        "iteration_s",
-                        "tokens_per_s",
-                        "plan_hash",
-                    )
-                }
+                {k: v for k, v in _placement_json(pr.best).items() if k in _PER_PLACEMENT_KEYS}
             )
         per_placement.append(entry)
     out = {
@@ -580,10 +565,9 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_export(args: argparse.Namespace, console: Console) -> int:
-    from placeflow.export import Target, export_plan
-    from placeflow.plan import load_plan
+    from placeflow.api import export
 
-    result = export_plan(load_plan(args.plan), Target(args.to))
+    result = export(args.plan, args.to)
     if args.out is None:
         sys.stdout.write(result.text())
         return 0
