@@ -37,7 +37,9 @@ def worker():
         torch.set_num_threads(threads)
 
 
-def test_one_worker_holds_the_ranks_of_both_colocated_roles(worker):
+def test_one_worker_holds_the_ranks_of_both_colocated_roles(ray_cluster, worker):
+    # identity() asks Ray for this process's node: Ray is up, started by the one fixture
+    # (left to itself, Ray would start a second instance here and the next ray.init fail).
     assert worker.identity().num_threads == 1 and worker.identity().device == "cpu"
     train = TrainLayout()
     actor = worker.setup_role(Role.ACTOR, RoleLayout(train=train, gen=GenLayout(train=train)))
