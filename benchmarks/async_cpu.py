@@ -34,6 +34,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from placeflow.metrics import Metric, RecordKey
+
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "examples" / "plans" / "grpo-tiny-cpu2-async.toml"
 RESULTS = ROOT / "benchmarks" / "results" / "async_cpu.json"
@@ -65,16 +67,16 @@ def run_side(plan: Path, steps: int, warmup: int, run_dir: Path) -> dict[str, An
         raise RuntimeError(f"placeflow run failed:\n{proc.stderr[-3000:]}")
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     measured = lines[warmup:]
-    tokens = sum(m["tokens_per_s"] * m["step_time_s"] for m in measured)
-    wall = sum(m["step_time_s"] for m in measured)
-    return {
+    tokens = sum(m[Metric.TOKENS_PER_S] * m[Metric.STEP_TIME_S] for m in measured)
+    wall = sum(m[Metric.STEP_TIME_S] for m in measured)
+    return {  # this benchmark's own result keys
         "tokens_per_s": tokens / wall,
-        "step_s_median": statistics.median(m["step_time_s"] for m in measured),
+        "step_s_median": statistics.median(m[Metric.STEP_TIME_S] for m in measured),
         "phase_sum_over_step": statistics.median(
-            sum(m["phases"].values()) / m["step_time_s"] for m in measured
+            sum(m[RecordKey.PHASES].values()) / m[Metric.STEP_TIME_S] for m in measured
         ),
-        "reward": [m["reward_mean"] for m in lines],
-        "staleness": [m["staleness"] for m in lines],
+        "reward": [m[Metric.REWARD_MEAN] for m in lines],
+        "staleness": [m[Metric.STALENESS] for m in lines],
         "other_cpu_share": monitor.other_frac(start, time.time()) if monitor else None,
     }
 

@@ -146,7 +146,7 @@ def ray_round_trips(plan: Plan, repeats: int) -> dict[str, float]:
     """An empty Ray actor call carrying each phase's Batch shard (as `_Worker.take`)."""
     import ray
 
-    from placeflow.profiles.dispatch import _payload, _Worker
+    from placeflow.profiles.ray_roundtrip import _payload, _Worker
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:

@@ -75,13 +75,14 @@ def matmul_peak_tflops(repeats: int = 20) -> float:
 
 def phase_flops(plan: Any, tokens: float) -> dict[str, float]:
     """FLOPs of a step's model calls for `tokens` (prompt + response) tokens."""
+    from placeflow.phases import Phase
     from placeflow.workload import Role
 
     models = plan.workload.models
     fwd = {role: spec.flops_per_token_forward() for role, spec in models.items()}
-    out = {"actor_update": 3 * fwd[Role.ACTOR] * tokens}  # forward + backward = 3 forwards
+    out = {Phase.ACTOR_UPDATE: 3 * fwd[Role.ACTOR] * tokens}  # forward + backward = 3 forwards
     if Role.REF in models:
-        out["ref_logprob"] = fwd[Role.REF] * tokens
+        out[Phase.REF_LOGPROB] = fwd[Role.REF] * tokens
     return out
 
 
@@ -108,6 +109,8 @@ def main() -> None:
         raise SystemExit(f"--steps and --warmup must be >= 1, got {args.steps}, {args.warmup}")
     require_cuda()
 
+    from placeflow.metrics import Metric
+    from placeflow.phases import Phase
     from placeflow.plan import load_plan
     from placeflow.simulator import simulate
     from placeflow.simulator.simulate import cost_models_for
@@ -118,8 +121,10 @@ def main() -> None:
     estimate = simulate(plan, cost_models_for(plan))
     simulated = estimate.phase_totals_s()
 
-    step_s = statistics.mean(r.metrics["step_time_s"] for r in records)
-    tokens = statistics.mean(r.metrics["tokens_per_s"] * r.metrics["step_time_s"] for r in records)
+    step_s = statistics.mean(r.metrics[Metric.STEP_TIME_S] for r in records)
+    tokens = statistics.mean(
+        r.metrics[Metric.TOKENS_PER_S] * r.metrics[Metric.STEP_TIME_S] for r in records
+    )
     flops = phase_flops(plan, tokens)
     phases: dict[str, dict[str, float | None]] = {}
     for name in sorted({k for r in records for k in r.phases}):
@@ -132,7 +137,7 @@ def main() -> None:
             "tflops": round(tflops, 1) if tflops is not None else None,
             "mfu": round(tflops / peak, 4) if tflops is not None else None,
         }
-    update = phases.get("actor_update", {})
+    update = phases.get(Phase.ACTOR_UPDATE, {})
     report = {
         "command": "python " + " ".join(["benchmarks/gpu_step.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from placeflow.phases import Phase
 from placeflow.plan import load_plan, plan_from_dict, save_plan
 from placeflow.simulator import simulate
 from placeflow.simulator.lengths import LengthModel
@@ -340,8 +341,8 @@ def main() -> None:
         err = "infeasible" if r["step_rel_error"] is None else f"{r['step_rel_error']:+.0%}"
         print(
             f"| {r['name']} | {r['num_gpus']} | {r['published_step_s']} | "
-            f"{r['simulated_step_s']:.1f} | {err} | {ph.get('generate', 0):.1f} | "
-            f"{ph.get('actor_update', 0):.1f} |"
+            f"{r['simulated_step_s']:.1f} | {err} | {ph.get(Phase.GENERATE, 0):.1f} | "
+            f"{ph.get(Phase.ACTOR_UPDATE, 0):.1f} |"
         )
 
 

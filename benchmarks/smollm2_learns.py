@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from placeflow.metrics import Metric, RecordKey
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks/results/smollm2_learns.json"
 QUESTION = "What is {prompt}? Reply with just the number."
@@ -131,10 +133,10 @@ def report_of(run_dir: Path) -> dict[str, Any]:
     html = path.read_text()
     val = [json.loads(x) for x in (run_dir / "validation.jsonl").read_text().splitlines()]
     points = json.dumps(
-        {"x": [v["step"] for v in val], "y": [v["val/exact_match"] for v in val]},
+        {"x": [v[RecordKey.STEP] for v in val], "y": [v[Metric.VAL_EXACT_MATCH] for v in val]},
         separators=(",", ":"),
     )[1:-1]  # plotly writes the trace's x and y so, in this order
-    title = f"Validation ({val[0]['val/num_prompts']} held-out prompts, greedy)"
+    title = f"Validation ({val[0][Metric.VAL_NUM_PROMPTS]} held-out prompts, greedy)"
     return {
         "report": str(path),
         "report_draws_validation_curve": points in html and title in html,
@@ -184,21 +186,22 @@ def main() -> None:
     after = load()
     val = [json.loads(x) for x in (run_dir / "validation.jsonl").read_text().splitlines()]
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    curve = [{k: v[k] for k in ("step", "val/exact_match", "val/reward_mean")} for v in val]
+    keys = (RecordKey.STEP, Metric.VAL_EXACT_MATCH, Metric.VAL_REWARD_MEAN)
+    curve = [{k: v[k] for k in keys} for v in val]
     result = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "run_command": shlex.join(command),
         "settings": vars(args) | {"work_dir": str(work)},
         "validation_curve": curve,
-        "first_exact": curve[0]["val/exact_match"],
-        "last_exact": curve[-1]["val/exact_match"],
-        "rises": curve[-1]["val/exact_match"] > curve[0]["val/exact_match"],
-        "train_reward_mean_per_step": [round(m["reward_mean"], 4) for m in metrics],
-        "step_time_s_median": sorted(m["step_time_s"] for m in metrics)[len(metrics) // 2],
+        "first_exact": curve[0][Metric.VAL_EXACT_MATCH],
+        "last_exact": curve[-1][Metric.VAL_EXACT_MATCH],
+        "rises": curve[-1][Metric.VAL_EXACT_MATCH] > curve[0][Metric.VAL_EXACT_MATCH],
+        "train_reward_mean_per_step": [round(m[Metric.REWARD_MEAN], 4) for m in metrics],
+        "step_time_s_median": sorted(m[Metric.STEP_TIME_S] for m in metrics)[len(metrics) // 2],
         "wall_s": wall_s,
         "load_before": before,
         "load_after": after,
-        "validation_samples_last": val[-1]["samples"],
+        "validation_samples_last": val[-1][RecordKey.SAMPLES],
         "run_dir": str(run_dir),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     } | report_of(run_dir)

@@ -23,21 +23,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from placeflow.metrics import Metric
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks/results/tiny_learning.json"
 PLANS = ("grpo-tiny-cpu4-colocate", "grpo-tiny-cpu4-split")
 
 
 def summary(lines: list[dict], wall_s: float) -> dict[str, float]:
-    rewards = [m["reward_mean"] for m in lines]
-    return {
+    rewards = [m[Metric.REWARD_MEAN] for m in lines]
+    return {  # this benchmark's own result keys
         "reward_mean_first5": round(statistics.mean(rewards[:5]), 3),
         "reward_mean_last5": round(statistics.mean(rewards[-5:]), 3),
-        "exact_match_last5": round(statistics.mean(m["exact_match"] for m in lines[-5:]), 3),
-        "steps_s": round(sum(m["step_time_s"] for m in lines), 1),  # the steps alone
+        "exact_match_last5": round(statistics.mean(m[Metric.EXACT_MATCH] for m in lines[-5:]), 3),
+        "steps_s": round(sum(m[Metric.STEP_TIME_S] for m in lines), 1),  # the steps alone
         "process_wall_s": round(wall_s, 1),  # with Ray's start and the workers' build
-        "tokens_per_s_median": round(statistics.median(m["tokens_per_s"] for m in lines)),
-        "logprob_diff_max": max(m.get("logprob_diff_max", 0.0) for m in lines),
+        "tokens_per_s_median": round(statistics.median(m[Metric.TOKENS_PER_S] for m in lines)),
+        "logprob_diff_max": max(m.get(Metric.LOGPROB_DIFF_MAX, 0.0) for m in lines),
     }
 
 
@@ -63,7 +65,7 @@ def main() -> None:
             wall_s = time.monotonic() - start
             lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
             results[name] = summary(lines, wall_s) | {
-                "reward_mean_per_step": [round(m["reward_mean"], 3) for m in lines]
+                "reward_mean_per_step": [round(m[Metric.REWARD_MEAN], 3) for m in lines]
             }
     record = {
         "command": shlex.join([sys.executable, *sys.argv]),

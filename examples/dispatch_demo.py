@@ -8,14 +8,17 @@ per device), makes a GRPO-shaped batch (prompts x samples) with log-normal
 sequence lengths, and for every group splits it across the data-parallel
 replicas twice: by position, and token-aware (Karmarkar-Karp on a·s + s², each
 prompt's samples kept together, equal counts per rank). Each replica computes
-its shard's work remotely; the table shows the work per DP rank as the
-result-holding workers report it, and the imbalance (max / mean) of each split.
+its shard's work remotely (`DemoWorker.work`, a method this demo adds to the
+production Worker); the table shows the work per DP rank as the result-holding
+workers report it, and the imbalance (max / mean) of each split.
 """
 
 from __future__ import annotations
 
 import argparse
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import ray
@@ -30,14 +33,29 @@ from placeflow.executor.balance import (
 from placeflow.executor.batch import Batch
 from placeflow.executor.controller import Controller
 from placeflow.executor.dispatch import results_of_holders, split_by_dp
-from placeflow.executor.fields import Field
 from placeflow.executor.groups import WorkerGroup
 from placeflow.executor.pools import required_resources
-from placeflow.executor.worker import Worker
+from placeflow.executor.worker import Worker, worker_actor
 from placeflow.plan import Plan, load_plan
+from placeflow.workload import Role
 
 PLANS = Path(__file__).resolve().parent / "plans"
 DEFAULT_PLANS = [PLANS / "grpo-tiny-cpu4-colocate.toml", PLANS / "grpo-tiny-cpu4-split.toml"]
+
+
+class DemoField(StrEnum):
+    WORK = "work"  # `DemoWorker.work`'s answer: per sample, a·s + s²
+
+
+class DemoWorker(Worker):
+    def work(self, role: Role, batch: Batch, model: WorkModel) -> Batch:
+        """Per-sample work a·s + s² of the shard this rank of `role` received."""
+        work = torch.tensor(model.works(batch.seq_lens()), dtype=torch.float64)
+        return Batch(tensors={DemoField.WORK: work}, meta=batch.meta)
+
+
+class DemoController(Controller):
+    actor_class: Any = worker_actor(DemoWorker)  # run as a script: Ray ships it by value
 
 
 def skewed_batch(num_prompts: int, samples_per_prompt: int, seed: int) -> Batch:
@@ -55,11 +73,13 @@ def dp_work(c: Controller, group: WorkerGroup, batch: Batch, p: Partition, w: Wo
     """Each DP replica's total work, computed by its workers from the shard they received."""
     shards = split_by_dp(batch, group.dispatch, p)
     refs = [
-        worker.compute_work.remote(group.role, shard, w)
+        worker.work.remote(group.role, shard, w)
         for worker, shard in zip(group.workers, shards, strict=True)
     ]
-    results = c.gather(group, refs, Worker.compute_work)
-    return [float(r.tensors[Field.WORK].sum()) for r in results_of_holders(group.dispatch, results)]
+    results = c.gather(group, refs, DemoWorker.work)
+    return [
+        float(r.tensors[DemoField.WORK].sum()) for r in results_of_holders(group.dispatch, results)
+    ]
 
 
 def report_group(c: Controller, group: WorkerGroup, batch: Batch, work: WorkModel) -> None:
@@ -88,7 +108,7 @@ def report_group(c: Controller, group: WorkerGroup, batch: Batch, work: WorkMode
 
 
 def run(plan: Plan, batch: Batch) -> None:
-    with Controller(plan, timeout_s=60.0) as c:
+    with DemoController(plan, timeout_s=60.0) as c:
         sets = ", ".join(f"{s.label()} x{s.num_devices}" for s in plan.sets)
         print(f"\nplan {plan.name}: {sets}")
         for i, per_set in enumerate(c.identities):

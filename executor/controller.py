@@ -51,6 +51,10 @@ class Controller:
     `timeout_s` bounds every start-up step and, unless a call gives its own, every `gather`.
     """
 
+    # The Ray actor class of every worker: `worker_actor(Worker)`. Tests set a subclass's
+    # (tests/probe_worker.py) to reach the workers with probes a run never calls.
+    actor_class: Any = WorkerActor
+
     def __init__(
         self,
         plan: Plan,
@@ -110,7 +114,7 @@ class Controller:
         resources = bundle(pool.kind, cpus_per_gpu=self.cpus_per_gpu)
         s = pool.device_set
         return tuple(
-            WorkerActor.options(
+            self.actor_class.options(
                 num_cpus=resources["CPU"],
                 num_gpus=resources.get("GPU", 0.0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(

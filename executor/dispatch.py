@@ -4,8 +4,8 @@ Pure bookkeeping, no Ray. The caller makes the remote calls itself, so every
 `.remote(...)` stays visible where it happens (STYLE.md rule 10):
 
     shards = split_by_dp(batch, group.dispatch, partition)
-    refs = [w.compute_work.remote(group.role, s) for w, s in zip(group.workers, shards)]
-    out = collect(group.dispatch, controller.gather(group, refs, Worker.compute_work), partition)
+    refs = [w.values.remote(group.role, s) for w, s in zip(group.workers, shards)]
+    out = collect(group.dispatch, controller.gather(group, refs, Worker.values), partition)
 
 A data-parallel (DP) replica is the set of ranks that work on one shard of the
 samples together: its tensor- and pipeline-parallel ranks. Every rank of a

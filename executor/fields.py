@@ -48,8 +48,3 @@ class Field(StrEnum):
     RETURNS = "returns"
     COST_RETURNS = "cost_returns"
     REF_LOGPROBS_IN_LOSS = "ref_logprobs_in_loss"  # GRPO's k3 KL term in the policy loss
-
-    # `Worker.compute_work`'s answer (the dispatch demo and its tests)
-    WORK = "work"
-    RANK = "rank"
-    DP_RANK = "dp_rank"

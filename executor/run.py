@@ -51,6 +51,7 @@ from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokeni
 from placeflow.executor.rewards import load_reward_function
 from placeflow.fsio import atomic_write_text
 from placeflow.hardware import DeviceKind
+from placeflow.metrics import Metric, RecordKey
 from placeflow.plan import Plan, save_plan
 from placeflow.profiles.registry import available_profiles
 from placeflow.workload import Role
@@ -186,11 +187,11 @@ def read_metrics(run_dir: str | Path, name: str = "metrics.jsonl") -> list[dict[
 
 def _record_json(rec: StepRecord) -> dict[str, Any]:
     return {
-        "step": rec.step,
+        RecordKey.STEP: rec.step,
         **rec.metrics,
-        "phases": rec.phases,
-        "timeline": rec.timeline,
-        "samples": rec.samples,
+        RecordKey.PHASES: rec.phases,
+        RecordKey.TIMELINE: rec.timeline,
+        RecordKey.SAMPLES: rec.samples,
     }
 
 
@@ -319,7 +320,7 @@ def _drop_metrics_from(run_dir: Path, start: int) -> None:
     """Steps from `start` on are redone: drop their metrics and evaluations (atomically)."""
     for name, first_dropped in (("metrics.jsonl", start), ("validation.jsonl", start + 1)):
         lines = read_metrics(run_dir, name)
-        kept = [m for m in lines if m["step"] < first_dropped]
+        kept = [m for m in lines if m[RecordKey.STEP] < first_dropped]
         if len(kept) != len(lines) or (run_dir / name).is_file():
             atomic_write_text(run_dir / name, "".join(json.dumps(m) + "\n" for m in kept))
         if len(kept) < len(lines):
@@ -372,9 +373,9 @@ def _train(
                     f.write(json.dumps(record) + "\n")
                 loggers.log(record, step)
                 postfix = {
-                    "reward": f"{rec.metrics['reward_mean']:.3f}",
-                    "kl": f"{rec.metrics.get('kl_ref', 0.0):.4f}",
-                    "tok_s": f"{rec.metrics['tokens_per_s']:.0f}",
+                    "reward": f"{rec.metrics[Metric.REWARD_MEAN]:.3f}",
+                    "kl": f"{rec.metrics.get(Metric.KL_REF, 0.0):.4f}",
+                    "tok_s": f"{rec.metrics[Metric.TOKENS_PER_S]:.0f}",
                 }
                 bar.set_postfix(postfix)
                 if plain:
@@ -414,9 +415,9 @@ def _evaluate(loop: RLLoop, run_dir: Path, loggers: Loggers, done: int) -> None:
     log.info(
         "validation after %d steps: exact %.3f, reward %.3f (%d prompts)",
         done,
-        result["val/exact_match"],
-        result["val/reward_mean"],
-        result["val/num_prompts"],
+        result[Metric.VAL_EXACT_MATCH],
+        result[Metric.VAL_REWARD_MEAN],
+        result[Metric.VAL_NUM_PROMPTS],
     )
 
 

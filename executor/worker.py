@@ -3,8 +3,10 @@
 One Ray actor per device of a device set. Colocated roles (say actor and ref on
 the same four devices) do not get a process each: the single `Worker` on a
 device holds one `RoleRank` per role, explicitly, in a dict keyed by Role; the
-engines of a later issue join them there. `WorkerActor` is `ray.remote(Worker)`,
-made once at import time; the plain class stays usable in-process for tests.
+engines of a later issue join them there. `WorkerActor` is `worker_actor(Worker)`,
+made once at import time; the plain class stays usable in-process for tests, and
+tests make their probing subclasses into actors with the same `worker_actor`
+(tests/probe_worker.py), so that this class holds what a run calls and nothing else.
 
 Distributed state. All workers of a set form one torch.distributed world
 (gloo for a CPU pool, NCCL for CUDA), rank = the device's index in the set; the
@@ -50,7 +52,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -62,7 +63,6 @@ import torch
 import torch.distributed as dist
 
 from placeflow.errors import SpecError
-from placeflow.executor.balance import WorkModel
 from placeflow.executor.batch import Batch
 from placeflow.executor.dispatch import DispatchLayout
 from placeflow.executor.engines.generator import GeneratorEngine
@@ -78,7 +78,6 @@ from placeflow.executor.engines.roles import (
 )
 from placeflow.executor.engines.sampler import SamplingParams
 from placeflow.executor.engines.tp import TPGroup
-from placeflow.executor.fields import Field
 from placeflow.executor.groups import RoleLayout
 from placeflow.executor.reshard import MemoryMeter
 from placeflow.executor.weight_sync import Link, open_sync_link, sync_disjoint
@@ -110,14 +109,6 @@ class Axis(StrEnum):
     EP = "ep"  # expert parallel: the routed experts' all-to-all (e > 1)
     EXPERT_DP = "expert_dp"  # ranks holding the same experts (their gradients' all-reduce)
     EXPERT_GATHER = "expert_gather"  # the reshard's expert all-gather (reshard_plan)
-
-
-class Failure(StrEnum):
-    """Failures a test can inject with `Worker.fail`."""
-
-    RAISE = "raise"  # raise an exception from the method
-    EXIT = "exit"  # end the process at once, as a crash would
-    HANG = "hang"  # never answer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -298,29 +289,6 @@ class Worker:
         self.roles[role] = RoleRank(info=info, groups=groups, layout=layout)
         return info
 
-    def rank_info(self, role: Role) -> RankInfo:
-        return self.roles[role].info
-
-    def all_reduce(self, role: Role, axis: Axis, value: float) -> float:
-        """Sum `value` over this rank's `axis` group of `role` (a check that the groups work)."""
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)  # NCCL needs CUDA
-        dist.all_reduce(t, group=self.roles[role].groups[axis])
-        return float(t.item())
-
-    def compute_work(self, role: Role, batch: Batch, model: WorkModel) -> Batch:
-        """Per-sample work a·s + s² of this rank's shard, tagged with who computed it."""
-        info = self.roles[role].info
-        n = len(batch)
-        work = torch.tensor(model.works(batch.seq_lens()), dtype=torch.float64)
-        return Batch(
-            tensors={
-                Field.WORK: work,
-                Field.RANK: torch.full((n,), info.rank, dtype=torch.long),
-                Field.DP_RANK: torch.full((n,), info.dp, dtype=torch.long),
-            },
-            meta=batch.meta,
-        )
-
     # --- engines: the RL loop's calls ---------------------------------------------
     def build_engine(self, role: Role, setup: EngineSetup) -> None:
         """Build `role`'s engine on this rank: its pipeline stage of its TP shard (collective:
@@ -463,13 +431,6 @@ class Worker:
         if isinstance(engine, ActorEngine | CriticEngine):
             engine.load_state(torch.load(path, weights_only=True))
 
-    def fail(self, failure: Failure) -> None:
-        if failure is Failure.RAISE:
-            raise RuntimeError(f"injected failure on device {self.spec.device_index}")
-        if failure is Failure.EXIT:
-            os._exit(1)  # no cleanup, no exception: what a segfault or OOM kill looks like
-        time.sleep(1e6)
-
 
 # The environment a worker process starts with (see the module docstring). Ray reads
 # `RAY_<option>` from it when it starts the process: this worker's own `worker_niceness`,
@@ -481,4 +442,11 @@ WORKER_ENV = {
     "MALLOC_TRIM_THRESHOLD_": str(2**62),
 }
 WORKER_RUNTIME_ENV = {"env_vars": WORKER_ENV}
-WorkerActor = ray.remote(runtime_env=WORKER_RUNTIME_ENV)(Worker)
+
+
+def worker_actor(cls: type[Worker]) -> Any:
+    """`cls` (Worker or a subclass) as a Ray actor class that starts as a worker must."""
+    return ray.remote(runtime_env=WORKER_RUNTIME_ENV)(cls)
+
+
+WorkerActor = worker_actor(Worker)

@@ -31,6 +31,7 @@ from placeflow.cliargs import (
 from placeflow.clio import table_progress, write_or_fallback
 from placeflow.errors import SpecError
 from placeflow.fsio import check_output_dir, check_output_path, safe_name
+from placeflow.metrics import Metric
 
 Handler = Callable[[argparse.Namespace, Console], int]
 MAX_STEPS = 10_000_000
@@ -202,14 +203,13 @@ def _gib(num_bytes: float) -> str:
 
 
 def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.api import simulate
     from placeflow.plan import load_plan
-    from placeflow.simulator import simulate
-    from placeflow.simulator.simulate import cost_models_for
 
     if args.report:
         check_output_path(args.report, "--report")
     plan = load_plan(args.plan)
-    estimate = simulate(plan, cost_models_for(plan, args.profile))
+    estimate = simulate(plan, profile=args.profile)
     if args.report:
         from placeflow.reports import simulate_report
 
@@ -260,6 +260,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
 
 def _placement_json(result: object) -> dict[str, object]:
     from placeflow.planner.search import RankedPlan
+    from placeflow.workload import Role
 
     assert isinstance(result, RankedPlan)
     plan, est = result.plan, result.estimate
@@ -277,7 +278,7 @@ def _placement_json(result: object) -> dict[str, object]:
                 "t": par.train.t,
                 "d": par.train.d,
                 **({"e": par.train.e} if par.train.e > 1 else {}),  # MoE expert parallel
-                **({"tg": par.tg, "pg": par.pg} if role.value == "actor" else {}),
+                **({"tg": par.tg, "pg": par.pg} if role is Role.ACTOR else {}),
                 "micro_batch": par.micro_batch,
                 "zero": par.zero,
                 "recompute": par.recompute,
@@ -305,17 +306,15 @@ def _gpus_label(plan: Any) -> str:
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import Progress
 
+    from placeflow.api import plan
     from placeflow.cluster import load_cluster
     from placeflow.plan import save_plan
-    from placeflow.planner import Objective, plan_search
-    from placeflow.profiles.registry import fitted_cost_model
     from placeflow.workload import load_workload
 
     for flag, path in (("--out", args.out), ("--report", args.report)):
         if path:
             check_output_path(path, flag)
     cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
-    costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
     with (
         Progress(
             console=Console(stderr=True),
@@ -325,11 +324,10 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         table_progress("costing options", quiet=args.json) as costing,
     ):
         task = bar.add_task("solving per placement", total=None)
-        result = plan_search(
+        result = plan(
             cluster,
             workload,
-            costs,
-            objective=Objective(args.objective),
+            objective=args.objective,
             target_tokens_per_s=args.target_tokens_per_s,
             time_limit_s=args.time_limit,
             top_k=args.top,
@@ -358,18 +356,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             entry["infeasible_reason"] = pr.reason
         else:
             entry.update(
-                {
-                    k: v
-                    for k, v in _placement_json(pr.best).items()
-                    if k
-                    in (
-                        "gpus_per_set",
-                        "generator_gpus",
-                        "iteration_s",
-                        "tokens_per_s",
-                        "plan_hash",
-                    )
-                }
+                {k: v for k, v in _placement_json(pr.best).items() if k in _PER_PLACEMENT_KEYS}
             )
         per_placement.append(entry)
     out = {
@@ -441,14 +428,14 @@ def _print_run(console: Console, records: Sequence[object], run_dir: Path) -> No
         m = rec.metrics  # type: ignore[attr-defined]
         table.add_row(
             str(rec.step),  # type: ignore[attr-defined]
-            f"{m['reward_mean']:.3f}",
-            f"{m.get('exact_match', float('nan')):.2f}",
-            f"{m['pg_loss']:+.4f}",
-            f"{m.get('kl_ref', 0.0):.4f}",
-            f"{m['entropy']:.2f}",
-            f"{m['response_len_mean']:.1f}",
-            f"{m['tokens_per_s']:,.0f}",
-            f"{m['step_time_s']:.2f}",
+            f"{m[Metric.REWARD_MEAN]:.3f}",
+            f"{m.get(Metric.EXACT_MATCH, float('nan')):.2f}",
+            f"{m[Metric.PG_LOSS]:+.4f}",
+            f"{m.get(Metric.KL_REF, 0.0):.4f}",
+            f"{m[Metric.ENTROPY]:.2f}",
+            f"{m[Metric.RESPONSE_LEN_MEAN]:.1f}",
+            f"{m[Metric.TOKENS_PER_S]:,.0f}",
+            f"{m[Metric.STEP_TIME_S]:.2f}",
         )
     console.print(table)
 
@@ -578,10 +565,9 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_export(args: argparse.Namespace, console: Console) -> int:
-    from placeflow.export import Target, export_plan
-    from placeflow.plan import load_plan
+    from placeflow.api import export
 
-    result = export_plan(load_plan(args.plan), Target(args.to))
+    result = export(args.plan, args.to)
     if args.out is None:
         sys.stdout.write(result.text())
         return 0

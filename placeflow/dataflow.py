@@ -25,6 +25,7 @@ them before generation from the plan's sets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cache
 
 import networkx as nx
@@ -33,7 +34,9 @@ from placeflow.phases import Phase
 from placeflow.workload import Algorithm, Role, Workload
 
 
-class CallKind:
+class CallKind(StrEnum):
+    """How a call is costed and run (its Phase says which call it is)."""
+
     GENERATE = "generate"
     FORWARD = "forward"
     TRAIN = "train"
@@ -46,7 +49,7 @@ class ModelCall:
 
     phase: Phase
     role: Role | None
-    kind: str
+    kind: CallKind
     num_samples: int
     greedy: bool = False
 

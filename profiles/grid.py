@@ -182,7 +182,7 @@ class ProfilerGrid:
     collective_world_sizes: tuple[int, ...] = ()
     collective_bytes: tuple[int, ...] = ()
     copy_bytes: tuple[int, ...] = ()
-    dispatch_bytes: tuple[int, ...] = ()  # Ray call round trips (placeflow.profiles.dispatch)
+    dispatch_bytes: tuple[int, ...] = ()  # Ray call round trips (profiles/ray_roundtrip.py)
     warmup: int = 2
     repeats: int = 10
     point_budget_s: float = 1.0

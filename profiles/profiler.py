@@ -27,7 +27,7 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
 - copy (CUDA only): `copy_(non_blocking=True)` between pinned host memory and
   the device, timed by CUDA events.
 - dispatch: a Ray actor call's round trip with a payload of num_bytes
-  (`placeflow.profiles.dispatch`), driver wall clock.
+  (`placeflow.profiles.ray_roundtrip`), driver wall clock.
 - framework (CPU only): the engine's own host time per layer forward,
   backward and decode step, per call and per optimizer step, timed through
   its Transformer, Sampler and TrainEngine on a tiny model
@@ -76,9 +76,9 @@ from rich.progress import (
 from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
-from placeflow.profiles.dispatch import measure_dispatch
 from placeflow.profiles.framework import measure_framework
 from placeflow.profiles.grid import DTYPE_BYTES, GridPoint, ProfilerGrid
+from placeflow.profiles.ray_roundtrip import measure_dispatch
 from placeflow.profiles.schema import (
     CopyDirection,
     ElementwiseKind,

@@ -90,7 +90,7 @@ class Scope(StrEnum):
 
 
 class DispatchKind(StrEnum):
-    """Host-side work around a model call (measured by `placeflow.profiles.dispatch`)."""
+    """Host-side work around a model call (measured by `placeflow.profiles.ray_roundtrip`)."""
 
     RAY_CALL = "ray_call"  # one Ray actor call and its result, carrying num_bytes of tensors
 

@@ -4,7 +4,10 @@ timeline, and fidelity.
 Reads what the executor and `placeflow validate` wrote (manifest.json,
 metrics.jsonl, plan.toml, and validation.jsonl, fidelity.json and
 estimate.json when present);
-computes nothing beyond selecting and drawing. `placeflow report RUN_DIR` calls
+computes nothing beyond selecting and drawing. Metrics lines are read by their
+declared names (`placeflow.metrics`); the keys of fidelity.json, estimate.json
+and the timeline and sample records are those files' own field names, read as
+strings, so that runs written by older versions still read. `placeflow report RUN_DIR` calls
 `run_report`.
 
 The measured timeline is one representative step: of the steps after the
@@ -27,19 +30,20 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from placeflow.errors import SpecError
+from placeflow.metrics import Metric, RecordKey
 from placeflow.plan import load_plan
 from placeflow.reports.colours import phase_colour
 from placeflow.reports.html import Page, Table, write_page
 from placeflow.reports.timeline import CONTROLLER_ROW, Bar, ColourBy, gantt_figure
-from placeflow.simulator.fidelity import call_overlap, overlap_text, timeline_wall_s
+from placeflow.simulator.fidelity import STEP_ROW, call_overlap, overlap_text, timeline_wall_s
 
 _CURVES = (
-    ("reward_mean", "mean reward"),
-    ("exact_match", "exact answers"),
-    ("kl_ref", "KL to reference"),
-    ("entropy", "entropy"),
-    ("pg_loss", "policy loss"),
-    ("value_loss", "value loss"),
+    (Metric.REWARD_MEAN, "mean reward"),
+    (Metric.EXACT_MATCH, "exact answers"),
+    (Metric.KL_REF, "KL to reference"),
+    (Metric.ENTROPY, "entropy"),
+    (Metric.PG_LOSS, "policy loss"),
+    (Metric.VALUE_LOSS, "value loss"),
 )
 
 
@@ -97,15 +101,18 @@ def load_run(run_dir: str | Path) -> RunFiles:
 
 def validation_figure(validation: list[dict[str, Any]]) -> go.Figure:
     """The held-out split's scores (greedy responses) against the updates done."""
-    steps = [v["step"] for v in validation]
+    steps = [v[RecordKey.STEP] for v in validation]
     fig = go.Figure(
         [
             go.Scatter(x=steps, y=[v[k] for v in validation], name=label, mode="lines+markers")
-            for k, label in (("val/exact_match", "exact answers"), ("val/reward_mean", "reward"))
+            for k, label in (
+                (Metric.VAL_EXACT_MATCH, "exact answers"),
+                (Metric.VAL_REWARD_MEAN, "reward"),
+            )
         ]
     )
     fig.update_layout(
-        title=f"Validation ({validation[0]['val/num_prompts']} held-out prompts, greedy)",
+        title=f"Validation ({validation[0][Metric.VAL_NUM_PROMPTS]} held-out prompts, greedy)",
         xaxis_title="updates done",
         yaxis_range=[0, 1.05],
     )
@@ -118,7 +125,7 @@ def curves_figure(lines: list[dict[str, Any]]) -> go.Figure:
         rows=len(present), cols=1, shared_xaxes=True, subplot_titles=[label for _, label in present]
     )
     for i, (key, label) in enumerate(present, start=1):
-        steps = [m["step"] for m in lines if key in m]
+        steps = [m[RecordKey.STEP] for m in lines if key in m]
         fig.add_trace(
             go.Scatter(
                 x=steps, y=[m[key] for m in lines if key in m], name=label, mode="lines+markers"
@@ -136,14 +143,14 @@ def curves_figure(lines: list[dict[str, Any]]) -> go.Figure:
 def phases_figure(lines: list[dict[str, Any]]) -> go.Figure:
     names: list[str] = []
     for m in lines:
-        names += [n for n in m["phases"] if n not in names]
+        names += [n for n in m[RecordKey.PHASES] if n not in names]
     fig = go.Figure()
-    steps = [m["step"] for m in lines]
+    steps = [m[RecordKey.STEP] for m in lines]
     for name in names:
         fig.add_trace(
             go.Bar(
                 x=steps,
-                y=[m["phases"].get(name, 0.0) for m in lines],
+                y=[m[RecordKey.PHASES].get(name, 0.0) for m in lines],
                 name=name,
                 marker_color=phase_colour(name),
             )
@@ -158,7 +165,7 @@ def phases_figure(lines: list[dict[str, Any]]) -> go.Figure:
 
 
 def fidelity_figure(fidelity: dict[str, Any]) -> go.Figure:
-    rows = fidelity["phases"] + [{"phase": "step", **fidelity["step"]}]
+    rows = fidelity["phases"] + [{"phase": STEP_ROW, **fidelity["step"]}]
     names = [r["phase"] for r in rows]
     fig = go.Figure(
         [
@@ -181,7 +188,7 @@ def fidelity_figure(fidelity: dict[str, Any]) -> go.Figure:
 
 
 def fidelity_table(fidelity: dict[str, Any]) -> Table:
-    rows = fidelity["phases"] + [{"phase": "step", **fidelity["step"]}]
+    rows = fidelity["phases"] + [{"phase": STEP_ROW, **fidelity["step"]}]
     return Table(
         title="Fidelity: measured vs simulated",
         columns=("phase", "measured s", "simulated s", "error"),
@@ -203,11 +210,13 @@ def representative_step(lines: Sequence[dict[str, Any]]) -> dict[str, Any] | Non
     Of the steps after the first that have a timeline, the one of median wall
     time (the lower median, so a step that ran); the first step if only it has one.
     """
-    timed = [m for m in lines[1:] if m.get("timeline")]
-    timed = timed or [m for m in lines[:1] if m.get("timeline")]
+    timed = [m for m in lines[1:] if m.get(RecordKey.TIMELINE)]
+    timed = timed or [m for m in lines[:1] if m.get(RecordKey.TIMELINE)]
     if not timed:
         return None
-    ranked = sorted(timed, key=lambda m: (timeline_wall_s(m["timeline"]), m["step"]))
+    ranked = sorted(
+        timed, key=lambda m: (timeline_wall_s(m[RecordKey.TIMELINE]), m[RecordKey.STEP])
+    )
     return ranked[(len(ranked) - 1) // 2]
 
 
@@ -227,9 +236,9 @@ def measured_bars(line: dict[str, Any], labels: Sequence[str]) -> list[Bar]:
             roles=(c["role"],) if c["role"] else (),
             start_s=float(c["start_s"]),
             end_s=float(c["end_s"]),
-            step=int(line["step"]),
+            step=int(line[RecordKey.STEP]),
         )
-        for c in line["timeline"]
+        for c in line[RecordKey.TIMELINE]
     ]
 
 
@@ -250,8 +259,11 @@ def simulated_bars(estimate: dict[str, Any], labels: Sequence[str]) -> list[Bar]
 
 def step_timeline_figure(files: RunFiles, line: dict[str, Any]) -> go.Figure:
     """Gantt of a measured step coloured by phase, above the simulated step when there is one."""
-    wall_s, overlap = timeline_wall_s(line["timeline"]), call_overlap(line["timeline"])
-    title = f"Measured timeline of step {line['step']} ({wall_s:.3g} s, overlap {overlap:.2f})"
+    timeline = line[RecordKey.TIMELINE]
+    wall_s, overlap = timeline_wall_s(timeline), call_overlap(timeline)
+    title = (
+        f"Measured timeline of step {line[RecordKey.STEP]} ({wall_s:.3g} s, overlap {overlap:.2f})"
+    )
     panels = {"measured": measured_bars(line, files.set_labels)}
     if files.estimate is not None:
         simulated = f"simulated ({files.estimate['iteration_s']:.3g} s"
@@ -269,9 +281,9 @@ def _header(files: RunFiles) -> dict[str, str]:
         "plan": f"{manifest['plan']['name']} ({manifest['plan']['content_hash']})",
         "profile": str(manifest["profile"]["name"]),
         "seed": str(manifest["seed"]),
-        "steps": f"{len(files.lines)} (last {last['step']})",
-        "last reward": f"{last['reward_mean']:.3f}",
-        "tokens/s (last step)": f"{last['tokens_per_s']:,.0f}",
+        "steps": f"{len(files.lines)} (last {last[RecordKey.STEP]})",
+        "last reward": f"{last[Metric.REWARD_MEAN]:.3f}",
+        "tokens/s (last step)": f"{last[Metric.TOKENS_PER_S]:,.0f}",
         "versions": ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()),
     }
     if manifest.get("rehearsal_of"):
@@ -307,8 +319,8 @@ def run_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
     if files.validation:
         first, last_val = files.validation[0], files.validation[-1]
         header["validation exact"] = (
-            f"{first['val/exact_match']:.3f} after {first['step']} steps -> "
-            f"{last_val['val/exact_match']:.3f} after {last_val['step']}"
+            f"{first[Metric.VAL_EXACT_MATCH]:.3f} after {first[RecordKey.STEP]} steps -> "
+            f"{last_val[Metric.VAL_EXACT_MATCH]:.3f} after {last_val[RecordKey.STEP]}"
         )
         figures.insert(0, validation_figure(files.validation))
     step = representative_step(files.lines)
@@ -324,11 +336,11 @@ def run_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
         figures.append(fidelity_figure(files.fidelity))
         tables.append(fidelity_table(files.fidelity))
     last = files.lines[-1]
-    samples = last.get("samples", [])
+    samples = last.get(RecordKey.SAMPLES, [])
     if samples:
         tables.append(
             Table(
-                title=f"Samples of step {last['step']}",
+                title=f"Samples of step {last[RecordKey.STEP]}",
                 columns=("prompt", "response", "reward"),
                 rows=tuple(
                     (sample_prompt(s["prompt"]), repr(s["response"]), f"{s['reward']:.3f}")

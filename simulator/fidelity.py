@@ -24,10 +24,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from placeflow.metrics import Metric, RecordKey
+from placeflow.phases import Phase
 from placeflow.simulator.estimate import StepEstimate
 
 # Controller-side phases: measured by the executor, not costed by the simulator.
-CONTROLLER_PHASES = ("reward", "advantage")
+CONTROLLER_PHASES = (Phase.REWARD, Phase.ADVANTAGE)
+# The name of the table's row for the whole step (iteration time against measured step
+# time), shown after the phases' rows.
+STEP_ROW = "step"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,17 +123,17 @@ def compare(
     if not used:
         raise ValueError("no measured steps to compare")
     predicted = estimate.phase_totals_s()
-    measured_names = {name for r in used for name in r["phases"]}
+    measured_names = {name for r in used for name in r[RecordKey.PHASES]}
     rows = []
     for name in sorted((measured_names & set(predicted)) - set(CONTROLLER_PHASES)):
-        times = [float(r["phases"].get(name, 0.0)) for r in used]
+        times = [float(r[RecordKey.PHASES].get(name, 0.0)) for r in used]
         rows.append(
             PhaseError(phase=name, measured_s=statistics.median(times), predicted_s=predicted[name])
         )
     unscored = tuple(sorted((measured_names ^ set(predicted)) - set(CONTROLLER_PHASES)))
     step = PhaseError(
-        phase="step",
-        measured_s=statistics.median(float(r["step_time_s"]) for r in used),
+        phase=STEP_ROW,
+        measured_s=statistics.median(float(r[Metric.STEP_TIME_S]) for r in used),
         predicted_s=estimate.iteration_s,
     )
     return FidelityTable(
@@ -167,7 +172,7 @@ def call_overlap(timeline: Sequence[Mapping[str, Any]]) -> float:
 
 def measured_overlap(records: Sequence[Mapping[str, Any]]) -> float | None:
     """Median of `call_overlap` over the records that have a timeline; None if none has."""
-    ratios = [call_overlap(r["timeline"]) for r in records if r.get("timeline")]
+    ratios = [call_overlap(r[RecordKey.TIMELINE]) for r in records if r.get(RecordKey.TIMELINE)]
     return statistics.median(ratios) if ratios else None
 
 

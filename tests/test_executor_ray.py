@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+from probe_worker import Failure, ProbeController, ProbeWorker, Tag
 
 from placeflow.executor.balance import WorkModel, balanced_partition, positional_partition
 from placeflow.executor.batch import Batch
@@ -26,7 +27,7 @@ from placeflow.executor.errors import (
     WorkerError,
 )
 from placeflow.executor.groups import WorkerGroup
-from placeflow.executor.worker import Axis, Failure, Worker
+from placeflow.executor.worker import Axis, Worker
 from placeflow.plan import plan_from_dict
 from placeflow.workload import Role
 
@@ -50,7 +51,7 @@ def skewed_batch(n: int, seed: int = 0) -> Batch:
 def test_plan_runs_on_four_logical_workers(cpu4_plans, kind):
     """Pools, one process per device shared by colocated roles, rank layouts, dispatch."""
     plan = cpu4_plans[kind]
-    with Controller(plan, timeout_s=TIMEOUT_S) as c:
+    with ProbeController(plan, timeout_s=TIMEOUT_S) as c:
         assert [p.placement_group.bundle_specs for p in c.pools] == [
             [{"CPU": 1.0}] * s.num_devices for s in plan.sets
         ]
@@ -69,7 +70,7 @@ def test_plan_runs_on_four_logical_workers(cpu4_plans, kind):
 def check_ranks(c: Controller, group: WorkerGroup) -> None:
     train = group.spec.layout.train
     infos = c.gather(
-        group, [w.rank_info.remote(group.role) for w in group.workers], Worker.rank_info
+        group, [w.rank_info.remote(group.role) for w in group.workers], ProbeWorker.rank_info
     )
     assert [i.rank for i in infos] == list(range(train.world_size))
     assert [(i.pp, i.tp, i.dp) for i in infos] == [train.coords(r) for r in range(len(infos))]
@@ -79,7 +80,7 @@ def check_ranks(c: Controller, group: WorkerGroup) -> None:
         refs = [
             w.all_reduce.remote(group.role, axis, float(r)) for r, w in enumerate(group.workers)
         ]
-        sums = c.gather(group, refs, Worker.all_reduce)
+        sums = c.gather(group, refs, ProbeWorker.all_reduce)
         for ranks in groups:
             assert all(sums[r] == sum(ranks) for r in ranks)
 
@@ -96,20 +97,20 @@ def check_round_trip(c: Controller, group: WorkerGroup) -> None:
     ):
         shards = split_by_dp(batch, group.dispatch, partition)
         refs = [
-            w.compute_work.remote(group.role, shard, WORK)
-            for w, shard in zip(group.workers, shards, strict=True)
+            w.tag.remote(group.role, shard) for w, shard in zip(group.workers, shards, strict=True)
         ]
-        out = collect(group.dispatch, c.gather(group, refs, Worker.compute_work), partition)
+        out = collect(group.dispatch, c.gather(group, refs, ProbeWorker.tag), partition)
         assert out.meta == batch.meta
-        assert out.tensors["work"].tolist() == pytest.approx(works)
+        assert out.tensors[Tag.LENGTH].tolist() == batch.seq_lens()
         for dp, ix in enumerate(partition.indices):
-            assert set(out.tensors["dp_rank"][list(ix)].tolist()) <= {dp}
-            assert set(out.tensors["rank"][list(ix)].tolist()) <= {group.dispatch.result_ranks[dp]}
+            holder = group.dispatch.result_ranks[dp]
+            assert set(out.tensors[Tag.DP_RANK][list(ix)].tolist()) <= {dp}
+            assert set(out.tensors[Tag.RANK][list(ix)].tolist()) <= {holder}
 
 
 def test_failing_workers_are_named_and_nothing_hangs(cpu4_plans):
     """One plan, four failures in turn (a Controller takes seconds to start on 2 cores)."""
-    with Controller(cpu4_plans["colocate"], timeout_s=TIMEOUT_S) as c:
+    with ProbeController(cpu4_plans["colocate"], timeout_s=TIMEOUT_S) as c:
         actor, ref = c.group(Role.ACTOR), c.group(Role.REF)
 
         # 1. A raise names role, rank and cause, and leaves the worker alive.
@@ -118,7 +119,7 @@ def test_failing_workers_are_named_and_nothing_hangs(cpu4_plans):
             for r, w in enumerate(ref.workers)
         ]
         with pytest.raises(WorkerError) as info:
-            c.gather(ref, refs, Worker.fail)
+            c.gather(ref, refs, ProbeWorker.fail)
         assert (info.value.role, info.value.rank, info.value.kind) == ("ref", 1, FailureKind.RAISED)
         assert "RuntimeError: injected failure on device 1" in str(info.value)
         c.gather(ref, [w.identity.remote() for w in ref.workers], Worker.identity)
@@ -140,14 +141,14 @@ def test_failing_workers_are_named_and_nothing_hangs(cpu4_plans):
         # 3. A process that exits in the middle of a call.
         refs = [actor.workers[1].fail.remote(Failure.EXIT)]
         with pytest.raises(WorkerError) as info:
-            c.gather(actor, refs, Worker.fail, ranks=[1], timeout_s=10.0)
+            c.gather(actor, refs, ProbeWorker.fail, ranks=[1], timeout_s=10.0)
         assert (info.value.role, info.value.rank, info.value.kind) == ("actor", 1, "died")
 
         # 4. A call that never answers meets its timeout.
         refs = [actor.workers[0].fail.remote(Failure.HANG), actor.workers[2].identity.remote()]
         start = time.monotonic()
         with pytest.raises(WorkerError) as info:
-            c.gather(actor, refs, Worker.fail, ranks=[0, 2], timeout_s=1.0)
+            c.gather(actor, refs, ProbeWorker.fail, ranks=[0, 2], timeout_s=1.0)
         assert time.monotonic() - start < 5.0
         assert (info.value.role, info.value.rank, info.value.kind) == ("actor", 0, "timeout")
     # Leaving the block killed the hung worker; ray_cluster checks every CPU came back.

@@ -18,7 +18,7 @@ from test_reshard import oracle
 
 from placeflow.errors import SpecError
 from placeflow.executor.engines.hf import to_canonical, to_hf
-from placeflow.executor.engines.transformer import Arch, Transformer, rms_norm
+from placeflow.executor.engines.transformer import Arch, Transformer, random_full, rms_norm
 from placeflow.executor.loop import check_executable
 from placeflow.executor.run import RunConfig, run_plan
 from placeflow.layout import GenLayout, TrainLayout
@@ -110,7 +110,7 @@ def test_qk_norm_and_head_dim_match_a_direct_computation():
     spec = dataclasses.replace(model_from_hf_config(TINY_MOE), moe=None, head_dim=48, num_layers=1)
     arch = Arch.of(spec)
     model = Transformer(arch)
-    model.init_random(0)
+    model.load_full(random_full(model.arch, 0))
     with torch.no_grad():
         layer = model.layers["0"]
         layer.q_norm.copy_(torch.linspace(0.5, 1.5, 48))
@@ -152,7 +152,7 @@ def test_load_balancing_loss_is_hf_formula():
     """Against HF's load_balancing_loss_func written out: layers concatenated, padding masked."""
     spec = model_from_hf_config(TINY_MOE)
     model = Transformer(Arch.of(spec))
-    model.init_random(0)
+    model.load_full(random_full(model.arch, 0))
     with torch.no_grad():  # a router that prefers some experts, so the loss is not its minimum
         for layer in model.layers.values():
             layer.moe.router.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))

@@ -130,6 +130,25 @@ class KVCache:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Attention:
+    """What every layer's attention shares in one forward: rotary tables, mask, cache place.
+
+    `mask` (batch, 1, queries, keys) is True where a query may attend. With `cache`,
+    the new keys go to positions start..start+seq, or, with `slot` (decode with fixed
+    shapes), to that one slot while attention runs over the whole capacity. Passed
+    as one value so that the layer's call and its attention share one signature; the
+    tensors are already in the compute dtype (FSDP2's input cast has nothing to do).
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor
+    cache: KVCache | None = None
+    start: int = 0
+    slot: torch.Tensor | None = None
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     var = x.float().pow(2).mean(-1, keepdim=True)
     return (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * weight
@@ -193,33 +212,19 @@ class Layer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        attn_mask: torch.Tensor,
-        cache: KVCache | None,
+        attn: Attention,
         index: int,
-        start: int,
-        slot: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # Called as a module (not a method of the model) so that FSDP2's per-layer
         # hooks gather this layer's weights around it.
-        x = x + self._attention(x, cos, sin, attn_mask, cache, index, start, slot)
+        x = x + self._attention(x, attn, index)
         if self.moe is not None:
             return x + self.moe(rms_norm(x, self.post_norm, self.eps), token_mask)
         return x + self._mlp(x)
 
-    def _attention(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        attn_mask: torch.Tensor,
-        cache: KVCache | None,
-        index: int,
-        start: int,
-        slot: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def _attention(self, x: torch.Tensor, attn: Attention, index: int) -> torch.Tensor:
+        cos, sin, cache, start, slot = attn.cos, attn.sin, attn.cache, attn.start, attn.slot
         b, s, _ = x.shape
         h = rms_norm(x, self.input_norm, self.eps)
         if self.tp.megatron:
@@ -247,7 +252,7 @@ class Layer(nn.Module):
             k = cache.keys[index][:, :, : start + s]
             v = cache.values[index][:, :, : start + s]
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, enable_gqa=self.heads != self.kv_heads
+            q, k, v, attn_mask=attn.mask, enable_gqa=self.heads != self.kv_heads
         )
         out = out.transpose(1, 2).reshape(b, s, self.q)
         return reduce_from_tp(out @ self.o_proj.t(), self.tp)
@@ -342,13 +347,6 @@ class Transformer(nn.Module):
                 )
             params[name].copy_(tensor)
 
-    @torch.no_grad()
-    def init_random(self, seed: int) -> None:
-        """Seeded init of the *full* model, then this rank's slice: the same model at any TP, PP."""
-        self.load_full(
-            random_full(self.arch, seed, critic=self.is_critic, num_values=self.num_values)
-        )
-
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
         """This rank's TP slice of the full weights this stage holds (every one must be there)."""
         names = set(self.shard_names())
@@ -411,6 +409,7 @@ class Transformer(nn.Module):
         attn_mask = (causal[None] & key_mask[:, None, :]) | (k_idx == q_idx)[None]
         attn_mask = attn_mask[:, None]  # (b, 1, s, start+s)
         cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.arch.compute_dtype)
+        attn = Attention(cos=cos, sin=sin, mask=attn_mask, cache=cache, start=start)
 
         if self.pp.is_first:
             x = self._embed(ids)
@@ -418,7 +417,7 @@ class Transformer(nn.Module):
             assert hidden is not None, "a pipeline stage after the first needs hidden states"
             x = hidden
         for i, layer in enumerate(self.layers.values()):
-            x = layer(x, cos, sin, attn_mask, cache, i, start, token_mask=mask)
+            x = layer(x, attn, i, token_mask=mask)
         if cache is not None:
             cache.length = start + s
         if not self.pp.is_last:
@@ -454,9 +453,10 @@ class Transformer(nn.Module):
         attn_mask = (cache.mask | (k_idx == slot))[:, None, None, :]  # (b, 1, 1, capacity)
         positions = (cache.mask.long().cumsum(-1) - 1).clamp(min=0).index_select(1, slot)
         cos, sin = rope(positions, self.head_dim, self.arch.rope_theta, self.arch.compute_dtype)
+        attn = Attention(cos=cos, sin=sin, mask=attn_mask, cache=cache, slot=slot)
         x = self._embed(token)
         for i, layer in enumerate(self.layers.values()):
-            x = layer(x, cos, sin, attn_mask, cache, i, 0, slot)
+            x = layer(x, attn, i)
         return self._head(x)[:, -1]
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,7 @@
-"""Per-call dispatch: the round trip of one Ray actor call carrying a batch of tensors.
+"""Ray round trip: what one Ray actor call carrying a batch of tensors costs the driver.
+
+The profile calls this per-call `dispatch` (op `dispatch`, kind `ray_call`); it is not
+`executor/dispatch.py`, which decides which data each rank receives.
 
 Every model call of a step is a controller -> worker Ray call (`worker.method.remote(shard)`)
 whose arguments and result are pickled, moved through Ray's object transfer and unpickled
@@ -11,7 +14,7 @@ wall clock on the driver (median, p10, p90 over repeats after warm-up).
 It starts a local Ray instance of one CPU unless Ray is already up (then it uses that one
 and leaves it running). The entries are op `dispatch`, kind `ray_call`, source measured.
 
-    python -m placeflow.profiles.dispatch --add-to profiles/data/cpu.json
+    python -m placeflow.profiles.ray_roundtrip --add-to profiles/data/cpu.json
 
 measures the factory grid's sizes and replaces the file's dispatch entries with them.
 """
@@ -118,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     note = (
         f" Dispatch entries (op dispatch, kind ray_call): measured {date} by "
-        f"`python -m placeflow.profiles.dispatch --add-to {args.add_to}` "
+        f"`python -m placeflow.profiles.ray_roundtrip --add-to {args.add_to}` "
         f"(Ray call round trips, driver wall clock; CPU busy with other work before: "
         f"{'?' if busy is None else f'{busy:.0%}'})."
     )

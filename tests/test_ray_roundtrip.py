@@ -16,7 +16,7 @@ from placeflow.dataflow import CallKind
 from placeflow.layout import TrainLayout
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
-from placeflow.profiles.dispatch import measure_dispatch
+from placeflow.profiles.ray_roundtrip import measure_dispatch
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import DispatchKind, Op, Source
 from placeflow.simulator import callcosts
