@@ -47,6 +47,7 @@ import torch
 
 from placeflow.dataflow import CallKind, dataflow_calls
 from placeflow.errors import SpecError
+from placeflow.executable import check_executable
 from placeflow.executor import rl
 from placeflow.executor.balance import Partition, WorkModel, balanced_partition
 from placeflow.executor.batch import Batch
@@ -74,9 +75,8 @@ from placeflow.executor.rewards import (
 from placeflow.executor.timeline import Launched, StepClock
 from placeflow.executor.worker import Worker, WorkerMethod
 from placeflow.metrics import Metric, RecordKey, over_ranks, reward_extra
-from placeflow.models import Feature
 from placeflow.phases import Phase
-from placeflow.plan import Plan, RoleParallelism
+from placeflow.plan import Plan
 from placeflow.workload import Algorithm, Role
 
 CONTROLLER_STATE = "controller.json"  # in each checkpoint directory
@@ -89,67 +89,6 @@ def derived_seed(*parts: int | str) -> int:
     """A 63-bit seed from the run seed and a position (step, replica): stable across runs."""
     digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-def check_executable(plan: Plan) -> None:
-    """Raise SpecError for plans the executor cannot run (before any worker starts)."""
-    w = plan.workload
-    if w.reward_function is None and Role.REWARD not in w.models:
-        raise SpecError("the workload needs a reward_function or a reward model")
-    if w.lora is not None:
-        raise SpecError(
-            f"[lora] (rank {w.lora.rank} on {', '.join(w.lora.roles)}) is simulated, planned "
-            "and exported (verl, OpenRLHF), but the executor's engines train full weights; "
-            "remove [lora] to run the plan here"
-        )
-    for role, spec in w.models.items():
-        # The engines run Llama/Qwen2/Qwen3 layers and mixtures of experts: latent
-        # attention is refused by name, not run as a different model.
-        spec.require_features(
-            frozenset({Feature.MOE, Feature.QK_NORM, Feature.HEAD_DIM}),
-            f"the executor's engines (role {role})",
-        )
-        if spec.moe is not None:
-            _check_moe_parallelism(role, plan.parallelism[role])
-    n = w.batch.num_samples
-    for role in w.roles:
-        par = plan.parallelism[role]
-        if par.pg > 1:
-            raise SpecError(
-                f"{role}: generation pipeline pg > 1 is not executed: the planner emits pg = 1 "
-                f"(one decode pass over all layers per generation replica); the plan has "
-                f"pg={par.pg}. Use pg = 1 (such plans can be simulated)"
-            )
-        d = par.train.d
-        if role in (Role.ACTOR, Role.CRITIC) and n < d * w.batch.mini_batches:
-            raise SpecError(
-                f"{role}: {n} samples per step are fewer than d={d} replicas x "
-                f"{w.batch.mini_batches} mini-batches (every DP rank needs a sample in every "
-                "mini-batch); raise prompts_per_step or samples_per_prompt, or lower "
-                "mini_batches"
-            )
-
-
-def _check_moe_parallelism(role: Role, par: RoleParallelism) -> None:
-    """What the engines run of a mixture of experts: EP over data parallelism, no expert TP."""
-    train = par.train
-    if train.t > 1 or (role is Role.ACTOR and par.tg > 1):
-        raise SpecError(
-            f"{role}: a mixture of experts with tensor parallelism (t={train.t}, "
-            f"tg={par.tg}) is not executed (expert TP); use t = 1 and tg = 1, and e for experts"
-        )
-    if train.p > 1:
-        raise SpecError(
-            f"{role}: a mixture of experts with pipeline parallelism p={train.p} is not executed "
-            "(the load-balancing loss spans the stages); use p = 1"
-        )
-    trained = role in (Role.ACTOR, Role.CRITIC)
-    if trained and train.e > 1 and par.zero > 0 and train.d > 1:
-        raise SpecError(
-            f"{role}: ZeRO stage {par.zero} with expert parallel e={train.e} is not executed "
-            "(the optimizer would shard weights across ranks holding different experts); "
-            "use zero = 0"
-        )
 
 
 def tokenizer_for(plan: Plan) -> Tokenizer:

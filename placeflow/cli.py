@@ -290,6 +290,7 @@ def _placement_json(result: object) -> dict[str, object]:
         "model_step_s": result.model_step_s,
         "peak_memory_bytes": est.peak_memory_bytes,
         "price_per_mtoken_usd": result.price_per_mtoken,
+        "executor_problems": list(result.executor_problems),  # empty: `placeflow run` runs it
     }
 
 
@@ -399,6 +400,11 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         f" on {_gpus_label(best.plan)} GPUs, "
         f"{best.estimate.tokens_per_s:,.0f} tokens/s, iteration {best.estimate.iteration_s:.2f} s"
     )
+    if best.executor_problems:
+        console.print(
+            "placeflow run would refuse it here: " + "; ".join(best.executor_problems),
+            markup=False,
+        )
     if out_path:
         console.print(f"wrote {out_path}")
     return 0

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from placeflow.cluster import ClusterSpec
+from placeflow.executable import executable_problems
 from placeflow.plan import Plan
 from placeflow.planner.costtable import CostTable, build_cost_table
 from placeflow.planner.generators import with_generators
@@ -55,6 +56,8 @@ class RankedPlan:
     estimate: StepEstimate
     model_step_s: float  # the solver's stage-structured estimate
     price_per_mtoken: float | None  # USD per million tokens, when prices are known
+    # Why `placeflow run` would refuse the plan (placeflow.executable); empty: it runs it.
+    executor_problems: tuple[str, ...] = ()
 
     @property
     def generator_gpus(self) -> int:
@@ -101,6 +104,7 @@ def _rank(plan: Plan, solution: Solution, costs: dict[str, CostModel]) -> Ranked
         estimate=estimate,
         model_step_s=solution.step_s,
         price_per_mtoken=_price_per_mtoken(plan, estimate),
+        executor_problems=tuple(executable_problems(plan)),
     )
 
 
