@@ -1151,16 +1151,19 @@ def main() -> None:
         sides = [side for side in sides if side in chosen]
     runs: dict[str, list[SideRun]] = {side: [] for side in sides}
     quiet = Quiet(timeout_s=args.quiet_wait, attempts=args.attempts)
+    # Read once: the report is rewritten after every repeat (a long run on a loaded machine
+    # keeps its completed repeats if stopped), each time over the same earlier comparisons.
+    previous = json.loads(args.results.read_text()) if args.results.exists() else {}
     with tempfile.TemporaryDirectory() as tmp, CpuMonitor(interval_s=1.0) as monitor:
         checkpoint = Path(tmp) / "smollm2-135m"
         model = export_smollm2(checkpoint)
         if Precision.BF16 in precisions:
             checkpoint_of(checkpoint, Precision.BF16)
             model["bf16_vs_fp32"] = bf16_accuracy(checkpoint)
-        for _ in range(args.repeats):
+        for done in range(1, args.repeats + 1):
             for side in sides:
                 runs[side].append(run_side(side, s, checkpoint, Path(tmp), monitor, quiet))
-    write_report(args, s, quiet, model, runs, time.perf_counter() - t0)
+            write_report(args, s, quiet, model, runs, previous, done, time.perf_counter() - t0)
 
 
 def write_report(
@@ -1169,6 +1172,8 @@ def write_report(
     quiet: Quiet,
     model: dict[str, Any],
     runs: dict[str, list[SideRun]],
+    previous: dict[str, Any],
+    repeats_done: int,
     total_s: float,
 ) -> None:
     sides, checks = summarise(runs, s)
@@ -1201,7 +1206,8 @@ def write_report(
         "settings": {
             **dataclasses.asdict(s),
             "num_samples": s.num_samples,
-            "repeats": args.repeats,
+            "repeats": repeats_done,
+            "repeats_asked": args.repeats,
             "precisions": args.precisions,
             "task": TASK,
             "quiet": dataclasses.asdict(quiet),
@@ -1217,12 +1223,12 @@ def write_report(
         "sides": sides,
     }
     # The file also holds the --worker-update measurements and earlier comparisons: keep them.
-    previous = json.loads(args.results.read_text()) if args.results.exists() else {}
     for key in ("worker_update", "worker_update_history"):
         if key in previous:
             report[key] = previous[key]
     if "sides" in previous:
-        kept = ("date", "placeflow_source", "machine", "ratio_vs_trl", "ratio_vs_trl_repeats")
+        kept = ("command", "date", "placeflow_source", "machine", "settings", "ratio_vs_trl")
+        kept += ("ratio_vs_trl_repeats",)
         earlier = {k: previous[k] for k in (*kept, "sides") if k in previous}
         report["comparison_history"] = [*previous.get("comparison_history", []), earlier]
     args.results.write_text(json.dumps(report, indent=1) + "\n")
