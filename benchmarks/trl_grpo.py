@@ -7,9 +7,18 @@ is only the framework. Fairness, as set up here and checked in the run:
   engines.smollm2` fetches, dequantised to fp32 by placeflow's
   `load_checkpoint`) written once with transformers' `save_pretrained`, with its
   tokenizer, into one checkpoint directory that both sides load (TRL through
-  `AutoModelForCausalLM.from_pretrained`, placeflow as the workload's model). fp32
-  on both sides: TRL's `bf16` default is turned off, as is its default gradient
-  checkpointing (placeflow's plan has `recompute = false`).
+  `AutoModelForCausalLM.from_pretrained`, placeflow as the workload's model).
+  TRL's default gradient checkpointing is off (placeflow's plan has `recompute =
+  false`).
+- same precision (`Precision`): fp32 sides run fp32 throughout (TRL `bf16=False`);
+  bf16 sides keep fp32 master weights under bf16 autocast (TRL `bf16=True`;
+  placeflow reads a view of the checkpoint whose config says bfloat16,
+  `checkpoint_of`). Each placeflow side is compared with TRL at its precision,
+  and `bf16_accuracy` records how far bf16 logits are from fp32 on both sides.
+- placeflow layouts (`layouts`): 1 worker x T threads, T workers x 1 thread, and
+  a trainer worker plus a generator worker of T/2 threads each, one step off
+  (step k+1 generated while step k trains: staleness 1, a schedule TRL does not
+  run; said so in every report).
 - same batch: step k on both sides has the `arith` task's prompts
   `Task.problems(prompts_per_step, derived_seed(seed, k))`, each sampled
   `samples_per_prompt` times (TRL: a `datasets.Dataset` of those prompts in step
