@@ -7,9 +7,18 @@ is only the framework. Fairness, as set up here and checked in the run:
   engines.smollm2` fetches, dequantised to fp32 by placeflow's
   `load_checkpoint`) written once with transformers' `save_pretrained`, with its
   tokenizer, into one checkpoint directory that both sides load (TRL through
-  `AutoModelForCausalLM.from_pretrained`, placeflow as the workload's model). fp32
-  on both sides: TRL's `bf16` default is turned off, as is its default gradient
-  checkpointing (placeflow's plan has `recompute = false`).
+  `AutoModelForCausalLM.from_pretrained`, placeflow as the workload's model).
+  TRL's default gradient checkpointing is off (placeflow's plan has `recompute =
+  false`).
+- same precision (`Precision`): fp32 sides run fp32 throughout (TRL `bf16=False`);
+  bf16 sides keep fp32 master weights under bf16 autocast (TRL `bf16=True`;
+  placeflow reads a view of the checkpoint whose config says bfloat16,
+  `checkpoint_of`). Each placeflow side is compared with TRL at its precision,
+  and `bf16_accuracy` records how far bf16 logits are from fp32 on both sides.
+- placeflow layouts (`layouts`): 1 worker x T threads, T workers x 1 thread, and
+  a trainer worker plus a generator worker of T/2 threads each, one step off
+  (step k+1 generated while step k trains: staleness 1, a schedule TRL does not
+  run; said so in every report).
 - same batch: step k on both sides has the `arith` task's prompts
   `Task.problems(prompts_per_step, derived_seed(seed, k))`, each sampled
   `samples_per_prompt` times (TRL: a `datasets.Dataset` of those prompts in step
@@ -77,8 +86,9 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -144,23 +154,46 @@ class Settings:
         return self.warmup_steps + self.measured_steps
 
 
+class Precision(StrEnum):
+    """What both sides compute in: fp32 throughout, or bf16 mixed precision (fp32 master
+    weights and AdamW state, bf16 matmuls under autocast)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+TRL_SIDES = {Precision.FP32: "trl", Precision.BF16: "trl-bf16"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
-    """How placeflow spends the T threads: `num_workers` Ray workers x `threads_per_worker`."""
+    """How placeflow spends the T threads: `num_workers` Ray workers x `threads_per_worker`
+    training (and generating, colocated), or, with `generator_workers` > 0, a generator set
+    of that many workers apart (as many threads each) generating step k+1 one-step-off
+    while step k trains (staleness 1: a schedule TRL's on-policy loop does not have)."""
 
     num_workers: int
     threads_per_worker: int
+    generator_workers: int = 0
+    precision: Precision = Precision.FP32
+
+    @property
+    def one_step_off(self) -> bool:
+        return self.generator_workers > 0
 
     @property
     def label(self) -> str:
-        return f"placeflow-{self.num_workers}x{self.threads_per_worker}"
+        label = f"placeflow-{self.num_workers}x{self.threads_per_worker}"
+        if self.one_step_off:
+            label += f"+gen{self.generator_workers}x{self.threads_per_worker}-async"
+        return label if self.precision is Precision.FP32 else f"{label}-{self.precision}"
 
 
 @dataclass(frozen=True, kw_only=True)
 class SideRun:
     """One side's measured steps in one process."""
 
-    side: str  # "trl" or a Layout label
+    side: str  # a TRL_SIDES value or a Layout label
     step_times_s: list[float]  # wall time of each measured step
     tokens_per_step: list[int]  # prompt + completion tokens of each measured step
     completion_len_min: int
@@ -174,6 +207,7 @@ class SideRun:
     other_cpu_frac: float = 0.0  # of all cores, used by other processes in `window`
     waited_quiet_s: float = 0.0  # waited before this run for the machine to be quiet
     attempts: int = 1  # runs of this side until one had a quiet machine (see Quiet)
+    loadavg_1min: tuple[float, float] = (0.0, 0.0)  # the machine's, before and after the side
     placeflow: str = ""  # the commit this side's process imported (+ "-modified": uncommitted)
     config: str = ""  # TRL: the GRPOConfig arguments set here (JSON); placeflow: the plan (TOML)
 
@@ -182,12 +216,32 @@ class SideRun:
         return sum(self.tokens_per_step) / sum(self.step_times_s)
 
 
-def layouts(num_threads: int) -> list[Layout]:
-    """1 worker x T threads, and T workers x 1 thread when T > 1."""
-    out = [Layout(num_workers=1, threads_per_worker=num_threads)]
+def layouts(num_threads: int, precision: Precision = Precision.FP32) -> list[Layout]:
+    """1 worker x T threads; T workers x 1 thread when T > 1; and, when T is even, one
+    trainer worker and one generator worker of T/2 threads each, one step off."""
+    out = [Layout(num_workers=1, threads_per_worker=num_threads, precision=precision)]
     if num_threads > 1:
-        out.append(Layout(num_workers=num_threads, threads_per_worker=1))
+        out.append(Layout(num_workers=num_threads, threads_per_worker=1, precision=precision))
+    if num_threads % 2 == 0:
+        half = num_threads // 2
+        out.append(
+            Layout(num_workers=1, threads_per_worker=half, generator_workers=1, precision=precision)
+        )
     return out
+
+
+def all_sides(num_threads: int, precisions: Sequence[Precision]) -> list[str]:
+    """Every side of a comparison: per precision, TRL then placeflow's layouts."""
+    return [
+        side
+        for p in precisions
+        for side in (TRL_SIDES[p], *(lay.label for lay in layouts(num_threads, p)))
+    ]
+
+
+def baseline_of(side: str) -> str:
+    """The TRL side a placeflow side is compared with: the one of its own precision."""
+    return TRL_SIDES[Precision.BF16 if side.endswith("-bf16") else Precision.FP32]
 
 
 def step_problems(s: Settings, step: int) -> list[Problem]:
@@ -240,6 +294,81 @@ def _same_logits(directory: Path) -> dict[str, float]:
     with torch.no_grad():
         diff = ours(ids, torch.ones_like(ids, dtype=torch.bool)) - theirs(input_ids=ids).logits
     return {"logits_max_abs_diff_placeflow_vs_transformers": float(diff.abs().max())}
+
+
+def checkpoint_of(checkpoint: Path, precision: Precision) -> Path:
+    """The checkpoint directory a placeflow side loads at `precision`.
+
+    placeflow takes a model's compute dtype from its config (`ModelSpec.dtype`), so the
+    bf16 side reads a sibling directory with the same weight and tokenizer files (links)
+    whose config says bfloat16; both load the fp32 weights as master weights."""
+    if precision is Precision.FP32:
+        return checkpoint
+    out = checkpoint.with_name(f"{checkpoint.name}-{precision}")
+    if not out.exists():
+        out.mkdir()
+        for f in checkpoint.iterdir():
+            if f.name != "config.json":
+                (out / f.name).symlink_to(f.resolve())
+        config = json.loads((checkpoint / "config.json").read_text())
+        config["dtype"] = "bfloat16"
+        config.pop("torch_dtype", None)
+        (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def bf16_accuracy(checkpoint: Path) -> dict[str, Any]:
+    """How far each side's bf16 logits are from its fp32 logits, on the first step's prompts
+    followed by 32 fixed tokens: placeflow's trainer (fp32 master weights under bf16
+    autocast), its rollout copy (weights in bf16), and transformers under autocast (TRL's
+    `bf16=True`). Max |difference| of logits and of log-probabilities, mean KL(fp32 || bf16)
+    per position, and the share of positions whose most likely token is the same."""
+    from transformers import AutoModelForCausalLM
+
+    from placeflow.executor.engines.hf import load_checkpoint
+    from placeflow.executor.engines.tokenizer import HFTokenizer
+    from placeflow.executor.engines.transformer import Arch, Transformer
+
+    spec, weights = load_checkpoint(checkpoint)
+    tok = HFTokenizer(checkpoint)
+    prompt = tok.encode(step_problems(Settings(), 0)[0].prompt)
+    ids = torch.tensor([prompt + list(range(100, 132))])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    fp32 = Arch.of(spec)
+    bf16 = dataclasses.replace(fp32, compute_dtype=torch.bfloat16)
+
+    def ours(arch: Arch, dtype: torch.dtype) -> torch.Tensor:
+        model = Transformer(arch, dtype=dtype).eval()
+        model.load_shards({k: v.to(dtype) for k, v in weights.items()})
+        return model(ids, mask).float()
+
+    hf = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = {
+            "placeflow": ours(fp32, torch.float32),
+            "transformers": hf(input_ids=ids).logits,
+        }
+        trainer = ours(bf16, torch.float32)
+        rollout = ours(bf16, torch.bfloat16)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            theirs = hf(input_ids=ids).logits.float()
+
+    def compare(ref: torch.Tensor, low: torch.Tensor) -> dict[str, float]:
+        lp_ref, lp_low = ref.log_softmax(-1), low.log_softmax(-1)
+        kl = (lp_ref.exp() * (lp_ref - lp_low)).sum(-1)
+        return {
+            "logits_max_abs_diff": round(float((ref - low).abs().max()), 4),
+            "logprob_max_abs_diff": round(float((lp_ref - lp_low).abs().max()), 4),
+            "kl_fp32_to_bf16_mean": float(kl.mean()),
+            "top1_agreement": float((ref.argmax(-1) == low.argmax(-1)).float().mean()),
+        }
+
+    return {
+        "positions": ids.shape[1],
+        "placeflow_trainer_autocast": compare(reference["placeflow"], trainer),
+        "placeflow_rollout_bf16_weights": compare(reference["placeflow"], rollout),
+        "transformers_autocast": compare(reference["transformers"], theirs),
+    }
 
 
 # --- TRL ---------------------------------------------------------------------------------
@@ -319,12 +448,13 @@ def _trl_phases(raw: dict[str, float], step_s: float) -> dict[str, float]:
     }
 
 
-def trl_args(s: Settings) -> dict[str, Any]:
-    """The GRPOConfig arguments (all others at TRL's defaults)."""
+def trl_args(s: Settings, precision: Precision = Precision.FP32) -> dict[str, Any]:
+    """The GRPOConfig arguments (all others at TRL's defaults). bf16: accelerate's mixed
+    precision (the fp32 model's forward under bf16 autocast), as TRL's `bf16=True` does."""
     accumulation = s.num_samples // s.micro_batch
     return dict(
         use_cpu=True,
-        bf16=False,
+        bf16=precision is Precision.BF16,
         gradient_checkpointing=False,
         per_device_train_batch_size=s.micro_batch,
         gradient_accumulation_steps=accumulation,
@@ -353,7 +483,7 @@ def trl_args(s: Settings) -> dict[str, Any]:
     )
 
 
-def run_trl(s: Settings, checkpoint: Path) -> SideRun:
+def run_trl(s: Settings, checkpoint: Path, precision: Precision) -> SideRun:
     t_start = time.perf_counter()
     torch.set_num_threads(s.num_threads)
     try:
@@ -371,7 +501,7 @@ def run_trl(s: Settings, checkpoint: Path) -> SideRun:
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32),
             reward_funcs=reward,
-            args=GRPOConfig(output_dir=out, **trl_args(s)),
+            args=GRPOConfig(output_dir=out, **trl_args(s, precision)),
             train_dataset=dataset,
             processing_class=AutoTokenizer.from_pretrained(str(checkpoint)),
             callbacks=[clock],
@@ -390,7 +520,7 @@ def run_trl(s: Settings, checkpoint: Path) -> SideRun:
     measured = [x for step in reward.lengths[w:] for x in step]
     phases = [_trl_phases(p, t) for p, t in zip(clock.phases[w:], clock.times_s[w:], strict=True)]
     return SideRun(
-        side="trl",
+        side=TRL_SIDES[precision],
         step_times_s=clock.times_s[w:],
         tokens_per_step=clock.tokens[w:],
         completion_len_min=min(measured),
@@ -400,7 +530,7 @@ def run_trl(s: Settings, checkpoint: Path) -> SideRun:
         setup_s=setup_s,
         reward_mean=statistics.mean(x for step in reward.scores[w:] for x in step),
         window=(clock.stamps[w][0], clock.stamps[-1][1]),
-        config=json.dumps(trl_args(s)),
+        config=json.dumps(trl_args(s, precision)),
     )
 
 
@@ -408,16 +538,18 @@ def run_trl(s: Settings, checkpoint: Path) -> SideRun:
 
 
 # The plan a user would write: the actor alone on `workers` CPU workers, data parallel
-# (ZeRO-1, the default, when workers > 1), no reference; fixed-length responses.
+# (ZeRO-1, the default, when workers > 1), no reference; fixed-length responses. With a
+# generator set, the actor also generates on `generators` workers of its own, one step off.
 PLAN_TOML = """
-name = "trl-bench-{workers}x{threads}"
-sets = [{{ roles = ["actor"], pool = "cpu", first_device = 0, num_devices = {workers} }}]
+name = "{name}"
+sets = [{sets}]
 
 [workload]
 name = "grpo-smollm2-fixed-len"
 algorithm = "grpo"
 reward_function = "{task}"
 models = {{ actor = "{checkpoint}" }}
+async_one_step_off = {one_step_off}
 
 [workload.data]
 train = "{data}"
@@ -443,7 +575,7 @@ ignore_stop = true
 
 [cluster]
 name = "this-cpu"
-pools = [{{ name = "cpu", gpu = "cpu", num_nodes = 1, gpus_per_node = {workers}, memory_gib = 8 }}]
+pools = [{{ name = "cpu", gpu = "cpu", num_nodes = 1, gpus_per_node = {devices}, memory_gib = 8 }}]
 
 [parallelism.actor]
 d = {workers}
@@ -454,10 +586,21 @@ recompute = false
 
 
 def plan_toml(s: Settings, checkpoint: Path, layout: Layout, prompt_len: int, data: Path) -> str:
+    """`checkpoint` declares the compute dtype (`checkpoint_of`): fp32, or bf16 autocast."""
+    trainer = f"first_device = 0, num_devices = {layout.num_workers}"
+    sets = [f'{{ roles = ["actor"], pool = "cpu", {trainer} }}']
+    if layout.one_step_off:
+        sets.append(
+            f'{{ roles = ["actor"], pool = "cpu", first_device = {layout.num_workers}, '
+            f"num_devices = {layout.generator_workers}, generator = true }}"
+        )
     return PLAN_TOML.format(
+        name=f"trl-bench-{layout.label.removeprefix('placeflow-')}",
+        sets=", ".join(sets),
+        one_step_off=str(layout.one_step_off).lower(),
+        devices=layout.num_workers + layout.generator_workers,
         data=data,
         workers=layout.num_workers,
-        threads=layout.threads_per_worker,
         task=TASK,
         checkpoint=checkpoint,
         prompts=s.prompts_per_step,
@@ -499,7 +642,8 @@ def run_placeflow(s: Settings, checkpoint: Path, layout: Layout) -> SideRun:
             setup.append(time.perf_counter() - t_start - rec.metrics["step_time_s"])
 
     # "local": a new Ray instance of our own, even if another one runs on this machine.
-    ray.init(address="local", num_cpus=layout.num_workers, include_dashboard=False)
+    num_cpus = layout.num_workers + layout.generator_workers
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
     try:
         with tempfile.TemporaryDirectory() as run_dir:
             cfg = RunConfig(
@@ -703,14 +847,14 @@ def worker_update_main(args: argparse.Namespace, s: Settings) -> None:
         "total_s": round(time.perf_counter() - t0, 1),
         "runs": rows,
     }
-    report = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    report = json.loads(args.results.read_text()) if args.results.exists() else {}
     # Earlier runs stay, oldest first (each with its command and commit).
     history = report.get("worker_update_history", [])
     if "worker_update" in report:
         history.append(report["worker_update"])
     report["worker_update_history"] = history
     report["worker_update"] = entry
-    RESULT.write_text(json.dumps(report, indent=1) + "\n")
+    args.results.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in entry.items() if k != "runs"}, indent=1))
 
 
@@ -753,13 +897,17 @@ def run_side(
             max_frac=quiet.max_frac, window_s=5.0, timeout_s=quiet.timeout_s
         )
         print(f"--- {side} (attempt {attempt}, waited {waited:.0f} s for quiet) ---", flush=True)
+        load_before = os.getloadavg()[0]
         run = run_process(side, s, checkpoint, scratch)
+        load = (round(load_before, 2), round(os.getloadavg()[0], 2))
         time.sleep(2 * monitor.interval_s)  # the monitor's samples cover the window's end
         other = monitor.other_frac(*run.window)
         print(f"{side}: other processes took {100 * other:.0f}% of the cores meanwhile", flush=True)
         if other <= quiet.max_frac:
             break
-    return dataclasses.replace(run, other_cpu_frac=other, waited_quiet_s=waited, attempts=attempt)
+    return dataclasses.replace(
+        run, other_cpu_frac=other, waited_quiet_s=waited, attempts=attempt, loadavg_1min=load
+    )
 
 
 def run_process(side: str, s: Settings, checkpoint: Path, scratch: Path) -> SideRun:
@@ -772,11 +920,13 @@ def run_process(side: str, s: Settings, checkpoint: Path, scratch: Path) -> Side
 
 def side_main(side: str, s: Settings, checkpoint: Path, out: Path) -> None:
     src = source()  # before the run: another user may commit meanwhile
-    if side == "trl":
-        run = run_trl(s, checkpoint)
+    trl = {v: k for k, v in TRL_SIDES.items()}
+    if side in trl:
+        run = run_trl(s, checkpoint, trl[side])
     else:
-        (layout,) = [lay for lay in layouts(s.num_threads) if lay.label == side]
-        run = run_placeflow(s, checkpoint, layout)
+        every = [lay for p in Precision for lay in layouts(s.num_threads, p)]
+        (layout,) = [lay for lay in every if lay.label == side]
+        run = run_placeflow(s, checkpoint_of(checkpoint, layout.precision), layout)
     run = dataclasses.replace(
         run, placeflow=src["commit"] + ("-modified" if src["modified"] else "")
     )
@@ -844,8 +994,9 @@ class Checks:
             if lo != s.response_len or hi != s.response_len:
                 out.append(f"{side}: completion lengths {lo}..{hi}, not all {s.response_len}")
         for side, threads in self.threads.items():
-            total = sum(threads) if side != "trl" else threads[0]
-            if total != s.num_threads or (side == "trl" and len(threads) != 1):
+            trl = side in TRL_SIDES.values()
+            total = threads[0] if trl else sum(threads)
+            if total != s.num_threads or (trl and len(threads) != 1):
                 out.append(f"{side}: threads {threads} do not add up to {s.num_threads}")
         if len(self.placeflow) != 1 or self.placeflow[0].endswith("-modified"):
             out.append(f"placeflow changed or was modified during the run: {self.placeflow}")
@@ -863,15 +1014,19 @@ def summarise(runs: dict[str, list[SideRun]], s: Settings) -> tuple[dict[str, An
             ),
             "phases_s": {  # per step: the mean over measured steps, the median over repeats
                 k: round(
-                    statistics.median(statistics.mean(p[k] for p in r.phases_s) for r in reps), 3
+                    statistics.median(
+                        statistics.mean(p.get(k, 0.0) for p in r.phases_s) for r in reps
+                    ),
+                    3,
                 )
-                for k in reps[0].phases_s[0]
+                for k in dict.fromkeys(k for r in reps for p in r.phases_s for k in p)
             },
             "tokens_per_step": reps[0].tokens_per_step[0],
             "process_threads": reps[0].process_threads,
             "setup_s": round(statistics.median(r.setup_s for r in reps), 1),
             "reward_mean": round(statistics.mean(r.reward_mean for r in reps), 3),
             "other_cpu_frac_repeats": [round(r.other_cpu_frac, 3) for r in reps],
+            "loadavg_1min_repeats": [list(r.loadavg_1min) for r in reps],
             "config": reps[0].config,
             "repeats": [dataclasses.asdict(r) for r in reps],
         }
@@ -898,9 +1053,21 @@ FAIRNESS = {
     "optimizer_steps_per_generation_batch": "1: placeflow ppo_epochs=1, mini_batches=1; TRL "
     "num_iterations=1, gradient_accumulation_steps=steps_per_generation=samples/micro_batch",
     "objective": "no KL, no reference model (TRL beta=0; placeflow no ref role), AdamW at the "
-    "same constant lr, no weight decay, grad clip 1.0, clip ratio 0.2, temperature 1.0, fp32, "
+    "same constant lr, no weight decay, grad clip 1.0, clip ratio 0.2, temperature 1.0, "
     "no gradient checkpointing",
-    "threads": "TRL: one process, torch.set_num_threads(T); placeflow: workers x threads = T",
+    "precision": "fp32 sides: fp32 throughout (TRL bf16=False; placeflow's checkpoint config "
+    "float32). bf16 sides: fp32 master weights and AdamW state, bf16 matmuls under autocast "
+    "(TRL bf16=True: accelerate's autocast around the model's forward, generation included; "
+    "placeflow: the checkpoint config says bfloat16, so its trainer runs under autocast and "
+    "its rollout copy holds bf16 weights). Each placeflow side is compared with the TRL side "
+    "of its precision; model.bf16_vs_fp32 records how far bf16 logits are from fp32",
+    "schedule": "TRL and placeflow's colocated layouts are on-policy: each step generates, "
+    "then updates. The +gen...-async layouts train on a trainer worker while a generator "
+    "worker generates the next step's batch one step off (staleness 1: the batch comes from "
+    "the policy before the last update, the importance ratio taken against it), a different "
+    "schedule, with the same model, prompts, samples, lengths, optimizer and threads in all",
+    "threads": "TRL: one process, torch.set_num_threads(T); placeflow: workers x threads = T "
+    "(trainer and generator workers together)",
     "tokens_per_s": "sum over measured steps of (prompt + completion tokens) / sum of step wall "
     "times, after warm-up steps; each side in a fresh process, sides interleaved per repeat",
 }
@@ -921,6 +1088,26 @@ def main() -> None:
         type=float,
         default=Quiet.timeout_s,
         help="seconds to wait for other processes to go idle before each side",
+    )
+    parser.add_argument(
+        "--attempts",
+        type=int,
+        default=Quiet.attempts,
+        help="runs of a side, at most, until others took under 5%% of the cores meanwhile",
+    )
+    parser.add_argument(
+        "--precisions",
+        default="fp32,bf16",
+        help="comma-separated, of fp32 (both sides fp32) and bf16 (both sides bf16 autocast)",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULT,
+        help="the results file to write (default: benchmarks/results/trl_grpo.json)",
+    )
+    parser.add_argument(
+        "--sides", help="comma-separated subset of the sides, a TRL side first (development)"
     )
     parser.add_argument(
         "--worker-update",
@@ -961,16 +1148,31 @@ def main() -> None:
         worker_update_main(args, s)
         return
     t0 = time.perf_counter()
-    sides = ["trl", *(lay.label for lay in layouts(s.num_threads))]
+    precisions = [Precision(p) for p in args.precisions.split(",")]
+    sides = all_sides(s.num_threads, precisions)
+    if args.sides:
+        chosen = args.sides.split(",")
+        wrong = [x for x in chosen if x not in sides or baseline_of(x) not in chosen]
+        if wrong:
+            raise SystemExit(
+                f"--sides: {wrong} are not sides, or lack their TRL side; choose from {sides}"
+            )
+        sides = [side for side in sides if side in chosen]
     runs: dict[str, list[SideRun]] = {side: [] for side in sides}
-    quiet = Quiet(timeout_s=args.quiet_wait)
+    quiet = Quiet(timeout_s=args.quiet_wait, attempts=args.attempts)
+    # Read once: the report is rewritten after every repeat (a long run on a loaded machine
+    # keeps its completed repeats if stopped), each time over the same earlier comparisons.
+    previous = json.loads(args.results.read_text()) if args.results.exists() else {}
     with tempfile.TemporaryDirectory() as tmp, CpuMonitor(interval_s=1.0) as monitor:
         checkpoint = Path(tmp) / "smollm2-135m"
         model = export_smollm2(checkpoint)
-        for _ in range(args.repeats):
+        if Precision.BF16 in precisions:
+            checkpoint_of(checkpoint, Precision.BF16)
+            model["bf16_vs_fp32"] = bf16_accuracy(checkpoint)
+        for done in range(1, args.repeats + 1):
             for side in sides:
                 runs[side].append(run_side(side, s, checkpoint, Path(tmp), monitor, quiet))
-    write_report(args, s, quiet, model, runs, time.perf_counter() - t0)
+            write_report(args, s, quiet, model, runs, previous, done, time.perf_counter() - t0)
 
 
 def write_report(
@@ -979,16 +1181,23 @@ def write_report(
     quiet: Quiet,
     model: dict[str, Any],
     runs: dict[str, list[SideRun]],
+    previous: dict[str, Any],
+    repeats_done: int,
     total_s: float,
 ) -> None:
     sides, checks = summarise(runs, s)
-    trl = sides["trl"]["tokens_per_s"]
-    ratios = {k: round(v["tokens_per_s"] / trl, 3) for k, v in sides.items() if k != "trl"}
+    # Each placeflow side against the TRL side of its own precision.
+    ours = [k for k in sides if k not in TRL_SIDES.values()]
+    ratios = {
+        k: round(sides[k]["tokens_per_s"] / sides[baseline_of(k)]["tokens_per_s"], 3) for k in ours
+    }
     # Sides of one repeat ran minutes apart, so a repeat's own ratio shares its machine state.
     paired = {
-        k: [round(a.tokens_per_s / b.tokens_per_s, 3) for a, b in zip(v, runs["trl"], strict=True)]
-        for k, v in runs.items()
-        if k != "trl"
+        k: [
+            round(a.tokens_per_s / b.tokens_per_s, 3)
+            for a, b in zip(runs[k], runs[baseline_of(k)], strict=True)
+        ]
+        for k in ours
     }
     failures = checks.failures(s)
     if checks.other_cpu_frac_max > 0.1:
@@ -1006,29 +1215,32 @@ def write_report(
         "settings": {
             **dataclasses.asdict(s),
             "num_samples": s.num_samples,
-            "repeats": args.repeats,
+            "repeats": repeats_done,
+            "repeats_asked": args.repeats,
+            "precisions": args.precisions,
             "task": TASK,
             "quiet": dataclasses.asdict(quiet),
         },
         "fairness": FAIRNESS,
         "checks": {**dataclasses.asdict(checks), "passed": not failures, "failures": failures},
         "target_ratio": TARGET_RATIO,
-        "ratio_vs_trl": ratios,  # median tokens/s over repeats, placeflow / TRL
+        "ratio_vs_trl": ratios,  # median tokens/s over repeats, placeflow / TRL (same precision)
+        "baseline_of": {k: baseline_of(k) for k in ours},
         "ratio_vs_trl_repeats": paired,
         "target_met": {k: r >= TARGET_RATIO for k, r in ratios.items()},
         "total_s": round(total_s, 1),
         "sides": sides,
     }
     # The file also holds the --worker-update measurements and earlier comparisons: keep them.
-    previous = json.loads(RESULT.read_text()) if RESULT.exists() else {}
     for key in ("worker_update", "worker_update_history"):
         if key in previous:
             report[key] = previous[key]
     if "sides" in previous:
-        kept = ("date", "placeflow_source", "machine", "ratio_vs_trl", "ratio_vs_trl_repeats")
+        kept = ("command", "date", "placeflow_source", "machine", "settings", "ratio_vs_trl")
+        kept += ("ratio_vs_trl_repeats",)
         earlier = {k: previous[k] for k in (*kept, "sides") if k in previous}
         report["comparison_history"] = [*previous.get("comparison_history", []), earlier]
-    RESULT.write_text(json.dumps(report, indent=1) + "\n")
+    args.results.write_text(json.dumps(report, indent=1) + "\n")
     brief = {k: v for k, v in report.items() if k != "sides"}
     brief["tokens_per_s"] = {k: v["tokens_per_s"] for k, v in sides.items()}
     brief["phases_s"] = {k: v["phases_s"] for k, v in sides.items()}
