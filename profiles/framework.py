@@ -54,7 +54,9 @@ from placeflow.profiles.schema import (
     Op,
     Source,
     load_profile_file,
+    op_note,
     save_profile,
+    with_op_entries,
 )
 from placeflow.profiles.timing import summarize
 
@@ -221,22 +223,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     busy = cpu_busy_fraction()
     entries = measure_framework(repeats=args.repeats)
-    kept = tuple(e for e in profile.entries if e.op is not Op.FRAMEWORK)
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    note = (
-        f" Framework entries (op framework): measured {date} by "
+    note = op_note(
+        Op.FRAMEWORK,
+        f"): measured {date} by "
         f"`python -m placeflow.profiles.framework --add-to {args.add_to}` (the engine's "
         f"own Transformer, Sampler and TrainEngine on {REFERENCE_MODEL} at "
         f"{REFERENCE_BATCH}x{REFERENCE_SEQ} tokens, {LAYER_COUNTS} layers, paired samples, "
         f"1 torch thread; CPU busy with other work before: "
-        f"{'?' if busy is None else f'{busy:.0%}'})."
+        f"{'?' if busy is None else f'{busy:.0%}'}).",
     )
-    notes = profile.provenance.notes.split(" Framework entries (op framework")[0] + note
-    updated = dataclasses.replace(
-        profile,
-        entries=(*kept, *entries),
-        provenance=dataclasses.replace(profile.provenance, notes=notes),
-    )
+    updated = with_op_entries(profile, Op.FRAMEWORK, entries, note)
     save_profile(updated, args.add_to)
     for e in entries:
         print(f"{e.params['kind']:>16}: {e.median_s * 1e6:8.1f} us (p10 {e.p10_s * 1e6:.1f})")

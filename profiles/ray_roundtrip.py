@@ -22,7 +22,6 @@ measures the factory grid's sizes and replaces the file's dispatch entries with 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +37,9 @@ from placeflow.profiles.schema import (
     Op,
     Source,
     load_profile_file,
+    op_note,
     save_profile,
+    with_op_entries,
 )
 from placeflow.profiles.timing import summarize
 
@@ -117,20 +118,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     busy = cpu_busy_fraction()
     entries = measure_dispatch(DISPATCH_BYTES, repeats=args.repeats)
-    kept = tuple(e for e in profile.entries if e.op is not Op.DISPATCH)
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    note = (
-        f" Dispatch entries (op dispatch, kind ray_call): measured {date} by "
+    note = op_note(
+        Op.DISPATCH,
+        f", kind ray_call): measured {date} by "
         f"`python -m placeflow.profiles.ray_roundtrip --add-to {args.add_to}` "
         f"(Ray call round trips, driver wall clock; CPU busy with other work before: "
-        f"{'?' if busy is None else f'{busy:.0%}'})."
+        f"{'?' if busy is None else f'{busy:.0%}'}).",
     )
-    notes = profile.provenance.notes.split(" Dispatch entries (op dispatch")[0] + note
-    updated = dataclasses.replace(
-        profile,
-        entries=(*kept, *entries),
-        provenance=dataclasses.replace(profile.provenance, notes=notes),
-    )
+    updated = with_op_entries(profile, Op.DISPATCH, entries, note)
     save_profile(updated, args.add_to)
     for e in entries:
         print(f"ray_call {e.params['num_bytes']:>10} B: {e.median_s * 1e3:.3f} ms")

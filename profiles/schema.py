@@ -30,8 +30,10 @@ each op are listed in `OP_PARAMS`; their meaning is in `placeflow.profiles.ops`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -291,6 +293,25 @@ class Profile:
             "grid": dict(self.grid),
             "entries": [e.to_json() for e in self.entries],
         }
+
+
+def op_note(op: Op, text: str) -> str:
+    """A provenance note about one op's entries, in the form `with_op_entries` finds."""
+    return f" {op.value.capitalize()} entries (op {op.value}{text}"
+
+
+def with_op_entries(profile: Profile, op: Op, entries: Sequence[Entry], note: str) -> Profile:
+    """`profile` with its entries of `op` replaced by `entries` and the provenance note
+    about them (`op_note`) replaced by `note`; the other ops' entries and notes kept."""
+    kept = tuple(e for e in profile.entries if e.op is not op)
+    # One op's note runs from its marker to the next op's marker or the end.
+    marker = re.escape(op_note(op, ""))
+    others = re.sub(rf"{marker}.*?(?= \w+ entries \(op |\Z)", "", profile.provenance.notes)
+    return dataclasses.replace(
+        profile,
+        entries=(*kept, *entries),
+        provenance=dataclasses.replace(profile.provenance, notes=others + note),
+    )
 
 
 def save_profile(profile: Profile, path: str | Path) -> Path:

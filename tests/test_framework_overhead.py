@@ -246,3 +246,26 @@ def test_a_call_alone_keeps_its_own_stretch() -> None:
         Work(id="b", sets=(1,), duration_s=3.0, hosts=(("h", 2),)),
     ]
     assert _spans(roomy, {"h": 4}) == {"a": (0.0, 3.0), "b": (0.0, 3.0)}
+
+
+def test_replacing_one_ops_entries_keeps_the_other_ops_notes() -> None:
+    """Re-measuring the round trips must not drop the framework entries' provenance (the
+    note after it) and vice versa: each op's note is replaced in place."""
+    from placeflow.profiles.schema import Op, op_note, with_op_entries
+
+    profile = load_profile("cpu")
+    notes = profile.provenance.notes
+    assert op_note(Op.DISPATCH, "") in notes and op_note(Op.FRAMEWORK, "") in notes
+    head = notes.split(op_note(Op.DISPATCH, ""))[0]
+    framework_note = op_note(Op.FRAMEWORK, notes.split(op_note(Op.FRAMEWORK, ""))[1])
+    dispatch = tuple(e for e in profile.entries if e.op is Op.DISPATCH)[:2]
+    again = with_op_entries(profile, Op.DISPATCH, dispatch, op_note(Op.DISPATCH, ": new."))
+    assert again.provenance.notes == head + framework_note + op_note(Op.DISPATCH, ": new.")
+    assert tuple(e for e in again.entries if e.op is Op.DISPATCH) == dispatch
+    assert (
+        len(again.entries)
+        == len(profile.entries) - len([e for e in profile.entries if e.op is Op.DISPATCH]) + 2
+    )
+    framework = with_op_entries(profile, Op.FRAMEWORK, (), op_note(Op.FRAMEWORK, ": none."))
+    assert framework.provenance.notes.startswith(notes.split(op_note(Op.FRAMEWORK, ""))[0])
+    assert framework.provenance.notes.endswith(op_note(Op.FRAMEWORK, ": none."))
