@@ -43,7 +43,7 @@ from placeflow.profiles.datasheet import (
     complete_with_datasheet,
 )
 from placeflow.profiles.schema import (
-    OP_PARAMS,
+    REQUIRED_OPS,
     Entry,
     Op,
     Profile,
@@ -210,7 +210,7 @@ def build_profile(
         imported = replace(imported, provenance=replace(imported.provenance, notes=notes))
     completed = complete_with_datasheet(imported, recipe.figures)
     completed = with_host_dispatch(completed, load_profile_file(SHIPPED_DATA_DIR / "cpu.json"))
-    missing = [op.value for op in OP_PARAMS if not completed.entries_for(op)]
+    missing = [op.value for op in REQUIRED_OPS if not completed.entries_for(op)]
     assert not missing, f"{recipe.name}: no entries for {missing}"
     built = replace(
         completed, name=recipe.name, entries=tuple(sorted(completed.entries, key=entry_sort_key))

@@ -61,6 +61,13 @@ class Op(StrEnum):
     FRAMEWORK = "framework"
 
 
+# Ops a profile holds only where they were measured through placeflow's own engine on
+# that device (`profiles/framework.py`): absent, the simulator prices the engine's
+# extra ops instead (`simulator/compute.py`). Every other op is in every profile.
+OPTIONAL_OPS = frozenset({Op.FRAMEWORK})
+REQUIRED_OPS = tuple(op for op in Op if op not in OPTIONAL_OPS)
+
+
 class Source(StrEnum):
     MEASURED = "measured"
     IMPORTED = "imported"
