@@ -29,6 +29,14 @@ on instances like those the tests compare with brute force (up to 10 items on
 2 ranks, 8 on 3); past the budget it returns the best found. Groups (the samples of one GRPO
 prompt) are partitioned as single items whose work is the sum of theirs.
 
+Micro-batches counted in tokens. `token_micro_batches` packs one rank's samples
+into micro-batches of at most a token budget (verl's use_dynamic_bsz): the
+fewest k from ceil(tokens / budget) up for which the balanced partition above
+keeps every part within the budget (k = n always does), then, when the rank
+must run more micro-batches than that (its DP peers need more and FSDP needs
+the same count everywhere), the heaviest part is split in two until there are
+enough; a split never breaks the budget.
+
 `positional_partition` is the baseline it is compared with: contiguous chunks,
 as `torch.chunk`-style dispatch does.
 """
@@ -38,6 +46,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -155,6 +164,38 @@ def balanced_partition(
     if len(item_works) <= MAX_SEARCH_ITEMS:
         bins = _branch_and_bound(item_works, bins, equal_counts=equal_counts)
     return _partition(works, [[i for item in b for i in members[item]] for b in bins])
+
+
+def token_micro_batches(
+    tokens: Sequence[int], budget: int, count: int = 0
+) -> tuple[tuple[int, ...], ...]:
+    """Sample indices of each micro-batch (module docstring): every micro-batch holds at
+    most `budget` tokens; there are at least min(`count`, samples) of them."""
+    if budget <= 0:
+        raise ValueError(f"a micro-batch token budget must be positive, got {budget}")
+    too_long = [t for t in tokens if t > budget]
+    if too_long:
+        raise ValueError(
+            f"a sample of {max(too_long)} tokens does not fit a micro-batch of {budget} "
+            f"tokens; micro_batch_tokens must be at least the longest sample"
+        )
+    n = len(tokens)
+    if n == 0:
+        return ()
+    works = [float(t) for t in tokens]
+    k = max(1, math.ceil(sum(works) / budget))
+    while True:
+        bins = [list(ix) for ix in balanced_partition(works, k).indices]
+        if k >= n or max(sum(works[i] for i in b) for b in bins) <= budget:
+            break
+        k += 1
+    bins = [b for b in bins if b]
+    while len(bins) < min(count, n):
+        heaviest = max((b for b in bins if len(b) > 1), key=lambda b: (sum(works[i] for i in b), b))
+        bins.remove(heaviest)
+        halves = balanced_partition([works[i] for i in heaviest], 2).indices
+        bins += [[heaviest[j] for j in half] for half in halves]
+    return tuple(sorted(tuple(sorted(b)) for b in bins))
 
 
 def _karmarkar_karp(works: Sequence[float], k: int, *, equal_counts: bool) -> list[list[int]]:

@@ -48,3 +48,23 @@ class Field(StrEnum):
     RETURNS = "returns"
     COST_RETURNS = "cost_returns"
     REF_LOGPROBS_IN_LOSS = "ref_logprobs_in_loss"  # GRPO's k3 KL term in the policy loss
+
+
+# The per-token tensors, (B, R, ...) aligned with the responses: what cutting a batch's
+# response padding cuts (`engines/roles.py`, micro-batches counted in tokens).
+PER_TOKEN = frozenset(
+    {
+        Field.RESPONSE,
+        Field.RESPONSE_MASK,
+        Field.ROLLOUT_LOGPROBS,
+        Field.LOGPROBS,
+        Field.VALUES,
+        Field.REF_LOGPROBS,
+        Field.OLD_LOGPROBS,
+        Field.COST_VALUES,
+        Field.ADVANTAGES,
+        Field.RETURNS,
+        Field.COST_RETURNS,
+        Field.REF_LOGPROBS_IN_LOSS,
+    }
+)

@@ -210,6 +210,8 @@ class RLLoop:
             offload=OffloadMode.of(par.offload_optimizer, par.host_optimizer_step),
             micro_batch=par.micro_batch,
             forward_micro_batch=par.forward_micro_batch,
+            micro_batch_tokens=par.micro_batch_tokens,
+            forward_micro_batch_tokens=par.forward_micro_batch_tokens,
             pad_id=self.tok.pad_id,
             tp_impl=self.tp_impl,
         )

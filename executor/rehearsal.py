@@ -77,6 +77,9 @@ def rehearsal_plan(plan: Plan) -> Plan:
             par,
             micro_batch=min(par.micro_batch, 4),
             forward_micro_batch=min(par.forward_micro_batch, 8),
+            # Packed micro-batches of the tiny samples, as many per call as above.
+            micro_batch_tokens=min(par.micro_batch_tokens, 4 * 2 * SEQ_TOKENS),
+            forward_micro_batch_tokens=min(par.forward_micro_batch_tokens, 8 * 2 * SEQ_TOKENS),
         )
         for role, par in plan.parallelism.items()
     }

@@ -27,6 +27,9 @@ tg = 2                # generation tensor parallelism (actor only)
 pg = 1
 micro_batch = 8       # samples per micro-batch (forward and training)
 # forward_micro_batch = 16  # samples per micro-batch of forward-only calls (0: micro_batch)
+# micro_batch_tokens = 16384  # instead: micro-batches of at most this many tokens, samples
+#                             # packed without padding (verl's use_dynamic_bsz)
+# forward_micro_batch_tokens = 32768  # ... of forward-only calls (0: micro_batch_tokens)
 zero = 1              # ZeRO stage 0-3 over d
 recompute = true      # full activation recomputation in training
 offload_optimizer = false  # keep Adam state in host memory outside the update (trained roles)
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -107,6 +111,53 @@ class OptimizerStep(StrEnum):
     HOST = "host"
 
 
+@dataclass(frozen=True)
+class MicroBatching:
+    """How one kind of call (training, or forward-only) cuts a rank's samples.
+
+    By samples (`tokens` = 0): micro-batches of `samples` samples. By tokens:
+    samples are packed, without padding, into as few micro-batches of at most
+    `tokens` real tokens as a balanced partition finds (verl's use_dynamic_bsz with
+    ppo_max_token_len_per_gpu; the executor's `balance.token_micro_batches`).
+    """
+
+    samples: int
+    tokens: int = 0
+
+    def split(self, per_rank: int, seq: int) -> tuple[int, int, int]:
+        """(samples per micro-batch, micro-batches, tokens of the largest) for `per_rank`
+        samples of `seq` tokens on average, as the cost model prices them: by tokens,
+        ceil(per_rank * seq / tokens) micro-batches, and activations sized for a full
+        micro-batch of `tokens` (a packed one may reach it whatever the mean length)."""
+        per_rank = max(1, per_rank)
+        if not self.tokens:
+            mb = min(self.samples, per_rank)
+            return mb, math.ceil(per_rank / mb), mb * seq
+        num = max(1, math.ceil(per_rank * seq / self.tokens))
+        return math.ceil(per_rank / num), num, min(self.tokens, per_rank * seq)
+
+
+def micro_batching(
+    micro_batch: int,
+    forward_micro_batch: int,
+    micro_batch_tokens: int,
+    forward_micro_batch_tokens: int,
+    *,
+    forward: bool,
+) -> MicroBatching:
+    """The micro-batching of a role's training (`forward` False) or forward-only calls
+    from its four plan keys (`RoleParallelism`; the executor's engines read the same
+    keys): a forward-only size of its own, in tokens or samples, when given; else the
+    training one's."""
+    if not forward:
+        return MicroBatching(micro_batch, micro_batch_tokens)
+    if forward_micro_batch_tokens:
+        return MicroBatching(forward_micro_batch or micro_batch, forward_micro_batch_tokens)
+    if forward_micro_batch:
+        return MicroBatching(forward_micro_batch)
+    return MicroBatching(micro_batch, micro_batch_tokens)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RoleParallelism:
     """Parallelism of one role. Generation fields are used for the actor only.
@@ -124,6 +175,9 @@ class RoleParallelism:
     # training micro_batch. Without activations kept for a backward it can be larger
     # (verl's log_prob_micro_batch_size_per_gpu).
     forward_micro_batch: int = 0
+    # Micro-batches counted in tokens instead (`MicroBatching`); 0: counted in samples.
+    micro_batch_tokens: int = 0
+    forward_micro_batch_tokens: int = 0  # forward-only calls; 0: micro_batch_tokens
     zero: int = 1
     recompute: bool = True
     offload_optimizer: bool = False
@@ -137,6 +191,18 @@ class RoleParallelism:
                 "forward_micro_batch must be a positive integer (or 0: the training "
                 f"micro_batch), got {self.forward_micro_batch}"
             )
+        for name in ("micro_batch_tokens", "forward_micro_batch_tokens"):
+            if getattr(self, name) < 0:
+                raise SpecError(
+                    f"{name} must be a positive number of tokens (or 0: micro-batches "
+                    f"counted in samples), got {getattr(self, name)}"
+                )
+        if self.forward_micro_batch and self.forward_micro_batch_tokens:
+            raise SpecError(
+                f"forward_micro_batch ({self.forward_micro_batch} samples) and "
+                f"forward_micro_batch_tokens ({self.forward_micro_batch_tokens}) both set: "
+                "forward-only micro-batches are counted in samples or in tokens, give one"
+            )
         if self.zero not in (0, 1, 2, 3):
             raise SpecError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero}")
         if self.optimizer_step is OptimizerStep.HOST and not self.offload_optimizer:
@@ -149,6 +215,33 @@ class RoleParallelism:
     def forward_mb(self) -> int:
         """Samples per micro-batch of this role's forward-only calls."""
         return self.forward_micro_batch or self.micro_batch
+
+    @property
+    def train_micro(self) -> MicroBatching:
+        """How the update cuts a rank's samples of one mini-batch."""
+        return micro_batching(
+            self.micro_batch,
+            self.forward_micro_batch,
+            self.micro_batch_tokens,
+            self.forward_micro_batch_tokens,
+            forward=False,
+        )
+
+    @property
+    def forward_micro(self) -> MicroBatching:
+        """How forward-only calls cut a rank's samples."""
+        return micro_batching(
+            self.micro_batch,
+            self.forward_micro_batch,
+            self.micro_batch_tokens,
+            self.forward_micro_batch_tokens,
+            forward=True,
+        )
+
+    @property
+    def token_budgets(self) -> tuple[int, ...]:
+        """The token sizes this role's micro-batches use (none when counted in samples)."""
+        return tuple(b for b in (self.train_micro.tokens, self.forward_micro.tokens) if b)
 
     @property
     def host_optimizer_step(self) -> bool:
@@ -308,6 +401,15 @@ def _validate_role(plan: Plan, role: Role) -> None:
             f"{where}: offload_optimizer needs a trained role (actor, critic); {role} has no "
             "optimizer"
         )
+    longest = plan.workload.batch.prompt_len + plan.workload.batch.response_len
+    for budget in par.token_budgets:
+        if budget < longest:
+            # A sample is never split across micro-batches (verl asserts the same).
+            raise SpecError(
+                f"{where}: a micro-batch of {budget} tokens cannot hold the longest sample, "
+                f"prompt_len + response_len = {longest} tokens; set micro_batch_tokens "
+                f"(and forward_micro_batch_tokens) to at least {longest}"
+            )
     _check_tp(where, par.train.t, model, pool)
     _check_tp_groups_in_nodes(where, s, pool, par.train.tp_groups())
     if par.train.e > 1:
@@ -357,6 +459,8 @@ _PAR_KEYS = (
     "pg",
     "micro_batch",
     "forward_micro_batch",
+    "micro_batch_tokens",
+    "forward_micro_batch_tokens",
     "zero",
     "recompute",
     "offload_optimizer",
@@ -383,6 +487,8 @@ def _parallelism_from_table(t: Table) -> RoleParallelism:
         pg=t.get_int("pg", 1),
         micro_batch=t.get_int("micro_batch", 1),
         forward_micro_batch=t.get_int("forward_micro_batch", 0),
+        micro_batch_tokens=t.get_int("micro_batch_tokens", 0),
+        forward_micro_batch_tokens=t.get_int("forward_micro_batch_tokens", 0),
         zero=t.get_int("zero", 1),
         recompute=t.get_bool("recompute", True),
         offload_optimizer=t.get_bool("offload_optimizer", False),
@@ -467,6 +573,9 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         row.update(micro_batch=par.micro_batch, zero=par.zero, recompute=par.recompute)
         if par.forward_micro_batch:  # set only when given, so that older plans keep their hash
             row["forward_micro_batch"] = par.forward_micro_batch
+        for key in ("micro_batch_tokens", "forward_micro_batch_tokens"):
+            if getattr(par, key):  # likewise
+                row[key] = getattr(par, key)
         if par.offload_optimizer:
             row["offload_optimizer"] = True
         if par.optimizer_step is not OptimizerStep.DEVICE:  # the default is left out: same hash

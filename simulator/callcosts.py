@@ -12,7 +12,8 @@ Generation (per generation replica, replicas run in parallel):
   the step cost is smooth in s.
 
 Forward calls: samples split over d ranks, micro-batches of `forward_micro_batch`
-samples of prompt + mean response tokens, through p stages: (m + p − 1) stage
+samples of prompt + mean response tokens (or, counted in tokens, as many
+micro-batches as the rank's tokens need: `plan.MicroBatching`), through p stages: (m + p − 1) stage
 times (pipeline fill and drain).
 
 Training: ppo_epochs × mini_batches optimizer steps; each runs 1F1B over its
@@ -171,8 +172,7 @@ def forward_cost(
 ) -> CallCost:
     lay = par.train
     per_rank = math.ceil(num_samples / lay.d)
-    mb = min(par.forward_mb, per_rank)
-    num_micro = math.ceil(per_rank / mb)
+    mb, num_micro, peak_tokens = par.forward_micro.split(per_rank, seq)
     layers = lay.heaviest_stage_layers(model.num_layers)  # the slowest stage sets the pace
     stage = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
     gathered = 0.0
@@ -200,13 +200,18 @@ def forward_cost(
     )
     time_s = (num_micro + lay.p - 1) * (stage + p2p) + head * num_micro
     busy = num_micro * (stage + p2p + head / lay.p)
-    transient = memory.forward_activation_bytes(model, lay.t, mb, seq, value_head=value_head)
+    # Activations are linear in tokens: a full micro-batch's worth (packed: its budget).
+    transient = memory.forward_activation_bytes(model, lay.t, 1, peak_tokens, value_head=value_head)
     transient += gathered
     return CallCost(
         time_s=time_s,
         transient_bytes=transient,
         busy_s=busy,
-        detail={"micro_batches": num_micro, "micro_batch": mb},
+        detail={
+            "micro_batches": num_micro,
+            "micro_batch": mb,
+            **({"micro_batch_tokens": peak_tokens} if par.forward_micro.tokens else {}),
+        },
     )
 
 
@@ -234,8 +239,7 @@ def train_cost(
     (`CostModel.collective_s`); they matter only where `dp_scope` is INTER."""
     lay = par.train
     per_rank = math.ceil(num_samples / (mini_batches * lay.d))
-    mb = min(par.micro_batch, per_rank)
-    num_micro = math.ceil(per_rank / mb)
+    mb, num_micro, peak_tokens = par.train_micro.split(per_rank, seq)
     dp = _DPGroups(
         scope=dp_scope,
         ranks_per_node=dp_ranks_per_node,
@@ -243,7 +247,20 @@ def train_cost(
     )
     # The planner prices every memory saver of a layout: what they share is remembered.
     shared = cm.remember(
-        ("train_shared", model, lay, mb, seq, num_micro, par.zero, dp, ep_scope, value_head, lora),
+        (
+            "train_shared",
+            model,
+            lay,
+            mb,
+            seq,
+            num_micro,
+            peak_tokens,
+            par.zero,
+            dp,
+            ep_scope,
+            value_head,
+            lora,
+        ),
         lambda: _train_shared(
             cm,
             model,
@@ -251,6 +268,7 @@ def train_cost(
             mb,
             seq,
             num_micro,
+            peak_tokens,
             par.zero,
             dp,
             ep_scope,
@@ -291,6 +309,7 @@ def train_cost(
             "optimizer_steps": steps,
             "micro_batches": num_micro,
             "micro_batch": mb,
+            **({"micro_batch_tokens": peak_tokens} if par.train_micro.tokens else {}),
             "pipeline_s": pipeline_s,
             "dp_sync_s": shared.sync_s,
             "optimizer_s": opt_s,
@@ -322,6 +341,7 @@ def _train_shared(
     mb: int,
     seq: int,
     num_micro: int,
+    peak_tokens: int,
     zero: int,
     dp: _DPGroups,
     ep_scope: Scope,
@@ -360,8 +380,9 @@ def _train_shared(
         cm, model, lay, zero, num_micro, dp, value_head=value_head, lora=lora
     )
     activations = {
+        # Linear in tokens: a full micro-batch's worth (packed: up to its token budget).
         recompute: memory.training_activation_bytes(
-            model, lay, mb, seq, num_micro, recompute=recompute, value_head=value_head
+            model, lay, 1, peak_tokens, num_micro, recompute=recompute, value_head=value_head
         )
         for recompute in (False, True)
     }

@@ -188,10 +188,10 @@ def call_key(call: ModelCall, par: RoleParallelism) -> tuple[object, ...]:
         lay = par.train
         return (par.tg, par.pg, lay.d * (lay.t * lay.p) // (par.tg * par.pg))
     if call.kind == CallKind.FORWARD:
-        return (par.train, par.forward_mb, par.zero)
+        return (par.train, par.forward_micro, par.zero)
     return (
         par.train,
-        par.micro_batch,
+        par.train_micro,
         par.zero,
         par.recompute,
         par.offload_optimizer,

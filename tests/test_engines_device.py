@@ -37,6 +37,7 @@ from placeflow.executor.engines.transformer import Arch, Transformer, random_ful
 from placeflow.executor.fields import Field
 from placeflow.executor.worker import HOST, Worker, WorkerSpec
 from placeflow.hardware import DeviceKind
+from placeflow.plan import MicroBatching
 from placeflow.workload import Role
 
 CPU = torch.device("cpu")
@@ -89,7 +90,7 @@ def test_batch_ops_make_their_tensors_on_the_data_device() -> None:
     for fn in (
         lambda: b.select([2, 0]),
         lambda: b.chunk(3),
-        lambda: _micro_batches(b, 3, count=6),  # padding micro-batches too
+        lambda: _micro_batches(b, MicroBatching(3), count=6),  # padding micro-batches too
         lambda: Batch.from_sequences({"x": [torch.ones(3), torch.ones(1)]}),
     ):
         trapped(fn)

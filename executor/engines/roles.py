@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from placeflow.errors import SpecError
 from placeflow.executor import rl
+from placeflow.executor.balance import token_micro_batches
 from placeflow.executor.batch import Batch
 from placeflow.executor.engines import pipeline
 from placeflow.executor.engines.hf import load_checkpoint
@@ -47,10 +48,11 @@ from placeflow.executor.engines.sampler import (
 from placeflow.executor.engines.tp import TPGroup, TPImpl
 from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
 from placeflow.executor.engines.transformer import Arch, Transformer, random_full
-from placeflow.executor.fields import Field
+from placeflow.executor.fields import PER_TOKEN, Field
 from placeflow.executor.reshard import MemoryMeter, reshard_colocated
 from placeflow.layout import GenLayout
 from placeflow.metrics import Metric, accumulate, averaged
+from placeflow.plan import MicroBatching, micro_batching
 from placeflow.reshard_plan import ReshardPlan
 
 
@@ -85,13 +87,20 @@ class EngineSetup:
     offload: OffloadMode = OffloadMode.NONE  # where the Adam state lives between phases
     micro_batch: int = 8
     forward_micro_batch: int = 0  # forward-only calls' micro-batch; 0: micro_batch
+    micro_batch_tokens: int = 0  # > 0: micro-batches of at most this many tokens, packed
+    forward_micro_batch_tokens: int = 0  # ... of forward-only calls (plan.micro_batching)
     pad_id: int = 0
     tp_impl: TPImpl = TPImpl.NATIVE  # native or megatron-core TP layers (tp.py)
 
-    @property
-    def forward_mb(self) -> int:
-        """Samples per micro-batch of a forward-only call (log-probs, values, scores)."""
-        return self.forward_micro_batch or self.micro_batch
+    def micro(self, *, forward: bool) -> MicroBatching:
+        """How a training (or forward-only) call cuts this rank's samples: the plan's rule."""
+        return micro_batching(
+            self.micro_batch,
+            self.forward_micro_batch,
+            self.micro_batch_tokens,
+            self.forward_micro_batch_tokens,
+            forward=forward,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,18 +190,79 @@ def completions_batch(
     )
 
 
-def _micro_batches(batch: Batch, size: int, count: int | None = None) -> list[Batch]:
-    """`count` micro-batches (default: enough for `size` samples each) of `batch`.
+@dataclass(frozen=True)
+class _Micros:
+    """One call's micro-batches: the real ones first, then padding ones (below)."""
 
+    batches: list[Batch]
+    real: int
+    # Samples of the real micro-batches in turn, when packing reordered them (None: in
+    # order, as contiguous chunks are).
+    order: tuple[int, ...] | None = None
+
+    def gather(self, outs: list[torch.Tensor], width: int) -> torch.Tensor:
+        """The real micro-batches' outputs as one tensor in the call's sample order;
+        per-token outputs of packed micro-batches padded back to `width` responses."""
+        outs = outs[: self.real]
+        if self.order is None:
+            return torch.cat(outs)
+        full = [
+            torch.nn.functional.pad(o, (0, 0) * (o.dim() - 2) + (0, width - o.shape[1]))
+            if o.dim() >= 2
+            else o
+            for o in outs
+        ]
+        packed = torch.cat(full)
+        out = torch.empty_like(packed)
+        out[torch.as_tensor(self.order, device=packed.device)] = packed
+        return out
+
+
+def sample_tokens(batch: Batch) -> list[int]:
+    """Real tokens of each sample: its prompt's and its response's."""
+    t = batch.tensors
+    n = t[Field.PROMPT_MASK].sum(1) + t[Field.RESPONSE_MASK].sum(1)
+    return [int(x) for x in n.tolist()]
+
+
+def _packed(batch: Batch) -> Batch:
+    """`batch` without the padding its own samples do not need: the prompt columns no
+    sample uses (prompts are left-padded) and the response columns after its longest
+    response, in every per-token tensor (`fields.PER_TOKEN`). Positions come from the
+    masks, so every sample's outputs are those it has in the wider batch."""
+    t = dict(batch.tensors)
+    used = t[Field.PROMPT_MASK].any(0).nonzero()
+    start = int(used[0]) if len(used) else t[Field.PROMPT_MASK].shape[1]
+    width = max(1, int(t[Field.RESPONSE_MASK].sum(1).max()))
+    for key in (Field.PROMPT, Field.PROMPT_MASK):
+        t[key] = t[key][:, start:]
+    for key in PER_TOKEN & t.keys():
+        t[key] = t[key][:, :width]
+    return Batch(tensors=t, meta=batch.meta, seq_keys=batch.seq_keys)
+
+
+def _micro_batches(batch: Batch, micro: MicroBatching, count: int | None = None) -> _Micros:
+    """`count` micro-batches (default: as many as `micro` needs) of `batch`.
+
+    Counted in samples, they are contiguous chunks. Counted in tokens, the samples are
+    packed into micro-batches of at most `micro.tokens` real tokens
+    (`balance.token_micro_batches`), each cut to the padding it needs (`_packed`).
     With more micro-batches than samples (a DP rank with fewer samples than its
     peers, whose FSDP collectives need the same number of forwards and backwards
     everywhere), the last ones are padding: one sample with no response token,
     which adds nothing to a loss or to the gradients. Real ones come first.
     """
-    count = count or max(1, -(-len(batch) // size))
-    real = batch.chunk(min(count, len(batch)))
-    if count <= len(batch):
-        return real
+    order: tuple[int, ...] | None = None
+    if micro.tokens:
+        bins = token_micro_batches(sample_tokens(batch), micro.tokens, count or 0)
+        real = [_packed(batch.select(b)) for b in bins]
+        order = tuple(i for b in bins for i in b)
+    else:
+        count = count or max(1, -(-len(batch) // micro.samples))
+        real = batch.chunk(min(count, len(batch)))
+    count = max(count or 0, len(real))
+    if count <= len(real):
+        return _Micros(real, len(real), order)
     first = batch.select([0])
     pad = Batch(
         tensors={
@@ -201,7 +271,9 @@ def _micro_batches(batch: Batch, size: int, count: int | None = None) -> list[Ba
         },
         meta=first.meta,
     )
-    return real + [pad] * (count - len(batch))
+    if micro.tokens:
+        pad = _packed(pad)
+    return _Micros(real + [pad] * (count - len(real)), len(real), order)
 
 
 def _build(
@@ -247,17 +319,20 @@ def stage_outputs(
 def _forward_stages(
     model: Transformer,
     batch: Batch,
-    micro_batch: int,
+    micro: MicroBatching,
     fn: Callable[[Batch, torch.Tensor | None], torch.Tensor],
     count: int | None = None,
 ) -> torch.Tensor:
     """`fn(micro-batch, stage input)` on every micro-batch through the stages; the last
-    stage's outputs concatenated (padding micro-batches dropped), an empty tensor on the
-    other stages."""
-    micros = _micro_batches(batch, micro_batch, count)
-    io = _stage_io(model, micros, next(model.parameters()).device)
-    outs = pipeline.forward_only(model.pp, len(micros), lambda i, x: fn(micros[i], x), io)
-    return torch.cat(outs[: len(batch)]) if model.pp.is_last else torch.empty(0, device=io.device)
+    stage's outputs in the batch's sample order (padding micro-batches dropped), an
+    empty tensor on the other stages."""
+    micros = _micro_batches(batch, micro, count)
+    parts = micros.batches
+    io = _stage_io(model, parts, next(model.parameters()).device)
+    outs = pipeline.forward_only(model.pp, len(parts), lambda i, x: fn(parts[i], x), io)
+    if not model.pp.is_last:
+        return torch.empty(0, device=io.device)
+    return micros.gather(outs, batch.tensors[Field.RESPONSE].shape[1])
 
 
 class ScoringEngine:
@@ -276,7 +351,7 @@ class ScoringEngine:
             out = stage_outputs(self.model, mb, x, last)
             return response_logp(out, mb, temperature)[0] if last else out
 
-        lp = _forward_stages(self.model, batch, self.setup.forward_mb, fn)
+        lp = _forward_stages(self.model, batch, self.setup.micro(forward=True), fn)
         return Batch(tensors={Field.LOGPROBS: lp})
 
     @torch.no_grad()
@@ -292,7 +367,7 @@ class ScoringEngine:
             end = width + mb.tensors[Field.RESPONSE_MASK].long().sum(1).clamp(min=1) - 1
             return values[torch.arange(len(mb), device=values.device), end]
 
-        scores = _forward_stages(self.model, batch, self.setup.forward_mb, fn)
+        scores = _forward_stages(self.model, batch, self.setup.micro(forward=True), fn)
         return Batch(tensors={Field.SCORES: scores})
 
 
@@ -335,11 +410,15 @@ class _Trainable:
                 sums[Metric.GRAD_NORM] = sums.get(Metric.GRAD_NORM, 0.0) + norm * num_micro
         return averaged(sums, count)
 
-    def _micro_count(self, num_samples: int, size: int) -> int:
-        """Micro-batches of `size` every DP rank runs for its `num_samples`: the most any
-        rank needs (uneven shards differ by a sample; FSDP needs the same count on every
-        rank)."""
-        count = torch.tensor([max(1, -(-num_samples // size))], device=self.device)
+    def _micro_count(self, batch: Batch, micro: MicroBatching) -> int:
+        """Micro-batches every DP rank runs for its share `batch`: the most any rank needs
+        (uneven shards differ by a sample, packed ones by their lengths; FSDP needs the
+        same count on every rank)."""
+        if micro.tokens:
+            need = len(token_micro_batches(sample_tokens(batch), micro.tokens))
+        else:
+            need = -(-len(batch) // micro.samples)
+        count = torch.tensor([max(1, need)], device=self.device)
         if self.groups.dp_size > 1:
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.groups.dp_group)
         return int(count.item())
@@ -348,9 +427,9 @@ class _Trainable:
         """Forwards and backwards of one mini-batch (1F1B over the stages); its real
         micro-batches (padding ones, see `_micro_batches`, add no metrics)."""
         num_tokens = self._global_tokens(mini.tensors[Field.RESPONSE_MASK])
-        size = self.setup.micro_batch
-        micros = _micro_batches(mini, size, self._micro_count(len(mini), size))
-        real = min(len(micros), len(mini))
+        micro = self.setup.micro(forward=False)
+        packs = _micro_batches(mini, micro, self._micro_count(mini, micro))
+        micros, real = packs.batches, packs.real
         last = self.model.pp.is_last
 
         def forward(i: int, x: torch.Tensor | None) -> torch.Tensor:
@@ -390,9 +469,9 @@ class _Trainable:
             out = stage_outputs(self.trainer, mb, x, last)
             return fn(mb, out) if last else out
 
-        size = self.setup.forward_mb
-        count = self._micro_count(len(batch), size)
-        return _forward_stages(self.model, batch, size, stage, count)
+        micro = self.setup.micro(forward=True)
+        count = self._micro_count(batch, micro)
+        return _forward_stages(self.model, batch, micro, stage, count)
 
     def state(self) -> dict[str, Any]:
         return self.trainer.state()

@@ -171,6 +171,7 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
         "--rollout.top_p", str(rl.top_p),
         "--algo.kl.init_coef", str(rl.kl_coef),
     ]  # fmt: skip
+    flags += _packing(plan, forward, notes)
     if rl.entropy_coef:
         flags += ["--actor.entropy_coef", str(rl.entropy_coef)]
     if w.algorithm is not Algorithm.PPO and rl.kl_coef > 0:
@@ -211,3 +212,34 @@ def _dtype(plan: Plan, notes: list[str]) -> str:
         return str(dtype)
     notes.append(f"{dtype} training: OpenRLHF trains in bf16 or fp16; bf16 is used")
     return str(DType.BF16)
+
+
+def _packing(plan: Plan, forward: Role, notes: list[str]) -> list[str]:
+    """Micro-batches counted in tokens: OpenRLHF's one switch for every model
+    (--train.dynamic_batch_enable, which needs --ds.packing_samples), with one token
+    budget for the updates and one for the forward passes of experience."""
+    w = plan.workload
+    train = plan.parallelism[Role.ACTOR].train_micro.tokens
+    rollout = plan.parallelism[forward].forward_micro.tokens
+    packed = {r: bool(plan.parallelism[r].token_budgets) for r in w.roles}
+    if not any(packed.values()):
+        return []
+    if not train or not all(packed.values()):
+        notes.append(
+            "micro-batches counted in tokens for "
+            + ", ".join(str(r) for r, on in packed.items() if on)
+            + " only: OpenRLHF's --train.dynamic_batch_enable packs every model or none; "
+            + (
+                "exported with the actor's budget"
+                if train
+                else "left off (the actor's are in samples)"
+            )
+        )
+        if not train:
+            return []
+    return [
+        "--train.dynamic_batch_enable",
+        "--ds.packing_samples",
+        "--train.max_tokens_per_gpu", str(train),
+        "--rollout.max_tokens_per_gpu", str(rollout or train),
+    ]  # fmt: skip

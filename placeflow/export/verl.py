@@ -14,6 +14,9 @@ size (placeflow's tg). The mapping:
   actor tg, pg                  actor_rollout_ref.rollout.tensor_model_parallel_size, pipeline_...
   micro_batch                   ppo_micro_batch_size_per_gpu
   forward_micro_batch           log_prob_micro_batch_size_per_gpu (actor, ref)
+  micro_batch_tokens            use_dynamic_bsz, ppo_max_token_len_per_gpu (actor, critic)
+  forward_micro_batch_tokens    log_prob_use_dynamic_bsz, log_prob_max_token_len_per_gpu
+                                  (actor's rollout, ref); critic.forward_max_token_len_per_gpu
   e (experts over DP)           <role>.megatron.expert_model_parallel_size
   zero >= 1                     megatron.use_distributed_optimizer
   recompute                     <model>.enable_gradient_checkpointing
@@ -91,13 +94,40 @@ def export(plan: Plan) -> Export:
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": par.forward_mb,
         "actor_rollout_ref.model.path": w.models[Role.ACTOR].name,
     }
+    out |= _dynamic_bsz(
+        "actor_rollout_ref.actor", par.train_micro.tokens, "ppo_max_token_len_per_gpu"
+    )
+    packs = bool(par.train_micro.tokens)  # verl's log-prob calls inherit the actor's switch
+    out |= _dynamic_bsz(
+        "actor_rollout_ref.rollout",
+        par.forward_micro.tokens,
+        "log_prob_max_token_len_per_gpu",
+        inherited=packs,
+    )
     if Role.REF in w.models:
-        ref_mb = plan.parallelism[Role.REF].forward_mb
-        out["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = ref_mb
+        ref = plan.parallelism[Role.REF]
+        out["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = ref.forward_mb
+        out |= _dynamic_bsz(
+            "actor_rollout_ref.ref",
+            ref.forward_micro.tokens,
+            "log_prob_max_token_len_per_gpu",
+            inherited=packs,
+        )
     if Role.CRITIC in w.models:
         critic = plan.parallelism[Role.CRITIC]
         out["critic.ppo_micro_batch_size_per_gpu"] = critic.micro_batch
-        if critic.forward_mb != critic.micro_batch:
+        out |= _dynamic_bsz(
+            "critic", critic.train_micro.tokens, "ppo_max_token_len_per_gpu", inherited=packs
+        )
+        if critic.train_micro.tokens:
+            out["critic.forward_max_token_len_per_gpu"] = critic.forward_micro.tokens
+        elif critic.forward_micro.tokens:
+            notes.append(
+                f"critic: forward_micro_batch_tokens {critic.forward_micro.tokens} with "
+                "training micro-batches counted in samples; verl's critic packs both or neither "
+                "(critic.use_dynamic_bsz)"
+            )
+        elif critic.forward_mb != critic.micro_batch:
             notes.append(
                 f"critic: forward_micro_batch {critic.forward_mb}; verl's Megatron critic "
                 f"computes values with its ppo micro-batch ({critic.micro_batch})"
@@ -122,6 +152,25 @@ def export(plan: Plan) -> Export:
             "and give the data files (data.train_files, data.val_files)",
         ),
     )
+
+
+def _dynamic_bsz(
+    prefix: str, tokens: int, length_key: str, *, inherited: bool = False
+) -> dict[str, object]:
+    """verl's sequence packing of one call: micro-batches of at most `tokens` tokens
+    (`use_dynamic_bsz`), or counted in samples (tokens = 0: nothing to say, unless the
+    switch is `inherited` on from the actor's, as verl's log-prob calls inherit it)."""
+    if not tokens and not inherited:
+        return {}
+    switch = (
+        "use_dynamic_bsz"
+        if length_key == "ppo_max_token_len_per_gpu"
+        else ("log_prob_use_dynamic_bsz")
+    )
+    out: dict[str, object] = {f"{prefix}.{switch}": bool(tokens)}
+    if tokens:
+        out[f"{prefix}.{length_key}"] = tokens
+    return out
 
 
 # verl's model config of each role that can train adapters (actor_rollout_ref.model /
