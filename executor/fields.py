@@ -51,7 +51,8 @@ class Field(StrEnum):
 
 
 # The per-token tensors, (B, R, ...) aligned with the responses: what cutting a batch's
-# response padding cuts (`engines/roles.py`, micro-batches counted in tokens).
+# response padding cuts (`engines/roles.py`, micro-batches counted in tokens). ADVANTAGES
+# is per token in PPO and Safe-RLHF (GAE) and per sample, (B,), in GRPO and ReMax.
 PER_TOKEN = frozenset(
     {
         Field.RESPONSE,

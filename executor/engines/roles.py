@@ -237,7 +237,8 @@ def _packed(batch: Batch) -> Batch:
     for key in (Field.PROMPT, Field.PROMPT_MASK):
         t[key] = t[key][:, start:]
     for key in PER_TOKEN & t.keys():
-        t[key] = t[key][:, :width]
+        if t[key].dim() >= 2:  # advantages are per sample, (B,), in GRPO and ReMax
+            t[key] = t[key][:, :width]
     return Batch(tensors=t, meta=batch.meta, seq_keys=batch.seq_keys)
 
 
