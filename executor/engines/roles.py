@@ -202,7 +202,8 @@ class _Micros:
 
     def gather(self, outs: list[torch.Tensor], width: int) -> torch.Tensor:
         """The real micro-batches' outputs as one tensor in the call's sample order;
-        per-token outputs of packed micro-batches padded back to `width` responses."""
+        per-token outputs of packed micro-batches padded back to `width` responses with
+        zeros (no output is computed at a response padding position)."""
         outs = outs[: self.real]
         if self.order is None:
             return torch.cat(outs)
