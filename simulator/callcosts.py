@@ -246,35 +246,10 @@ def train_cost(
         expert_ranks_per_node=expert_dp_ranks_per_node,
     )
     # The planner prices every memory saver of a layout: what they share is remembered.
+    args = (model, lay, mb, seq, num_micro, peak_tokens, par.zero, dp, ep_scope)
     shared = cm.remember(
-        (
-            "train_shared",
-            model,
-            lay,
-            mb,
-            seq,
-            num_micro,
-            peak_tokens,
-            par.zero,
-            dp,
-            ep_scope,
-            value_head,
-            lora,
-        ),
-        lambda: _train_shared(
-            cm,
-            model,
-            lay,
-            mb,
-            seq,
-            num_micro,
-            peak_tokens,
-            par.zero,
-            dp,
-            ep_scope,
-            value_head=value_head,
-            lora=lora,
-        ),
+        ("train_shared", *args, value_head, lora),
+        lambda: _train_shared(cm, *args, value_head=value_head, lora=lora),
     )
     stage = shared.fwd * (2 if par.recompute else 1) + shared.bwd
     pipeline_s = (num_micro + lay.p - 1) * (stage + shared.p2p) + num_micro * shared.head
