@@ -4,11 +4,21 @@ This module is the one source of truth for rank arithmetic: the simulator uses
 it to cost a transition, the executor to perform one. It is pure (no
 torch.distributed).
 
-Training layout p-t-d on p·t·d ranks. Rank order is tp fastest, then pp, then
-dp: rank = tp + t·(pp + p·dp), so that one data-parallel replica (its t·p
-model-parallel ranks) is a block of consecutive ranks and a TP group never
-straddles more devices than it must. (Megatron orders tp-dp-pp by default; the
-contiguous-replica order is what HybridFlow's grouping below needs.)
+Training layout p-t-cp-d on p·t·cp·d ranks. Rank order (the one place of it)
+is tp fastest, then pp, then cp, then dp:
+
+    rank = tp + t·(pp + p·(cp + c·dp))
+
+so that one weight replica (its t·p model-parallel ranks) is a block of
+consecutive ranks and a TP group never straddles more devices than it must.
+Context-parallel ranks hold identical weights (each runs 1/c of every
+sequence), so for weights they are replicas like data-parallel ones: the
+weight replica of a rank is cp + c·dp, d·c replicas in all, and gradients are
+reduced and ZeRO state sharded over those d·c ranks (Megatron-core's data
+parallel group "with context parallel"). Megatron orders tp-cp-ep-dp-pp,
+which keeps a CP group on consecutive ranks; here a CP group is strided by t·p
+(on the same node whenever t·p·c fits one), the price of the contiguous-replica
+order that HybridFlow's grouping below needs.
 
 Generation layout pg-tg-dg-d (HybridFlow §5): each training replica's t·p
 ranks become dg = (t·p)/(tg·pg) generation replicas. Following HybridFlow's
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from enum import StrEnum
 
 from placeflow.errors import SpecError
 
@@ -35,6 +46,22 @@ from placeflow.errors import SpecError
 def _positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SpecError(f"{name} must be a positive integer, got {value!r}")
+
+
+class CPKind(StrEnum):
+    """How context-parallel ranks share a sequence's attention.
+
+    RING: Megatron-core's context parallelism (`context_parallel_size`): every
+    rank keeps 1/c of the tokens and the ranks pass their K/V chunks around a
+    ring, c − 1 steps per attention, each overlapped with a step of attention
+    compute. ULYSSES: DeepSpeed-Ulysses (verl's `ulysses_sequence_parallel_size`):
+    every rank keeps 1/c of the tokens outside attention, and an all-to-all before
+    attention trades sequence for heads (each rank attends over the whole
+    sequence for heads/c heads), another after it trades them back.
+    """
+
+    RING = "ring"
+    ULYSSES = "ulysses"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,18 +83,42 @@ class TrainLayout:
     which NeMo RL sets for DeepSeek-V3's 61 layers: 3, then 14 stages of 4,
     then 2); the other stages then split the remaining layers evenly.
     `stage_layers` is the one place of that rule.
+
+    Context parallelism cp splits every sequence over cp ranks (`CPKind` says
+    how attention is shared); sequence_parallel is Megatron's sequence
+    parallelism over the t ranks: the activations outside the attention and MLP
+    GEMMs (norms, dropout, residuals) are split along the sequence over t, and
+    each of the layer's two all-reduces becomes a reduce-scatter plus an
+    all-gather of the same bytes.
     """
 
     p: int = 1
     t: int = 1
     d: int = 1
     e: int = 1
+    cp: int = 1
+    cp_kind: CPKind = CPKind.RING
+    sequence_parallel: bool = False
     first_stage_layers: int = 0  # 0: not set, the first stage is an even one
     last_stage_layers: int = 0  # 0: not set, the last stage is an even one
 
     def __post_init__(self) -> None:
-        for name in ("p", "t", "d", "e"):
+        for name in ("p", "t", "d", "e", "cp"):
             _positive(f"training {name}", getattr(self, name))
+        if not isinstance(self.cp_kind, CPKind):
+            raise SpecError(
+                f"cp_kind must be one of {[k.value for k in CPKind]}, got {self.cp_kind!r}"
+            )
+        if self.sequence_parallel and self.t < 2:
+            raise SpecError(
+                "sequence_parallel splits activations over the tensor-parallel ranks: it "
+                f"needs t >= 2, got t={self.t} (set sequence_parallel = false or raise t)"
+            )
+        if self.cp > 1 and self.e > 1:
+            raise SpecError(
+                f"context parallel cp={self.cp} with expert parallel e={self.e} is not "
+                "modelled (Megatron folds cp into the expert groups); use cp = 1 or e = 1"
+            )
         for name in ("first_stage_layers", "last_stage_layers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -90,7 +141,12 @@ class TrainLayout:
 
     @property
     def world_size(self) -> int:
-        return self.p * self.t * self.d
+        return self.p * self.t * self.cp * self.d
+
+    @property
+    def num_weight_replicas(self) -> int:
+        """Ranks holding the same weights, d·cp: the gradient-reduction and ZeRO group."""
+        return self.d * self.cp
 
     @property
     def uneven(self) -> bool:
@@ -110,34 +166,59 @@ class TrainLayout:
     def model_parallel_size(self) -> int:
         return self.p * self.t
 
-    def rank(self, *, pp: int, tp: int, dp: int) -> int:
-        return tp + self.t * (pp + self.p * dp)
+    def rank(self, *, pp: int, tp: int, dp: int, cp: int = 0) -> int:
+        """The rank at these coordinates (module docstring: tp, pp, cp, dp)."""
+        return self.replica_rank(pp=pp, tp=tp, replica=cp + self.cp * dp)
+
+    def replica_rank(self, *, pp: int, tp: int, replica: int) -> int:
+        """The rank at (pp, tp) of weight replica `replica` (= cp + c·dp)."""
+        return tp + self.t * (pp + self.p * replica)
 
     def coords(self, rank: int) -> tuple[int, int, int]:
-        """(pp, tp, dp) of a rank."""
+        """(pp, tp, dp) of a rank; its cp index is `cp_rank`."""
+        pp, tp, replica = self.replica_coords(rank)
+        return pp, tp, replica // self.cp
+
+    def cp_rank(self, rank: int) -> int:
+        """The rank's index in its context-parallel group (which part of a sequence)."""
+        return self.replica_coords(rank)[2] % self.cp
+
+    def replica_coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp, tp, weight replica) of a rank: ranks equal but for the replica hold the
+        same weights (data- and context-parallel peers)."""
         tp = rank % self.t
         pp = (rank // self.t) % self.p
-        dp = rank // (self.t * self.p)
-        return pp, tp, dp
+        return pp, tp, rank // (self.t * self.p)
 
     def tp_groups(self) -> list[list[int]]:
         return [
-            [self.rank(pp=pp, tp=tp, dp=dp) for tp in range(self.t)]
-            for dp in range(self.d)
+            [self.replica_rank(pp=pp, tp=tp, replica=r) for tp in range(self.t)]
+            for r in range(self.num_weight_replicas)
             for pp in range(self.p)
         ]
 
     def dp_groups(self) -> list[list[int]]:
+        """Gradient-reduction groups: the d·cp ranks at one (pp, tp), which hold the same
+        weights (Megatron-core's data-parallel group with context parallelism)."""
         return [
-            [self.rank(pp=pp, tp=tp, dp=dp) for dp in range(self.d)]
+            [self.replica_rank(pp=pp, tp=tp, replica=r) for r in range(self.num_weight_replicas)]
+            for pp in range(self.p)
+            for tp in range(self.t)
+        ]
+
+    def cp_groups(self) -> list[list[int]]:
+        """Context-parallel groups: the cp ranks sharing one sequence (ring or Ulysses)."""
+        return [
+            [self.rank(pp=pp, tp=tp, dp=dp, cp=c) for c in range(self.cp)]
+            for dp in range(self.d)
             for pp in range(self.p)
             for tp in range(self.t)
         ]
 
     def pp_groups(self) -> list[list[int]]:
         return [
-            [self.rank(pp=pp, tp=tp, dp=dp) for pp in range(self.p)]
-            for dp in range(self.d)
+            [self.replica_rank(pp=pp, tp=tp, replica=r) for pp in range(self.p)]
+            for r in range(self.num_weight_replicas)
             for tp in range(self.t)
         ]
 
@@ -173,8 +254,9 @@ class TrainLayout:
 class GenLayout:
     """Generation parallelism of an actor trained with `train`: tensor tg, pipeline pg.
 
-    Generation replicas per training replica: dg = t·p / (tg·pg); in all
-    d·dg replicas.
+    Generation replicas per training (weight) replica: dg = t·p / (tg·pg); in all
+    d·cp·dg replicas (a context-parallel rank's weights are a whole replica's:
+    generation has no context parallelism).
     """
 
     train: TrainLayout
@@ -205,7 +287,7 @@ class GenLayout:
 
     @property
     def num_replicas(self) -> int:
-        return self.train.d * self.dg
+        return self.train.num_weight_replicas * self.dg
 
     @property
     def _mt(self) -> int:
@@ -217,19 +299,21 @@ class GenLayout:
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(generation replica, gen pp rank, gen tp rank) of a training rank."""
-        pp, tp, dp = self.train.coords(rank)
+        pp, tp, replica = self.train.replica_coords(rank)
         micro = tp % self._mt + self._mt * (pp % self._mp)
-        return dp * self.dg + micro, pp // self._mp, tp // self._mt
+        return replica * self.dg + micro, pp // self._mp, tp // self._mt
 
     def micro_dp_groups(self) -> list[list[int]]:
         """Ranks that all-gather their training shards into one generation shard."""
         groups = []
-        for dp in range(self.train.d):
+        for replica in range(self.train.num_weight_replicas):
             for gpp in range(self.pg):
                 for gtp in range(self.tg):
                     groups.append(
                         [
-                            self.train.rank(pp=gpp * self._mp + b, tp=gtp * self._mt + a, dp=dp)
+                            self.train.replica_rank(
+                                pp=gpp * self._mp + b, tp=gtp * self._mt + a, replica=replica
+                            )
                             for b in range(self._mp)
                             for a in range(self._mt)
                         ]

@@ -21,6 +21,9 @@ p = 1
 t = 4
 d = 4
 e = 1                 # expert parallel (MoE models; divides d and the expert count)
+# cp = 2                # context parallel: each sequence split over cp ranks (world = p*t*cp*d)
+# cp_kind = "ring"      # "ring" (Megatron CP, K/V ring) or "ulysses" (all-to-all of heads)
+# sequence_parallel = true  # Megatron SP over t (needs t >= 2)
 # first_stage_layers = 3  # uneven pipeline stages (Megatron's knobs; p >= 2): layers of
 # last_stage_layers = 2   # the first / last stage, the others split the rest evenly
 tg = 2                # generation tensor parallelism (actor only)
@@ -65,7 +68,7 @@ from placeflow.cluster import (
 )
 from placeflow.errors import SpecError
 from placeflow.frozen import frozen
-from placeflow.layout import GenLayout, TrainLayout, generator_stage_layers
+from placeflow.layout import CPKind, GenLayout, TrainLayout, generator_stage_layers
 from placeflow.modcall import answer_calls
 from placeflow.models import ModelSpec
 from placeflow.tomlio import Table, load_spec, parse_enum
@@ -383,6 +386,32 @@ def _check_tp_groups_in_nodes(
             )
 
 
+def _check_cp(where: str, lay: TrainLayout, model: ModelSpec, seq: int) -> None:
+    """Context parallelism must split every sample and, for Ulysses, the heads.
+
+    Ring (Megatron CP) cuts a sequence into 2·cp chunks, rank i holding chunks i and
+    2·cp − 1 − i so that causal attention is balanced; Ulysses cuts it into cp.
+    Ulysses then gives each rank heads/(t·cp) query heads; verl asserts that the
+    KV heads divide by its degree or the degree by them (KV heads are repeated).
+    """
+    chunks = 2 * lay.cp if lay.cp_kind is CPKind.RING else lay.cp
+    if seq % chunks:
+        raise SpecError(
+            f"{where}: {lay.cp_kind} context parallel cp={lay.cp} cuts each sample into "
+            f"{chunks} equal chunks; prompt_len + response_len = {seq} tokens does not "
+            f"divide by {chunks} (choose lengths that do, or another cp)"
+        )
+    if lay.cp_kind is CPKind.ULYSSES:
+        heads, kv_heads = model.num_heads // lay.t, model.kv_heads_per_rank(lay.t)
+        if heads % lay.cp or (kv_heads % lay.cp and lay.cp % kv_heads):
+            raise SpecError(
+                f"{where}: ulysses cp={lay.cp} must divide the {heads} attention heads per "
+                f"tensor-parallel rank, and divide or be a multiple of its {kv_heads} KV heads "
+                f"({model.name!r}: {model.num_heads} heads, {model.num_kv_heads} KV heads, "
+                f"t={lay.t}); choose such a cp"
+            )
+
+
 def _validate_role(plan: Plan, role: Role) -> None:
     where = f"plan {plan.name!r} role {role}"
     if role not in plan.parallelism:
@@ -392,8 +421,9 @@ def _validate_role(plan: Plan, role: Role) -> None:
     s = plan.sets[plan.set_of(role)]
     pool = plan.cluster.pool(s.pool)
     if par.train.world_size != s.num_devices:
+        lay = par.train
         raise SpecError(
-            f"{where}: p*t*d = {par.train.p}*{par.train.t}*{par.train.d} = {par.train.world_size} "
+            f"{where}: p*t*cp*d = {lay.p}*{lay.t}*{lay.cp}*{lay.d} = {lay.world_size} "
             f"must equal the {s.num_devices} devices of its set"
         )
     if par.offload_optimizer and role not in (Role.ACTOR, Role.CRITIC):
@@ -412,6 +442,8 @@ def _validate_role(plan: Plan, role: Role) -> None:
             )
     _check_tp(where, par.train.t, model, pool)
     _check_tp_groups_in_nodes(where, s, pool, par.train.tp_groups())
+    if par.train.cp > 1:
+        _check_cp(where, par.train, model, longest)
     if par.train.e > 1:
         if model.moe is None:
             raise SpecError(
@@ -453,6 +485,9 @@ _PAR_KEYS = (
     "t",
     "d",
     "e",
+    "cp",
+    "cp_kind",
+    "sequence_parallel",
     "first_stage_layers",
     "last_stage_layers",
     "tg",
@@ -480,6 +515,9 @@ def _parallelism_from_table(t: Table) -> RoleParallelism:
             t=t.get_int("t", 1),
             d=t.get_int("d", 1),
             e=t.get_int("e", 1),
+            cp=t.get_int("cp", 1),
+            cp_kind=parse_enum(CPKind, t.get_str("cp_kind", "ring"), t.where, "cp_kind"),
+            sequence_parallel=t.get_bool("sequence_parallel", False),
             first_stage_layers=t.get_int("first_stage_layers", 0),
             last_stage_layers=t.get_int("last_stage_layers", 0),
         ),
@@ -563,6 +601,13 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         row: dict[str, Any] = {"p": par.train.p, "t": par.train.t, "d": par.train.d}
         if par.train.e > 1:
             row["e"] = par.train.e
+        # Set only when used, so that plans without them keep their content hash.
+        if par.train.cp > 1:
+            row["cp"] = par.train.cp
+        if par.train.cp_kind is not CPKind.RING:
+            row["cp_kind"] = par.train.cp_kind.value
+        if par.train.sequence_parallel:
+            row["sequence_parallel"] = True
         # Set only when uneven, so that even plans keep their content hash.
         if par.train.first_stage_layers:
             row["first_stage_layers"] = par.train.first_stage_layers
