@@ -25,6 +25,13 @@ device, or on the host for `OptimizerStep.HOST` (gradients down, CPU AdamW
 priced by the host's profile, weights up). A forward with zero = 3 all-gathers
 each layer's weights over d per micro-batch.
 
+Context parallelism cp (`compute.SequenceSplit`): the cp ranks of a sample
+share its tokens, so samples still split over d while each rank's layers,
+head and pipeline sends carry seq/cp of them; the CP attention's exchange is
+priced in `compute.context_attention_s`. Weights are replicated over the d·cp
+ranks (`TrainLayout.num_weight_replicas`): gradient reduction, ZeRO's shards
+and their gathers span d·cp, as in Megatron-core.
+
 Weight transitions of the actor (colocated reshard, weight sync to a generator
 on other devices) take their bytes and buckets from the transfer plans in
 `placeflow.reshard_plan`, the same plans the executor performs; the plans are
@@ -169,29 +176,35 @@ def forward_cost(
     ep_scope: Scope = Scope.INTRA,
     dp_scope: Scope = Scope.INTRA,
     dp_ranks_per_node: int = 1,
+    cp_scope: Scope = Scope.INTRA,
+    cp_ranks_per_node: int = 1,
 ) -> CallCost:
     lay = par.train
+    split = compute.SequenceSplit.of(lay, cp_scope, cp_ranks_per_node)
     per_rank = math.ceil(num_samples / lay.d)
     mb, num_micro, peak_tokens = par.forward_micro.split(per_rank, seq)
     layers = lay.heaviest_stage_layers(model.num_layers)  # the slowest stage sets the pace
-    stage = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
+    stage = layers * compute.layer_forward_s(
+        cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope, split=split
+    )
     gathered = 0.0
-    if par.zero == 3 and lay.d > 1:
+    replicas = lay.num_weight_replicas
+    if par.zero == 3 and replicas > 1:
         # ZeRO-3 / FSDP: every layer's weights are all-gathered over d before its
         # forward, once per micro-batch; one gathered layer is live at a time.
         gathered = memory.gathered_layer_bytes(model, lay.t)
         stage += layers * cm.collective_s(
             CollectiveKind.ALL_GATHER,
             int(gathered),
-            lay.d,
+            replicas,
             dp_scope,
             ranks_per_node=dp_ranks_per_node,
         )
-    head = compute.head_forward_s(cm, model, lay.t, mb * seq, value_head=value_head)
+    head = compute.head_forward_s(cm, model, lay.t, split.tokens(mb * seq), value_head=value_head)
     p2p = (
         cm.collective_s(
             CollectiveKind.SEND_RECV,
-            mb * seq * model.hidden_size * model.dtype.num_bytes,
+            _stage_send_bytes(model, split.tokens(mb * seq), lay),
             2,
             Scope.INTRA,
         )
@@ -201,7 +214,14 @@ def forward_cost(
     time_s = (num_micro + lay.p - 1) * (stage + p2p) + head * num_micro
     busy = num_micro * (stage + p2p + head / lay.p)
     # Activations are linear in tokens: a full micro-batch's worth (packed: its budget).
-    transient = memory.forward_activation_bytes(model, lay.t, 1, peak_tokens, value_head=value_head)
+    transient = memory.forward_activation_bytes(
+        model,
+        lay.t,
+        1,
+        split.tokens(peak_tokens),
+        value_head=value_head,
+        sequence_parallel=lay.sequence_parallel,
+    )
     transient += gathered
     return CallCost(
         time_s=time_s,
@@ -230,6 +250,8 @@ def train_cost(
     dp_ranks_per_node: int = 1,
     expert_dp_ranks_per_node: int = 1,
     lora: LoRASpec | None = None,
+    cp_scope: Scope = Scope.INTRA,
+    cp_ranks_per_node: int = 1,
 ) -> CallCost:
     """One update call: `ppo_epochs` x `mini_batches` optimizer steps of 1F1B training
     (of the adapters only, the base frozen, with `lora`: placeflow/lora.py).
@@ -246,7 +268,8 @@ def train_cost(
         expert_ranks_per_node=expert_dp_ranks_per_node,
     )
     # The planner prices every memory saver of a layout: what they share is remembered.
-    args = (model, lay, mb, seq, num_micro, peak_tokens, par.zero, dp, ep_scope)
+    split = compute.SequenceSplit.of(lay, cp_scope, cp_ranks_per_node)
+    args = (model, lay, mb, seq, num_micro, peak_tokens, par.zero, dp, ep_scope, split)
     shared = cm.remember(
         ("train_shared", *args, value_head, lora),
         lambda: _train_shared(cm, *args, value_head=value_head, lora=lora),
@@ -295,6 +318,13 @@ def train_cost(
     )
 
 
+def _stage_send_bytes(model: ModelSpec, tokens: int, lay: TrainLayout) -> int:
+    """Activations a pipeline stage sends per micro-batch: the rank's tokens × h, split
+    over t with sequence parallelism (Megatron sends the sequence-parallel shard)."""
+    act_bytes = tokens * model.hidden_size * model.dtype.num_bytes
+    return act_bytes // lay.t if lay.sequence_parallel else act_bytes
+
+
 @dataclass(frozen=True, kw_only=True)
 class _TrainShared:
     """What one optimizer step of `train_cost` costs whatever the memory savers."""
@@ -320,16 +350,23 @@ def _train_shared(
     zero: int,
     dp: _DPGroups,
     ep_scope: Scope,
+    split: compute.SequenceSplit,
     *,
     value_head: bool,
     lora: LoRASpec | None = None,
 ) -> _TrainShared:
     """`_TrainShared` of one layout; with LoRA the base GEMMs' weight gradients are
-    skipped and the adapters' GEMMs added."""
+    skipped and the adapters' GEMMs added (on the rank's seq/cp tokens of a sample)."""
     layers = lay.heaviest_stage_layers(model.num_layers)  # the slowest stage sets the pace
-    fwd = layers * compute.layer_forward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
-    bwd = layers * compute.layer_backward_s(cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope)
-    tokens = mb * seq
+    fwd = layers * compute.layer_forward_s(
+        cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope, split=split
+    )
+    bwd = layers * compute.layer_backward_s(
+        cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope, split=split
+    )
+    tokens = split.tokens(mb * seq)
+    if lora is not None:
+        seq = split.tokens(seq)
     head = compute.head_forward_s(cm, model, lay.t, tokens, value_head=value_head)
     head += compute.head_backward_s(cm, model, lay.t, tokens, value_head=value_head)
     if lora is not None:
@@ -345,9 +382,11 @@ def _train_shared(
             - layer_dw
         )
         head -= head_dw
-    act_bytes = tokens * model.hidden_size * model.dtype.num_bytes
     p2p = (
-        2 * cm.collective_s(CollectiveKind.SEND_RECV, act_bytes, 2, Scope.INTRA)
+        2
+        * cm.collective_s(
+            CollectiveKind.SEND_RECV, _stage_send_bytes(model, tokens, lay), 2, Scope.INTRA
+        )
         if lay.p > 1
         else 0.0
     )
@@ -405,7 +444,7 @@ def _host_optimizer_step_s(
     shard, params/(t·p·d) for zero >= 1, the whole t·p shard for zero = 0."""
     trained = model.num_params(value_head=value_head) if lora is None else lora.params(model)
     shard_params = trained // (lay.t * lay.p)
-    partition = math.ceil(shard_params / lay.d) if zero >= 1 else shard_params
+    partition = math.ceil(shard_params / lay.num_weight_replicas) if zero >= 1 else shard_params
     partition_bytes = partition * model.dtype.num_bytes
     return (
         cm.copy_s("d2h", partition_bytes)
@@ -460,7 +499,7 @@ def _dp_sync_and_optimizer_s(
         shard = int(params)
         # The dense part is reduced over the DP groups (size d), the experts over the
         # expert-DP groups (d / e), each with its own ranks per node.
-        rpn = dp.ranks_per_node if d == lay.d else dp.expert_ranks_per_node
+        rpn = dp.ranks_per_node if d == lay.num_weight_replicas else dp.expert_ranks_per_node
         reduce = functools.partial(
             cm.collective_s,
             num_bytes=shard * model.dtype.num_bytes,
@@ -568,8 +607,9 @@ def reshard_cost(
             "buckets": sum(n for _, n in transfer.slots),
             "peak_extra_bytes_per_gpu": transfer.peak_extra_bytes,
         }
-    if train_zero == 3 and lay.d > 1:
-        time_s += cm.collective_s(CollectiveKind.ALL_GATHER, int(train_shard), lay.d, scope)
+    replicas = lay.num_weight_replicas
+    if train_zero == 3 and replicas > 1:
+        time_s += cm.collective_s(CollectiveKind.ALL_GATHER, int(train_shard), replicas, scope)
     # The rank's own training weights become part of its generation shard.
     extra = memory.colocated_gen_extra_bytes(model, gen, train_zero)
     return CallCost(time_s=time_s, transient_bytes=extra, busy_s=time_s, detail=detail)

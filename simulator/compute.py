@@ -81,6 +81,31 @@ and FlashMLA do with absorbed weights, over the compressed cache: one shared
 KV head of kv_lora + rope dims per token. The absorbed decode's own GEMM
 shapes are not modelled (the prefill projections stand for them).
 
+Context and sequence parallelism (`SequenceSplit`, training and forward calls
+only; generation has neither). With context parallelism cp a rank runs the
+GEMMs, norms and MLP of batch·seq/cp tokens. Its attention:
+
+- ring (Megatron-core CP): causal attention balanced as Megatron cuts a
+  sequence, 2·cp chunks with rank i holding chunks i and 2·cp − 1 − i, so each
+  rank runs 1/cp of the whole sequence's attention (assumed exact), in cp steps
+  of equal work. Steps 1..cp − 1 each wait for the neighbour's K/V chunk, the
+  rank's batch·seq/cp tokens × kv heads/t × head size × 2 (K and V) × bytes,
+  sent over the CP group's link while the previous step computes: a step costs
+  max(attention step, send/recv), the first step attention only. The backward
+  sends K/V and their gradients, twice the bytes per step.
+- Ulysses (DeepSpeed-Ulysses, verl): an all-to-all over the cp ranks trades
+  sequence for heads before attention (the rank's Q, K and V: tokens/cp ×
+  (heads + 2·kv heads)/t × head size), attention runs over the whole sequence
+  with heads/(t·cp) heads (KV heads repeated up to cp where fewer, as verl
+  does), and an all-to-all of the output (tokens/cp × heads/t × head size)
+  trades back; the backward runs both again. All-to-alls use the profile's
+  all-to-all entries as the MoE dispatch does (`all_to_all_bytes`' convention:
+  the rank's buffer).
+
+Sequence parallelism over t (Megatron SP) replaces each of the layer's two
+all-reduces of the m·h activations by a reduce-scatter and an all-gather of the
+same logical bytes, and the norms and residual adds run on m/t tokens.
+
 Every function is memoised on its arguments through `CostModel.remember`, because
 the planner asks the same questions for thousands of plans.
 """
@@ -88,10 +113,13 @@ the planner asks the same questions for thousands of plans.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from placeflow.catalogue import get_model
+from placeflow.layout import CPKind, TrainLayout
 from placeflow.models import Feature, ModelSpec
 from placeflow.profiles import framework as ref
 from placeflow.profiles.costmodel import CostModel
@@ -258,6 +286,96 @@ def _tp_kernels(t: int) -> int:
     return KERNELS_TP_ALL_REDUCES if t > 1 else 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class SequenceSplit:
+    """How a training or forward layer's tokens are split beyond data parallelism
+    (module docstring): context parallelism `cp` of `kind` over a group in
+    `cp_scope` with at least `cp_ranks_per_node` of its ranks per node, and
+    Megatron's sequence parallelism over t."""
+
+    cp: int = 1
+    kind: CPKind = CPKind.RING
+    sequence_parallel: bool = False
+    cp_scope: Scope = Scope.INTRA
+    cp_ranks_per_node: int = 1
+
+    @classmethod
+    def of(
+        cls, layout: TrainLayout, cp_scope: Scope = Scope.INTRA, cp_ranks_per_node: int = 1
+    ) -> SequenceSplit:
+        return cls(
+            cp=layout.cp,
+            kind=layout.cp_kind,
+            sequence_parallel=layout.sequence_parallel,
+            cp_scope=cp_scope if layout.cp > 1 else Scope.INTRA,
+            cp_ranks_per_node=cp_ranks_per_node if layout.cp > 1 else 1,
+        )
+
+    def tokens(self, tokens: int) -> int:
+        """Tokens one context-parallel rank holds: ceil(tokens/cp)."""
+        return -(-tokens // self.cp)
+
+
+NO_SPLIT = SequenceSplit()
+
+
+def _split_kernels(split: SequenceSplit) -> int:
+    """Extra launches of a layer's pass: a P2P per ring step, Ulysses' two all-to-alls,
+    SP's second collective per all-reduce it replaces."""
+    launches = KERNELS_TP_ALL_REDUCES if split.sequence_parallel else 0
+    if split.cp > 1:
+        launches += split.cp - 1 if split.kind is CPKind.RING else 2
+    return launches
+
+
+def context_attention_s(
+    cm: CostModel,
+    model: ModelSpec,
+    t: int,
+    batch: int,
+    seq: int,
+    split: SequenceSplit,
+    *,
+    backward: bool,
+) -> float:
+    """One rank's attention (forward or backward) of `batch` sequences of `seq` tokens
+    split over `split.cp` context-parallel ranks, communication included (module
+    docstring: ring steps as max(compute, send/recv), Ulysses' two all-to-alls)."""
+    heads, kv_heads, head_dim = _attention_shape(model, t, decode=False)
+    b = model.dtype.num_bytes
+    rank_tokens = split.tokens(batch * seq)
+    cp = split.cp
+    if split.kind is CPKind.ULYSSES:
+        attn_s = cm.attn_prefill_s(
+            batch, seq, heads // cp, max(1, kv_heads // cp), head_dim, backward=backward
+        )
+        a2a = functools.partial(
+            cm.collective_s,
+            CollectiveKind.ALL_TO_ALL,
+            world_size=cp,
+            scope=split.cp_scope,
+            ranks_per_node=split.cp_ranks_per_node,
+        )
+        qkv_bytes = rank_tokens * (heads + 2 * kv_heads) * head_dim * b
+        out_bytes = rank_tokens * heads * head_dim * b
+        return attn_s + a2a(num_bytes=qkv_bytes) + a2a(num_bytes=out_bytes)
+    step_s = cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim, backward=backward) / cp
+    kv_chunk_bytes = 2 * rank_tokens * kv_heads * head_dim * b * (2 if backward else 1)
+    send_s = cm.collective_s(CollectiveKind.SEND_RECV, kv_chunk_bytes, 2, split.cp_scope)
+    return step_s + (cp - 1) * max(step_s, send_s)
+
+
+def _tp_collectives_s(cm: CostModel, act_bytes: int, t: int, split: SequenceSplit) -> float:
+    """The layer's two TP collectives of `act_bytes`: all-reduces, or with sequence
+    parallelism a reduce-scatter plus an all-gather each."""
+    if not split.sequence_parallel:
+        return 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act_bytes, t, Scope.INTRA)
+    return 2 * (
+        cm.collective_s(CollectiveKind.REDUCE_SCATTER, act_bytes, t, Scope.INTRA)
+        + cm.collective_s(CollectiveKind.ALL_GATHER, act_bytes, t, Scope.INTRA)
+    )
+
+
 def active_experts(num_experts: int, experts_per_token: int, num_tokens: int) -> float:
     """Expected distinct experts that `num_tokens` tokens touch: E·(1 − (1 − k/E)^T)."""
     return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** num_tokens)
@@ -383,32 +501,37 @@ def layer_forward_kernels_s(
     decode_kv_len: int = 0,
     e: int = 1,
     ep_scope: Scope = Scope.INTRA,
+    split: SequenceSplit = NO_SPLIT,
 ) -> float:
     """Device time of one layer's forward kernels on one rank (no host dispatch);
-    the mean over the layers for a mixture of experts.
+    the mean over the layers for a mixture of experts. `seq` is the whole sample's
+    length; a context-parallel rank runs its `split` share of it.
 
     With `decode_kv_len` > 0 the attention is a decode step against that many
     cached tokens (seq must then be 1).
     """
 
     def compute() -> float:
-        m = batch * seq
+        m = split.tokens(batch * seq)
         b = model.dtype.num_bytes
         time_s = sum(cm.gemm_s(m, n, k) for n, k in _attention_gemm_shapes(model, t))
         heads, kv_heads, head_dim = _attention_shape(model, t, decode=bool(decode_kv_len))
         if decode_kv_len:
             time_s += cm.attn_decode_s(batch, decode_kv_len, heads, kv_heads, head_dim)
+        elif split.cp > 1:
+            time_s += context_attention_s(cm, model, t, batch, seq, split, backward=False)
         else:
             time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim)
         time_s += _mean_mlp_s(cm, model, t, e, m, ep_scope, backward=False)
         act = m * model.hidden_size * b
-        time_s += 2 * cm.elementwise_s(ElementwiseKind.RMSNORM, act)
-        time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
-        time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
+        local = act // t if split.sequence_parallel else act  # SP: norms on m/t tokens
+        time_s += 2 * cm.elementwise_s(ElementwiseKind.RMSNORM, local)
+        time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, local)
+        time_s += _tp_collectives_s(cm, act, t, split)
         return time_s
 
     return cm.remember(
-        ("layer_fwd_kernels", model, t, batch, seq, decode_kv_len, e, ep_scope), compute
+        ("layer_fwd_kernels", model, t, batch, seq, decode_kv_len, e, ep_scope, split), compute
     )
 
 
@@ -421,10 +544,12 @@ def layer_forward_s(
     *,
     e: int = 1,
     ep_scope: Scope = Scope.INTRA,
+    split: SequenceSplit = NO_SPLIT,
 ) -> float:
     """One layer's eager forward (prefill, scoring or training) on one rank."""
-    kernels = layer_forward_kernels_s(cm, model, t, batch, seq, e=e, ep_scope=ep_scope)
+    kernels = layer_forward_kernels_s(cm, model, t, batch, seq, e=e, ep_scope=ep_scope, split=split)
     launches = KERNELS_LAYER_FORWARD + _tp_kernels(t) + _moe_kernels(model, backward=False)
+    launches += _split_kernels(split)
     return overlapped_s(cm, kernels, launches, EXTRA_OPS_LAYER_FORWARD, FrameworkKind.LAYER_FORWARD)
 
 
@@ -437,26 +562,31 @@ def layer_backward_kernels_s(
     *,
     e: int = 1,
     ep_scope: Scope = Scope.INTRA,
+    split: SequenceSplit = NO_SPLIT,
 ) -> float:
     """Device time of one layer's backward kernels (no recomputation) on one rank."""
 
     def compute() -> float:
-        m = batch * seq
+        m = split.tokens(batch * seq)
         b = model.dtype.num_bytes
         time_s = sum(
             cm.gemm_s(m, k, n) + cm.gemm_s(k, n, m) for n, k in _attention_gemm_shapes(model, t)
         )
-        heads, kv_heads, head_dim = _attention_shape(model, t, decode=False)
-        time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim, backward=True)
+        if split.cp > 1:
+            time_s += context_attention_s(cm, model, t, batch, seq, split, backward=True)
+        else:
+            heads, kv_heads, head_dim = _attention_shape(model, t, decode=False)
+            time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim, backward=True)
         time_s += _mean_mlp_s(cm, model, t, e, m, ep_scope, backward=True)
         act = m * model.hidden_size * b
+        local = act // t if split.sequence_parallel else act  # SP: norms on m/t tokens
         # The backward of norms and adds reads about twice what the forward does.
-        time_s += 4 * cm.elementwise_s(ElementwiseKind.RMSNORM, act)
-        time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, act)
-        time_s += 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA)
+        time_s += 4 * cm.elementwise_s(ElementwiseKind.RMSNORM, local)
+        time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, local)
+        time_s += _tp_collectives_s(cm, act, t, split)
         return time_s
 
-    return cm.remember(("layer_bwd_kernels", model, t, batch, seq, e, ep_scope), compute)
+    return cm.remember(("layer_bwd_kernels", model, t, batch, seq, e, ep_scope, split), compute)
 
 
 def layer_backward_s(
@@ -468,10 +598,14 @@ def layer_backward_s(
     *,
     e: int = 1,
     ep_scope: Scope = Scope.INTRA,
+    split: SequenceSplit = NO_SPLIT,
 ) -> float:
     """One layer's backward (no recomputation) on one rank; the mean over layers for MoE."""
-    kernels = layer_backward_kernels_s(cm, model, t, batch, seq, e=e, ep_scope=ep_scope)
+    kernels = layer_backward_kernels_s(
+        cm, model, t, batch, seq, e=e, ep_scope=ep_scope, split=split
+    )
     launches = KERNELS_LAYER_BACKWARD + _tp_kernels(t) + _moe_kernels(model, backward=True)
+    launches += _split_kernels(split)
     return overlapped_s(
         cm, kernels, launches, EXTRA_OPS_LAYER_BACKWARD, FrameworkKind.LAYER_BACKWARD
     )

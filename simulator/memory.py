@@ -38,6 +38,21 @@
   sharded as the layers they adapt (over t·p) and by ZeRO over d like any
   trained parameter. Activations are those of full training: the backward
   still needs every layer's input gradient.
+- Context parallelism cp (`TrainLayout.cp`, ring or Ulysses): a rank holds
+  1/cp of every sequence's tokens, so its activations and logits are those of
+  seq/cp tokens (Ulysses' attention holds the whole sequence for heads/cp heads:
+  the same count, and fused attention stores no scores either way). Weights are
+  whole on every cp rank (t·p-sharded as before); gradient reduction and ZeRO's
+  sharding span the d·cp ranks that hold the same weights, as Megatron-core's
+  distributed optimizer shards over the data-parallel group with context
+  parallelism.
+- Sequence parallelism (`TrainLayout.sequence_parallel`): Korthikanti et al.
+  (2022), "Reducing Activation Recomputation in Large Transformer Models"
+  (arXiv 2205.05198), Table 2: per layer sbh·(10 + 24/t + 5as/(ht)) with tensor
+  parallelism becomes sbh·(34/t + 5as/(ht)) with sequence parallelism — the
+  layer norms', dropouts' and residuals' 10·sbh are split over t too (the
+  score term is dropped as above); with full recomputation the kept layer input
+  is split over t as well, 2·sbh/t (their §5).
 - Mixture of experts (`shard_params`): a rank of layout p-t-d-e holds the
   dense parameters / (t·p) and the routed experts' parameters / (t·p·e);
   ZeRO shards the dense part's state over d and the experts' over the
@@ -84,17 +99,17 @@ def trained_shard_params(
     adapters only (over t·p, replicated over d like dense weights)."""
     if lora is None:
         return shard_params(model, layout, value_head=value_head)
-    return ((lora.params(model) / _model_parallel_ways(model, layout), layout.d),)
+    return ((lora.params(model) / _model_parallel_ways(model, layout), layout.num_weight_replicas),)
 
 
 def shard_params(
     model: ModelSpec, layout: TrainLayout, *, value_head: bool
 ) -> tuple[tuple[float, int], ...]:
     """(parameters on one GPU, size of the data-parallel group that replicates them):
-    the dense part over d, the routed experts over the expert-DP group d/e."""
+    the dense part over d·cp, the routed experts over the expert-DP group d/e."""
     dense, experts = dense_and_expert_params(model, value_head=value_head)
     mp = _model_parallel_ways(model, layout)
-    parts: tuple[tuple[float, int], ...] = ((dense / mp, layout.d),)
+    parts: tuple[tuple[float, int], ...] = ((dense / mp, layout.num_weight_replicas),)
     if experts:
         parts += ((experts / (mp * layout.e), layout.expert_dp),)
     return parts
@@ -168,24 +183,46 @@ def training_activation_bytes(
 ) -> float:
     """Peak activation memory of a pipeline stage during 1F1B: the heaviest stage's
     layers with p micro-batches in flight (the first stage's count; an upper bound
-    when uneven stages give the first stage fewer layers)."""
-    sbh = seq * micro_batch * model.hidden_size
+    when uneven stages give the first stage fewer layers). A rank holds seq/cp of
+    each sample's tokens; sequence parallelism splits the rest over t too
+    (module docstring: Korthikanti's sbh·(34/t) and 2·sbh/t)."""
+    tokens = cp_tokens(micro_batch * seq, layout.cp)
+    sbh = tokens * model.hidden_size
     bytes_scale = model.dtype.num_bytes / 2  # Korthikanti's constants are for 2-byte dtypes
-    full_layer = sbh * (10 + 24 / layout.t) * bytes_scale
+    if layout.sequence_parallel:
+        full_layer = sbh * (34 / layout.t) * bytes_scale
+        layer_input = 2 * sbh / layout.t * bytes_scale
+    else:
+        full_layer = sbh * (10 + 24 / layout.t) * bytes_scale
+        layer_input = 2 * sbh * bytes_scale
     layers = layout.heaviest_stage_layers(model.num_layers)
-    per_micro = layers * 2 * sbh * bytes_scale + full_layer if recompute else layers * full_layer
+    per_micro = layers * layer_input + full_layer if recompute else layers * full_layer
     in_flight = min(layout.p, num_micro)
-    logits = 2 * logits_bytes(model, layout.t, micro_batch * seq, value_head=value_head)
+    logits = 2 * logits_bytes(model, layout.t, tokens, value_head=value_head)
     return in_flight * per_micro + logits
 
 
+def cp_tokens(tokens: int, cp: int) -> int:
+    """Tokens one context-parallel rank holds of `tokens`: ceil(tokens/cp)."""
+    return -(-tokens // cp)
+
+
 def forward_activation_bytes(
-    model: ModelSpec, t: int, micro_batch: int, seq: int, *, value_head: bool
+    model: ModelSpec,
+    t: int,
+    micro_batch: int,
+    seq: int,
+    *,
+    value_head: bool,
+    sequence_parallel: bool = False,
 ) -> float:
-    """Transient memory of a forward-only call: one layer's buffers plus the logits."""
+    """Transient memory of a forward-only call: one layer's buffers plus the logits
+    (`seq`: the tokens one rank holds, seq/cp under context parallelism); sequence
+    parallelism splits the hidden-size buffers (norms, residual) over t."""
     tokens = micro_batch * seq
     b = model.dtype.num_bytes
-    layer = tokens * (4 * model.hidden_size + 3 * model.ffn_hidden_size // t) * b
+    hidden = 4 * model.hidden_size / t if sequence_parallel else 4 * model.hidden_size
+    layer = tokens * (hidden + 3 * model.ffn_hidden_size // t) * b
     return layer + logits_bytes(model, t, tokens, value_head=value_head)
 
 

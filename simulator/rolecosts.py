@@ -79,6 +79,17 @@ def ep_scope(first_device: int, gpus_per_node: int, layout: TrainLayout) -> Scop
 
 
 @cache
+def cp_placement(first_device: int, gpus_per_node: int, layout: TrainLayout) -> tuple[Scope, int]:
+    """(scope, fewest ranks per node) of the context-parallel groups: where the ring
+    sends or Ulysses all-to-alls of `forward_cost` / `train_cost` run."""
+    groups = layout.cp_groups()
+    return (
+        span_scope(first_device, gpus_per_node, groups),
+        fewest_ranks_per_node(first_device, gpus_per_node, groups),
+    )
+
+
+@cache
 def micro_dp_scope(first_device: int, gpus_per_node: int, gen: GenLayout) -> Scope:
     """Scope of the micro-DP groups (the colocated reshard's all-gathers)."""
     return span_scope(first_device, gpus_per_node, gen.micro_dp_groups())
@@ -214,6 +225,7 @@ def call_cost(
     assert call.role is not None, "controller-side calls have no device cost"
     model = workload.models[call.role]
     seq = train_seq_len(workload)
+    cp_scope, cp_rpn = cp_placement(first_device, gpus_per_node, par.train)
     if call.kind == CallKind.GENERATE:
         assert gen is not None and kv_seqs >= 1, "callers check the KV capacity first"
         shape = callcosts.GenerationShape(
@@ -237,6 +249,8 @@ def call_cost(
             ep_scope=ep,
             dp_scope=dp,
             dp_ranks_per_node=dp_rpn,
+            cp_scope=cp_scope,
+            cp_ranks_per_node=cp_rpn,
         )
         per_rank = math.ceil(call.num_samples / par.train.d)
     else:
@@ -255,6 +269,8 @@ def call_cost(
             dp_ranks_per_node=dp_rpn,
             expert_dp_ranks_per_node=expert_dp_rpn,
             lora=workload.lora_of(call.role),
+            cp_scope=cp_scope,
+            cp_ranks_per_node=cp_rpn,
         )
         per_rank = math.ceil(call.num_samples / par.train.d)
     payload = call_payload_bytes(call.kind, per_rank, workload.batch.prompt_len, seq)
