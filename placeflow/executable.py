@@ -2,7 +2,7 @@
 
 A plan can be sound (its specs validate, it fits in memory) and still be one
 the executor does not run here: latent attention, LoRA, generation pipelines,
-some mixture-of-experts layouts. These rules are facts about the executor's
+some mixture-of-experts layouts, context and sequence parallelism. These rules are facts about the executor's
 engines, written once here so that the executor refuses such a plan before any
 worker starts (`executor/loop.py`, `executor/run.py`) and the planner says of
 every plan it ranks whether `placeflow run` would take it
@@ -50,6 +50,19 @@ def executable_problems(plan: Plan) -> list[str]:
                 f"{role}: generation pipeline pg > 1 is not executed: the planner emits pg = 1 "
                 f"(one decode pass over all layers per generation replica); the plan has "
                 f"pg={par.pg}. Use pg = 1 (such plans can be simulated)"
+            )
+        if par.train.cp > 1:
+            problems.append(
+                f"{role}: context parallel cp={par.train.cp} ({par.train.cp_kind}) is simulated, "
+                "planned and exported (verl, OpenRLHF, Megatron), but the executor's engines "
+                "run whole sequences per rank (no ring or Ulysses attention); use cp = 1 to run "
+                "the plan here"
+            )
+        if par.train.sequence_parallel:
+            problems.append(
+                f"{role}: sequence_parallel is simulated and exported, but the executor's "
+                "tensor-parallel layers all-reduce whole activations; set "
+                "sequence_parallel = false to run the plan here"
             )
         d = par.train.d
         if role in (Role.ACTOR, Role.CRITIC) and n < d * w.batch.mini_batches:

@@ -11,19 +11,23 @@ or everything, vLLM engines included (`--train.colocate_all`). Generation runs i
 `--vllm.num_engines` engines of `--vllm.tensor_parallel_size` GPUs: on GPUs of
 their own unless all models are colocated. Training is DeepSpeed ZeRO data
 parallel (`--ds.zero_stage`, `--ds.adam_offload`), with DeepSpeed tensor
-parallelism (`--ds.tensor_parallel_size`, one size for all models) and no pipeline.
+parallelism (`--ds.tensor_parallel_size`, one size for all models) and no pipeline;
+context parallelism is its ring attention (`--ds.ring_attn_size`, one size for all
+models, with `--ds.ring_attn_head_stride`).
 
 What the flags cannot say is listed: other colocations (a reward with the
 actor, say), generation on the actor's own devices unless everything is
 colocated, per-role tensor sizes, pipeline parallelism, per-role micro-batches
-and ZeRO stages, experts over an expert-parallel axis, ReMax's greedy baseline,
-Safe-RLHF's cost model.
+and ZeRO stages, experts over an expert-parallel axis, per-role context
+parallel sizes, Ulysses, Megatron's sequence parallelism, ReMax's greedy
+baseline, Safe-RLHF's cost model.
 """
 
 from __future__ import annotations
 
 from placeflow.export import Export, Target
 from placeflow.export.common import lora_alpha, lora_target_modules, nodes_of, set_label
+from placeflow.layout import CPKind
 from placeflow.models import DType
 from placeflow.plan import Plan
 from placeflow.workload import Algorithm, Role
@@ -122,6 +126,11 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
         notes.append("pipeline parallelism: OpenRLHF's DeepSpeed training has none")
     if any(plan.parallelism[r].train.e > 1 for r in w.roles):
         notes.append("expert parallelism: OpenRLHF's DeepSpeed training has none")
+    if any(plan.parallelism[r].train.sequence_parallel for r in w.roles):
+        notes.append(
+            "sequence_parallel: OpenRLHF's DeepSpeed tensor parallelism has no Megatron "
+            "sequence parallelism"
+        )
     zeros = {p.zero for p in trained}
     if len(zeros) > 1:
         notes.append(f"ZeRO stages {sorted(zeros)}: --ds.zero_stage is one for all; the highest")
@@ -172,6 +181,7 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
         "--algo.kl.init_coef", str(rl.kl_coef),
     ]  # fmt: skip
     flags += _packing(plan, forward, notes)
+    flags += _ring_attention(plan, "--ds.packing_samples" in flags, notes)
     if rl.entropy_coef:
         flags += ["--actor.entropy_coef", str(rl.entropy_coef)]
     if w.algorithm is not Algorithm.PPO and rl.kl_coef > 0:
@@ -212,6 +222,31 @@ def _dtype(plan: Plan, notes: list[str]) -> str:
         return str(dtype)
     notes.append(f"{dtype} training: OpenRLHF trains in bf16 or fp16; bf16 is used")
     return str(DType.BF16)
+
+
+def _ring_attention(plan: Plan, packed: bool, notes: list[str]) -> list[str]:
+    """Context parallelism: OpenRLHF's ring attention, one size for every model
+    (--ds.ring_attn_size, the actor's cp; it needs --ds.packing_samples, which
+    train_ppo_ray turns on itself with a warning), K/V passed for one head at a time
+    (--ds.ring_attn_head_stride 1, its default). Ulysses has no OpenRLHF flag."""
+    w = plan.workload
+    cps = {r: plan.parallelism[r].train.cp for r in w.roles if r is not Role.COST}
+    cp = cps[Role.ACTOR]
+    if len(set(cps.values())) > 1:
+        notes.append(
+            "per-role context parallel sizes ("
+            + ", ".join(f"{r} cp={c}" for r, c in cps.items())
+            + "): --ds.ring_attn_size is one for all; the actor's is used"
+        )
+    if any(
+        plan.parallelism[r].train.cp > 1 and plan.parallelism[r].train.cp_kind is CPKind.ULYSSES
+        for r in cps
+    ):
+        notes.append("Ulysses context parallelism: OpenRLHF has ring attention only (used)")
+    if cp == 1:
+        return []
+    flags = ["--ds.ring_attn_size", str(cp), "--ds.ring_attn_head_stride", "1"]
+    return flags if packed else [*flags, "--ds.packing_samples"]
 
 
 def _packing(plan: Plan, forward: Role, notes: list[str]) -> list[str]:

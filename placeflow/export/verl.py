@@ -18,6 +18,9 @@ size (placeflow's tg). The mapping:
   forward_micro_batch_tokens    log_prob_use_dynamic_bsz, log_prob_max_token_len_per_gpu
                                   (actor's rollout, ref); critic.forward_max_token_len_per_gpu
   e (experts over DP)           <role>.megatron.expert_model_parallel_size
+  cp (ring)                     <role>.megatron.context_parallel_size
+  sequence_parallel             <role>.megatron.sequence_parallel (always given: verl's
+                                  default is true, placeflow's false)
   zero >= 1                     megatron.use_distributed_optimizer
   recompute                     <model>.enable_gradient_checkpointing
   offload_optimizer (step on    megatron.optimizer_offload
@@ -31,13 +34,17 @@ size (placeflow's tg). The mapping:
 What verl's config cannot say is listed: a critic or reference apart from the
 actor (verl's examples/split_placement does it by changing the trainer's code),
 a generator set of its own, a pool that is not whole nodes, ZeRO-2/3 (Megatron's
-distributed optimizer is ZeRO-1), Safe-RLHF's cost model.
+distributed optimizer is ZeRO-1), Safe-RLHF's cost model, Ulysses context
+parallelism (verl's `ulysses_sequence_parallel_size` is a setting of its FSDP
+trainer, not of this Megatron one: exported as Megatron's ring CP of the same
+size), a reward model's context parallelism.
 """
 
 from __future__ import annotations
 
 from placeflow.export import Export, Target
 from placeflow.export.common import lora_alpha, lora_target_modules, nodes_of, set_label
+from placeflow.layout import CPKind
 from placeflow.plan import Plan, RoleParallelism
 from placeflow.workload import Algorithm, LoRASpec, Role
 
@@ -74,6 +81,13 @@ def export(plan: Plan) -> Export:
     for role, key in MEGATRON_KEY.items():
         if role in w.models:
             out |= _megatron(plan, role, key)
+            lay = plan.parallelism[role].train
+            if lay.cp > 1 and lay.cp_kind is CPKind.ULYSSES:
+                notes.append(
+                    f"{role}: Ulysses context parallel cp={lay.cp}; verl's "
+                    "ulysses_sequence_parallel_size belongs to its FSDP trainer, this Megatron "
+                    f"export uses ring context parallelism (context_parallel_size={lay.cp})"
+                )
             if role is not Role.REF and plan.parallelism[role].zero >= 2:
                 notes.append(
                     f"{role}: ZeRO-{plan.parallelism[role].zero}; Megatron's distributed "
@@ -258,6 +272,8 @@ def _megatron(plan: Plan, role: Role, key: str) -> dict[str, object]:
         f"{key}.pipeline_model_parallel_size": par.train.p,
         # e is carved out of d, expert TP = t: Megatron's defaults for the other sizes
         f"{key}.expert_model_parallel_size": par.train.e,
+        f"{key}.context_parallel_size": par.train.cp,
+        f"{key}.sequence_parallel": par.train.sequence_parallel,
     }
     if role is not Role.REF:  # the trained roles' optimizer
         out[f"{key}.use_distributed_optimizer"] = par.zero >= 1
@@ -276,6 +292,11 @@ def _megatron(plan: Plan, role: Role, key: str) -> dict[str, object]:
 def _reward(plan: Plan, notes: list[str]) -> dict[str, object]:
     """The reward model: in the global pool with the actor, or in a pool of its own."""
     par = plan.parallelism[Role.REWARD]
+    if par.train.cp > 1:
+        notes.append(
+            f"reward: context parallel cp={par.train.cp}; verl's reward model takes a tensor "
+            "size only: it scores whole sequences per rank"
+        )
     out: dict[str, object] = {
         "reward.reward_model.enable": True,
         "reward.reward_model.model_path": plan.workload.models[Role.REWARD].name,
