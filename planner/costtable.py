@@ -325,7 +325,8 @@ def _options_for(wl: Workload, role: Role, pool: PoolSpec, n: int, cm: CostModel
     found: list = []
     apart: list = []
     best_short, best_where = math.inf, ""
-    for par in parallelism_options(model, role, n, pool):
+    seq_len = wl.batch.prompt_len + wl.batch.response_len
+    for par in parallelism_options(model, role, n, pool, seq_len=seq_len):
         resident = prices.resident(par)
         rest = prices.rest_costs(par)
         rest_transient = max((c.transient_bytes for c in rest.values()), default=0.0)

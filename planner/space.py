@@ -22,7 +22,15 @@
   two dividing d and the experts (`expert_parallel_options`; e = 1 for dense
   models); an EP group spans e·t·p consecutive devices, and the simulator
   prices its all-to-all across nodes when that exceeds a node, so groups
-  inside a node win where they fit. Trained roles
+  inside a node win where they fit. For long samples (prompt + response of
+  at least `LONG_SEQUENCE_TOKENS`, 8k) the trained roles also choose
+  Megatron's ring context parallelism cp, a power of two up to
+  `MAX_CONTEXT_PARALLEL` with p·t·cp | n and the sample splitting into 2·cp
+  chunks (d = n/(p·t·cp)), and, where t > 1, sequence parallelism on or off:
+  both cut activation memory, so they are worth their communication only when
+  activations dominate; below 8k tokens the space is the one without them, so
+  that short-sequence plans are unchanged. (Ulysses is priced and plannable by
+  hand, not searched: for the same degree it saves the same memory.) Trained roles
   also choose the memory savers users otherwise set by hand: activation
   recomputation on or off, and (on GPU pools) the Adam state offloaded to host
   memory outside the update, priced by the simulator from the host link
@@ -45,6 +53,8 @@ from placeflow.workload import Role
 
 MICRO_BATCHES = (1, 4, 16)
 MAX_PIPELINE = 8
+LONG_SEQUENCE_TOKENS = 8192  # samples at least this long also search cp and SP
+MAX_CONTEXT_PARALLEL = 8
 
 
 class PlacementKind(StrEnum):
@@ -127,8 +137,10 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def parallelism_options(
-    model: ModelSpec, role: Role, n: int, pool: PoolSpec
+    model: ModelSpec, role: Role, n: int, pool: PoolSpec, *, seq_len: int = 0
 ) -> list[RoleParallelism]:
+    """Every parallelism of `role` on n GPUs (module docstring); `seq_len`, a sample's
+    prompt + response tokens, opens context and sequence parallelism when long."""
     trained = role in (Role.ACTOR, Role.CRITIC)
     out = []
     for t in _powers_of_two(min(n, pool.gpus_per_node)):
@@ -137,8 +149,8 @@ def parallelism_options(
         for p in _powers_of_two(MAX_PIPELINE):
             if n % (p * t) or model.num_layers % p:
                 continue
+            layouts = _layouts(model, n, p, t, seq_len if trained else 0)
             d = n // (p * t)
-            layouts = [TrainLayout(p=p, t=t, d=d, e=e) for e in expert_parallel_options(model, d)]
             tgs = (
                 [tg for tg in _powers_of_two(t) if t % tg == 0 and model.supports_tp(tg)]
                 if role is Role.ACTOR
@@ -163,6 +175,24 @@ def parallelism_options(
                     )
                 )
     return out
+
+
+def _layouts(model: ModelSpec, n: int, p: int, t: int, seq_len: int) -> list[TrainLayout]:
+    """Training layouts with p, t on n GPUs: experts over d (MoE), and for samples of
+    at least LONG_SEQUENCE_TOKENS ring context parallelism and sequence parallelism."""
+    long = seq_len >= LONG_SEQUENCE_TOKENS
+    cps = [
+        cp
+        for cp in _powers_of_two(MAX_CONTEXT_PARALLEL if long else 1)
+        if n % (p * t * cp) == 0 and seq_len % (2 * cp if cp > 1 else 1) == 0
+    ]
+    sps = (False, True) if long and t > 1 else (False,)
+    return [
+        TrainLayout(p=p, t=t, d=n // (p * t * cp), e=e, cp=cp, sequence_parallel=sp)
+        for cp in cps
+        for e in (expert_parallel_options(model, n // (p * t)) if cp == 1 else [1])
+        for sp in sps
+    ]
 
 
 def expert_parallel_options(model: ModelSpec, d: int) -> list[int]:
