@@ -4,9 +4,10 @@ A plan can be sound (its specs validate, it fits in memory) and still be one
 the executor does not run here: latent attention, LoRA, generation pipelines,
 some mixture-of-experts layouts, context and sequence parallelism. These rules
 are facts about the executor's engines, written once here so that the executor
-refuses such a plan before any worker starts (`executor/loop.py`, `executor/run.py`) and the planner says of
-every plan it ranks whether `placeflow run` would take it
-(`planner/search.py`, `RankedPlan.executor_problems`). The module reads specs
+refuses such a plan before any worker starts (`executor/loop.py`,
+`executor/run.py`) and the planner says of every plan it ranks whether
+`placeflow run` would take it (`planner/search.py`,
+`RankedPlan.executor_problems`). The module reads specs
 only; it imports nothing of the executor, so the planner stays free of torch
 and Ray.
 """
