@@ -359,7 +359,8 @@ def context_attention_s(
         qkv_bytes = rank_tokens * (heads + 2 * kv_heads) * head_dim * b
         out_bytes = rank_tokens * heads * head_dim * b
         return attn_s + a2a(num_bytes=qkv_bytes) + a2a(num_bytes=out_bytes)
-    step_s = cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim, backward=backward) / cp
+    rank_s = cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim, backward=backward) / cp
+    step_s = rank_s / cp  # the rank's share of the attention, in cp equal steps
     kv_chunk_bytes = 2 * rank_tokens * kv_heads * head_dim * b * (2 if backward else 1)
     send_s = cm.collective_s(CollectiveKind.SEND_RECV, kv_chunk_bytes, 2, split.cp_scope)
     return step_s + (cp - 1) * max(step_s, send_s)
