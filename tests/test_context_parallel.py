@@ -407,4 +407,4 @@ def test_example_simulates_as_the_readme_quotes():
     """The README quotes `placeflow simulate --json` of the example (cp = 4)."""
     est = _simulate(load_plan(EXAMPLE))
     readme = (ROOT / "README.md").read_text()
-    assert f"iteration {est.iteration_s:,.3f} s" in readme
+    assert f"iteration {est.iteration_s:.3f} s" in readme
