@@ -392,15 +392,37 @@ def test_planner_offers_cp_and_sp_for_long_samples_only():
     assert {p.train.cp for p in ref} == {1}
 
 
-def test_example_exports_to_verl_and_openrlhf():
+def test_example_exports_compose_for_verl_and_parse_for_openrlhf():
+    """The example's CP and SP land in verl 0.9.1's composed Megatron config (hydra
+    rejects unknown keys) and in OpenRLHF 0.11.2's parsed flags."""
+    from test_export import _get, _openrlhf_args, _verl_config
+
     plan = load_plan(EXAMPLE)
-    verl = dict(a.split("=", 1) for a in export_plan(plan, Target.VERL).arguments)
-    assert verl["actor_rollout_ref.actor.megatron.context_parallel_size"] == "4"
-    assert verl["actor_rollout_ref.actor.megatron.sequence_parallel"] == "true"
-    flags = export_plan(plan, Target.OPENRLHF).arguments
-    i = flags.index("--ds.ring_attn_size")
-    assert flags[i + 1] == "4"
-    assert "--ds.packing_samples" in flags
+    cfg = _verl_config(list(export_plan(plan, Target.VERL).arguments))
+    for key in ("actor_rollout_ref.actor.megatron", "actor_rollout_ref.ref.megatron"):
+        assert _get(cfg, f"{key}.context_parallel_size") == 4
+        assert _get(cfg, f"{key}.sequence_parallel") is True
+    ns = _openrlhf_args(export_plan(plan, Target.OPENRLHF).arguments)
+    flags = vars(ns)
+    assert flags["ds.ring_attn_size"] == 4
+    assert flags["ds.ring_attn_head_stride"] == 1
+    assert flags["ds.packing_samples"] is True
+    # A plan without SP writes sequence_parallel = false: verl's default is true.
+    plain = load_plan(ROOT / "examples" / "plans" / "ppo-7b-colocate-h100x16.toml")
+    cfg = _verl_config(list(export_plan(plain, Target.VERL).arguments))
+    assert _get(cfg, "actor_rollout_ref.actor.megatron.sequence_parallel") is False
+    assert _get(cfg, "actor_rollout_ref.actor.megatron.context_parallel_size") == 1
+
+
+def test_ulysses_export_notes_what_the_targets_lack():
+    data = _example_dict()
+    for role in ("actor", "ref"):
+        data["parallelism"][role].update(cp_kind="ulysses", cp=2, d=4)
+    plan = plan_from_dict(data, "ulysses", ROOT)
+    verl = export_plan(plan, Target.VERL)
+    assert any("ulysses_sequence_parallel_size belongs to its FSDP" in n for n in verl.unexpressed)
+    openrlhf = export_plan(plan, Target.OPENRLHF)
+    assert any("ring attention only" in n for n in openrlhf.unexpressed)
 
 
 def test_example_simulates_as_the_readme_quotes():
