@@ -699,13 +699,14 @@ def _sources(
     if param.stage(generator_stage_layers(model.num_layers, gen.pg)) != gpp:
         return []
     stage = param.stage(train.stage_layers(model.num_layers))
-    # Generator replica r pulls from trainer replica r mod d, so replicas spread
-    # their load over the trainer's data-parallel copies.
-    dp = replica % train.d
-    if param.expert >= 0:  # held by one EP member of that replica's EP group
+    # Generator replica r pulls from trainer weight replica r mod d·cp, so replicas
+    # spread their load over the trainer's copies (data- and context-parallel ranks
+    # hold the same weights).
+    dp = replica % train.num_weight_replicas
+    if param.expert >= 0:  # held by one EP member of that replica's EP group (cp = 1)
         dp = dp // train.e * train.e + model.expert_rank(param, train.e)
     if param.sharding is Sharding.REPLICATED:
-        src = train.rank(pp=stage, tp=gtp % train.t, dp=dp)  # spread over the TP ranks
+        src = train.replica_rank(pp=stage, tp=gtp % train.t, replica=dp)  # spread over TP
         return [Send(src=src, dst=dst, param=param, rows=_full(param)[0], dst_start=0)]
     sends, dst_start = [], 0
     # Parts are split one by one (fused weights), so each generation range lies
@@ -717,7 +718,7 @@ def _sources(
             lo = max(want.start, part_start + tp * size)
             hi = min(want.start + want.length, part_start + (tp + 1) * size)
             if lo < hi:
-                src = train.rank(pp=stage, tp=tp, dp=dp)
+                src = train.replica_rank(pp=stage, tp=tp, replica=dp)
                 sends.append(
                     Send(
                         src=src,

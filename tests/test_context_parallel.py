@@ -25,6 +25,7 @@ from placeflow.models import ModelSpec
 from placeflow.plan import load_plan, plan_from_dict, plan_to_dict
 from placeflow.planner.space import LONG_SEQUENCE_TOKENS, parallelism_options
 from placeflow.profiles.schema import CollectiveKind, Scope
+from placeflow.reshard_plan import GeneratorLayout, TinyLlama, plan_disjoint, plan_reshard
 from placeflow.simulator import compute, memory
 from placeflow.simulator.simulate import cost_models_for, simulate
 from placeflow.workload import Role
@@ -128,6 +129,21 @@ def test_generation_treats_cp_ranks_as_weight_replicas():
     assert sorted(r for g in groups for r in g) == list(range(16))
     for g in groups:
         assert len({r // 4 for r in g}) == 1  # one replica: 4 consecutive ranks
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_reshard_and_weight_sync_treat_cp_ranks_as_dp_replicas(replicas):
+    """Rank order puts cp where dp would be for weights: a t = 2, cp = 2, d = 1 trainer
+    has the same transfer plans, rank for rank, as t = 2, d = 2."""
+    model = TinyLlama.from_model_spec(get_model("qwen2.5-0.5b"))
+    cp, dp = TrainLayout(t=2, cp=2), TrainLayout(t=2, d=2)
+    gen = GeneratorLayout(tg=1, replicas=replicas)
+    assert plan_disjoint(model, cp, gen, 1 << 24).ranks == (
+        plan_disjoint(model, dp, gen, 1 << 24).ranks
+    )
+    a = plan_reshard(model, GenLayout(train=cp, tg=1))
+    b = plan_reshard(model, GenLayout(train=dp, tg=1))
+    assert a.ranks == b.ranks and [g.ranks for g in a.groups] == [g.ranks for g in b.groups]
 
 
 @pytest.mark.parametrize(
