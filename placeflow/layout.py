@@ -69,13 +69,13 @@ class TrainLayout:
     """Training parallelism: pipeline p, tensor t, data d (ZeRO sharding over d).
 
     Expert parallelism e (mixture-of-experts models only) is carved out of the
-    data-parallel axis, as Megatron-core does with expert tensor parallelism
-    equal to t: the e consecutive data-parallel replicas at one (pp, tp)
-    position form an expert-parallel group, each member holding
-    num_experts / e of every MoE layer's experts (its tp-th slice of each);
-    expert weights are then replicated d / e times (the expert-data-parallel
-    groups, which all-reduce expert gradients). Dense weights stay replicated d
-    times. e = 1 is a dense layout.
+    d·cp weight replicas (data- and context-parallel ranks), as Megatron-core
+    does with expert tensor parallelism equal to t: the e consecutive weight
+    replicas at one (pp, tp) position form an expert-parallel group, each
+    member holding num_experts / e of every MoE layer's experts (its tp-th
+    slice of each); expert weights are then replicated d·cp / e times (the
+    expert-data-parallel groups, which all-reduce expert gradients). Dense
+    weights stay replicated d·cp times. e = 1 is a dense layout.
 
     Pipeline stages hold contiguous layers, L/p each, unless the first or the
     last stage is given its own layer count (Megatron-core's
@@ -114,11 +114,6 @@ class TrainLayout:
                 "sequence_parallel splits activations over the tensor-parallel ranks: it "
                 f"needs t >= 2, got t={self.t} (set sequence_parallel = false or raise t)"
             )
-        if self.cp > 1 and self.e > 1:
-            raise SpecError(
-                f"context parallel cp={self.cp} with expert parallel e={self.e} is not "
-                "modelled (Megatron folds cp into the expert groups); use cp = 1 or e = 1"
-            )
         for name in ("first_stage_layers", "last_stage_layers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -133,9 +128,10 @@ class TrainLayout:
                 "with p = 2 give first_stage_layers or last_stage_layers, not both "
                 "(the other stage holds the remaining layers)"
             )
-        if self.d % self.e:
+        if self.num_weight_replicas % self.e:
+            times_cp = f" times context parallel cp={self.cp}" if self.cp > 1 else ""
             raise SpecError(
-                f"expert parallel e={self.e} must divide data parallel d={self.d} "
+                f"expert parallel e={self.e} must divide data parallel d={self.d}{times_cp} "
                 "(expert-parallel groups are carved out of the data-parallel replicas)"
             )
 
@@ -224,13 +220,14 @@ class TrainLayout:
 
     @property
     def expert_dp(self) -> int:
-        """How many times each expert shard is replicated: d / e."""
-        return self.d // self.e
+        """How many times each expert shard is replicated: d·cp / e."""
+        return self.num_weight_replicas // self.e
 
     def ep_groups(self) -> list[list[int]]:
-        """Expert-parallel groups: e consecutive dp replicas at one (pp, tp) (the all-to-all)."""
+        """Expert-parallel groups: e consecutive weight replicas at one (pp, tp) (the
+        all-to-all)."""
         return [
-            [self.rank(pp=pp, tp=tp, dp=block * self.e + j) for j in range(self.e)]
+            [self.replica_rank(pp=pp, tp=tp, replica=block * self.e + j) for j in range(self.e)]
             for block in range(self.expert_dp)
             for pp in range(self.p)
             for tp in range(self.t)
@@ -239,7 +236,10 @@ class TrainLayout:
     def expert_dp_groups(self) -> list[list[int]]:
         """Ranks holding the same expert shard (they all-reduce its gradients)."""
         return [
-            [self.rank(pp=pp, tp=tp, dp=block * self.e + j) for block in range(self.expert_dp)]
+            [
+                self.replica_rank(pp=pp, tp=tp, replica=block * self.e + j)
+                for block in range(self.expert_dp)
+            ]
             for j in range(self.e)
             for pp in range(self.p)
             for tp in range(self.t)
@@ -247,7 +247,7 @@ class TrainLayout:
 
     def ep_rank(self, rank: int) -> int:
         """The rank's index in its expert-parallel group (which experts it holds)."""
-        return self.coords(rank)[2] % self.e
+        return self.replica_coords(rank)[2] % self.e
 
 
 @dataclass(frozen=True, kw_only=True)

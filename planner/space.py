@@ -190,7 +190,7 @@ def _layouts(model: ModelSpec, n: int, p: int, t: int, seq_len: int) -> list[Tra
     return [
         TrainLayout(p=p, t=t, d=n // (p * t * cp), e=e, cp=cp, sequence_parallel=sp)
         for cp in cps
-        for e in (expert_parallel_options(model, n // (p * t)) if cp == 1 else [1])
+        for e in expert_parallel_options(model, n // (p * t))  # e divides d·cp
         for sp in sps
     ]
 

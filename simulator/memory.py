@@ -56,7 +56,7 @@
 - Mixture of experts (`shard_params`): a rank of layout p-t-d-e holds the
   dense parameters / (t·p) and the routed experts' parameters / (t·p·e);
   ZeRO shards the dense part's state over d and the experts' over the
-  expert-data-parallel group d/e. Generation ranks hold M/(tg·pg) as before
+  expert-data-parallel group d·cp/e. Generation ranks hold M/(tg·pg) as before
   (experts spread over the replica's tg ranks).
 """
 
@@ -106,7 +106,7 @@ def shard_params(
     model: ModelSpec, layout: TrainLayout, *, value_head: bool
 ) -> tuple[tuple[float, int], ...]:
     """(parameters on one GPU, size of the data-parallel group that replicates them):
-    the dense part over d·cp, the routed experts over the expert-DP group d/e."""
+    the dense part over d·cp, the routed experts over the expert-DP group d·cp/e."""
     dense, experts = dense_and_expert_params(model, value_head=value_head)
     mp = _model_parallel_ways(model, layout)
     parts: tuple[tuple[float, int], ...] = ((dense / mp, layout.num_weight_replicas),)

@@ -120,6 +120,16 @@ def test_coordinates_are_a_bijection(p, t, cp, d):
         assert sorted(r for g in groups for r in g) == list(range(lay.world_size))
 
 
+def test_expert_groups_are_carved_out_of_the_weight_replicas():
+    """As Megatron-core folds cp into the expert groups: t = 1, cp = 2, d = 2, e = 2 has
+    4 weight replicas; an EP group is 2 consecutive replicas (a sample's cp ranks here),
+    each expert shard held d·cp/e = 2 times."""
+    lay = TrainLayout(cp=2, d=2, e=2)
+    assert lay.ep_groups() == [[0, 1], [2, 3]]
+    assert lay.expert_dp == 2 and lay.expert_dp_groups() == [[0, 2], [1, 3]]
+    assert [lay.ep_rank(r) for r in range(4)] == [0, 1, 0, 1]
+
+
 def test_generation_treats_cp_ranks_as_weight_replicas():
     """Each cp rank holds whole weights: colocated generation has d·cp·dg replicas and the
     micro-DP groups stay inside one weight replica."""
@@ -151,7 +161,7 @@ def test_reshard_and_weight_sync_treat_cp_ranks_as_dp_replicas(replicas):
     [
         ({"sequence_parallel": True}, "needs t >= 2"),
         ({"cp": 0}, "training cp must be a positive integer"),
-        ({"cp": 2, "e": 2, "d": 2}, "not modelled"),
+        ({"cp": 2, "e": 4, "d": 1}, "must divide data parallel d=1 times context parallel cp=2"),
     ],
 )
 def test_bad_layouts_are_refused(kwargs, message):
