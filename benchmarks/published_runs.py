@@ -34,9 +34,9 @@ rollouts, 4 optimizer steps of 512; Qwen3-235B 16 x 32 and DeepSeek-V3
 32 x 16 rollouts, one optimizer step of 512; micro-batch 1 with recomputation;
 a reference model with the actor's layout; 1-step-off rows put the generator
 on its own half of the GPUs (`colocated.resources` in the recipes). Layout
-approximations, per row in `RUNS` and the results: context parallelism is not
-modelled (CP 2 is folded into d); placeflow's expert TP equals t and e is
-carved out of d, so the published EP with expert TP 1 becomes the e that
+approximations, per row in `RUNS` and the results: context parallelism is
+ring cp (the Qwen3-235B on-policy row's CP 2); placeflow's expert TP equals t
+and e is carved out of d·cp, so the published EP with expert TP 1 becomes the e that
 gives each GPU the same expert bytes (E/(e·t) = E/EP_published); pipeline
 stages split the layers evenly unless the first / last stage is given its own
 count, as Megatron-core allows (Qwen3-235B has 94: PP 8 becomes 2 with t = 8;
@@ -159,9 +159,10 @@ RUNS = (
                  model="qwen3-235b-a22b", off_policy=False, num_gpus=128, avg_seq_len=5698,
                  tokens_per_s_per_gpu=58.9, step_s=395, prompts=16, samples=32, max_seq=8192,
                  published_layout="G [TP 16, PP 1]; T [TP 2, CP 2, EP 16, PP 8]",
-                 layout_note="PP 8 must divide 94 layers: p = 2, t = 8, d = 8 (CP folded into "
-                             "d), e = 8 (8 experts per GPU as published); generation tg 8 x pg 2",
-                 actor={"p": 2, "t": 8, "d": 8, "e": 8, "zero": 1, "tg": 8, "pg": 2,
+                 layout_note="PP 8 must divide 94 layers: p = 2, t = 8, ring CP 2 as published, "
+                             "d = 4, e = 2 (E/(e·t) = 8 experts per GPU as published); "
+                             "generation tg 8 x pg 2",
+                 actor={"p": 2, "t": 8, "cp": 2, "d": 4, "e": 2, "zero": 1, "tg": 8, "pg": 2,
                         "offload_optimizer": True}),
     PublishedRun(name="nemo-rl-v0.6-qwen3-235b-a22b-1off", source=SUMMARY_V06,
                  model="qwen3-235b-a22b", off_policy=True, num_gpus=256, avg_seq_len=5721,
@@ -236,7 +237,7 @@ def plan_dict(run: PublishedRun) -> dict[str, Any]:
     }
     train_gpus = run.num_gpus // 2 if run.off_policy else run.num_gpus
     actor = {"micro_batch": 1, "recompute": True, **run.actor}
-    layout_keys = ("p", "t", "d", "e", "first_stage_layers", "last_stage_layers")
+    layout_keys = ("p", "t", "d", "e", "cp", "first_stage_layers", "last_stage_layers")
     ref = {k: actor[k] for k in layout_keys if k in actor} | {"micro_batch": 2}
     sets: list[dict[str, Any]] = [
         {"roles": ["actor", "ref"], "pool": "h100", "first_device": 0, "num_devices": train_gpus}
@@ -270,8 +271,9 @@ def annotate(path: Path, run: PublishedRun) -> None:
         f"Published row: {run.source}: {run.model}, {run.num_gpus} H100, "
         f"{'1-step off' if run.off_policy else 'on-policy'}, step {run.step_s} s.",
         f"Published layout: {run.published_layout}.",
-        f"This plan: {run.layout_note}. Context parallelism is not modelled (folded into d); "
-        "expert TP equals t and e is carved out of d (placeflow.layout.TrainLayout).",
+        f"This plan: {run.layout_note}. "
+        + ("" if "cp" in run.actor else "Context parallelism is not modelled (folded into d); ")
+        + "expert TP equals t and e is carved out of d (placeflow.layout.TrainLayout).",
     ]
     if run.actor.get("offload_optimizer"):
         notes.append(

@@ -456,3 +456,13 @@ def test_example_simulates_as_the_readme_quotes():
     est = _simulate(load_plan(EXAMPLE))
     readme = (ROOT / "README.md").read_text()
     assert f"iteration {est.iteration_s:.3f} s" in readme
+
+
+def test_published_cp_row_is_expressed_with_cp():
+    """NeMo RL's Qwen3-235B on-policy row (T: TP 2, CP 2, EP 16, PP 8) as a plan with
+    ring cp = 2 and EP carved out of d·cp; it simulates as feasible."""
+    plan = load_plan(ROOT / "examples" / "published" / "nemo-rl-v0.6-qwen3-235b-a22b-on.toml")
+    actor = plan.parallelism[Role.ACTOR].train
+    assert (actor.cp, actor.d, actor.e, actor.expert_dp) == (2, 4, 2, 4)
+    assert plan.parallelism[Role.REF].train.cp == 2
+    assert _simulate(plan).feasible
