@@ -6,6 +6,9 @@ algorithm = "ppo"                 # ppo | grpo | remax | safe-rlhf
 rollout_engine = "builtin"        # builtin | vllm (optional; how decode is priced)
 gpu_memory_utilization = 0.9      # share of the memory left after resident state for KV
 max_num_seqs = 256                # sequences a generation replica runs at once (vLLM's)
+generation_precision = "bf16"     # bf16 | fp8 (vLLM's quantization="fp8"; FP8 GPUs only)
+kv_cache_dtype = "auto"           # auto | fp8 (vLLM's kv_cache_dtype)
+train_precision = "bf16"          # bf16 | fp8 (TransformerEngine FP8 GEMMs; FP8 GPUs only)
 [models]                          # role -> catalogue name or HF config path
 actor = "llama-2-7b"
 critic = "llama-2-7b"
@@ -56,6 +59,29 @@ class Algorithm(StrEnum):
     GRPO = "grpo"
     REMAX = "remax"
     SAFE_RLHF = "safe-rlhf"
+
+
+class Precision(StrEnum):
+    """The number format of a phase's GEMMs.
+
+    bf16: weights and GEMMs in bf16. fp8: FP8 (e4m3) GEMMs with per-tensor scales,
+    on GPUs with FP8 tensor cores (Hopper, Blackwell). For generation that is vLLM's
+    `quantization="fp8"`: the generation copy of the weights is 1 byte per parameter
+    and the weights are quantised as they arrive. For training it is
+    TransformerEngine's FP8 recipe (NeMo RL, Megatron's `fp8`): the GEMMs of the
+    trained roles' forward and backward run in FP8 while the master weights,
+    gradients and optimizer state keep their formats.
+    """
+
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+
+class KVCacheDType(StrEnum):
+    """vLLM's kv_cache_dtype: auto (the model's dtype) or fp8 (1 byte per element)."""
+
+    AUTO = "auto"
+    FP8 = "fp8"
 
 
 class RolloutEngine(StrEnum):
@@ -308,6 +334,9 @@ class Workload:
     # the default of vLLM's LLM class (vllm/engine/arg_utils.py); recent vLLM raises it
     # to 1024 on GPUs of >= 70 GiB other than A100.
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    generation_precision: Precision = Precision.BF16
+    kv_cache_dtype: KVCacheDType = KVCacheDType.AUTO
+    train_precision: Precision = Precision.BF16
     rl: RLConfig = field(default_factory=RLConfig)
     data: DataSpec | None = None
     lora: LoRASpec | None = None  # None: full fine-tuning of every trained role
@@ -449,7 +478,7 @@ def _data_spec(t: Table, base_dir: Path | None) -> DataSpec:
 _WORKLOAD_KEYS = (
     "name", "algorithm", "models", "batch", "reward_function", "reward_workers",
     "async_one_step_off", "rl", "data", "rollout_engine", "gpu_memory_utilization",
-    "max_num_seqs", "lora",
+    "max_num_seqs", "lora", "generation_precision", "kv_cache_dtype", "train_precision",
 )  # fmt: skip
 
 
@@ -507,6 +536,15 @@ def workload_from_dict(
             "gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION
         ),
         max_num_seqs=t.get_int("max_num_seqs", DEFAULT_MAX_NUM_SEQS),
+        generation_precision=parse_enum(
+            Precision, t.get_str("generation_precision", "bf16"), where, "generation_precision"
+        ),
+        kv_cache_dtype=parse_enum(
+            KVCacheDType, t.get_str("kv_cache_dtype", "auto"), where, "kv_cache_dtype"
+        ),
+        train_precision=parse_enum(
+            Precision, t.get_str("train_precision", "bf16"), where, "train_precision"
+        ),
         rl=rl,
         data=_data_spec(t.table("data"), base_dir) if t.has("data") else None,
         lora=_lora_spec(t.table("lora")) if t.has("lora") else None,
@@ -568,6 +606,12 @@ def workload_to_dict(w: Workload) -> dict[str, Any]:
         out["gpu_memory_utilization"] = w.gpu_memory_utilization
     if w.max_num_seqs != DEFAULT_MAX_NUM_SEQS:
         out["max_num_seqs"] = w.max_num_seqs
+    if w.generation_precision is not Precision.BF16:
+        out["generation_precision"] = w.generation_precision.value
+    if w.kv_cache_dtype is not KVCacheDType.AUTO:
+        out["kv_cache_dtype"] = w.kv_cache_dtype.value
+    if w.train_precision is not Precision.BF16:
+        out["train_precision"] = w.train_precision.value
     if w.data is not None:
         # Only what is set, with paths resolved, so that the table stands alone.
         out["data"] = {

@@ -195,7 +195,9 @@ class _Prices:
         if kv is None:
             budgets, per_seq = _kv_budgets(self.wl, par, self.pool)
             model = self.wl.models[Role.ACTOR]
-            extra = memory.colocated_gen_extra_bytes(model, par.gen_layout(), par.zero)
+            extra = memory.colocated_gen_extra_bytes(
+                model, par.gen_layout(), par.zero, self.wl.generation_precision
+            )
             u = self.wl.gpu_memory_utilization
             kv = self._kv[key] = [(b, extra + b * per_seq / u) for b in budgets]
         return kv

@@ -52,7 +52,11 @@ from placeflow.planner.variables import MIB
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import callcosts
-from placeflow.simulator.memory import kv_capacity_seqs, weight_bytes_per_gpu
+from placeflow.simulator.memory import (
+    generation_weight_bytes,
+    kv_capacity_seqs,
+    weight_bytes_per_gpu,
+)
 from placeflow.simulator.rolecosts import kv_bytes_per_seq, role_call_costs
 from placeflow.workload import Role, Workload
 
@@ -118,6 +122,8 @@ def generator_option(
     par = RoleParallelism(train=TrainLayout(p=1, t=tg, d=m // tg), tg=tg, pg=1)
     gen = par.gen_layout(m)
     shard = weight_bytes_per_gpu(actor, tg, 1, value_head=False)
+    # An FP8 generator holds 1 byte per parameter (memory.generation_weight_bytes).
+    shard *= generation_weight_bytes(actor, wl.generation_precision) / actor.num_bytes()
     lora = wl.lora_of(Role.ACTOR)
     if lora is not None:  # the generator keeps the base and loads the adapters (lora.py)
         shard += lora.params(actor) * actor.dtype.num_bytes / tg

@@ -29,6 +29,7 @@ bus bandwidth and latency there (bandwidth is a property of the link).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -188,6 +189,12 @@ class CostModel:
     # The cost model of the host CPU that drives this device, for work done there (the
     # host optimizer step); `registry.fitted_cost_model` attaches the `cpu` profile's.
     host: CostModel | None = field(default=None, hash=False, compare=False, repr=False)
+    # FP8 GEMMs (placeflow.workload.Precision): how much faster a GEMM runs in FP8 than
+    # in the profile's dtype, from the device's datasheet (0: no FP8 tensor cores);
+    # `registry.fitted_cost_model` sets it. `gemm_scale` multiplies every GEMM time of
+    # this model: 1 for the profile's dtype, 1/speedup in the view `fp8()` returns.
+    fp8_gemm_speedup: float = 0.0
+    gemm_scale: float = 1.0
     # Per op: exact key parts, log numeric key parts and the series, for nearest lookups.
     series_index: Mapping[Op, tuple[list[tuple[int | str, ...]], np.ndarray, list[Series]]] = field(
         default_factory=dict, hash=False, compare=False, repr=False
@@ -314,10 +321,29 @@ class CostModel:
 
     def gemm_s(self, m: int, n: int, k: int) -> float:
         m, n, k = max(1, m), max(1, n), max(1, k)
-        hit = self._memo.get((Op.GEMM, m, n, k))
+        key = (Op.GEMM, m, n, k)
+        hit = self._memo.get(key)
         if hit is None:
-            hit = self._memo_time(Op.GEMM, {"m": m, "n": n, "k": k})
+            params: dict[str, int | str] = {"m": m, "n": n, "k": k}
+            hit = self._memo[key] = self.time_s(Op.GEMM, params) * self.gemm_scale
         return hit
+
+    def fp8(self) -> CostModel:
+        """This model with GEMMs in FP8: each GEMM's time divided by the datasheet's FP8
+        speedup (compute and weight-read roofs both halve on Hopper and Blackwell; the
+        fixed cost of a small GEMM and the activations' quantisation are not priced,
+        so this is the most FP8 gives). Its own memo; SpecError without FP8."""
+        if self.fp8_gemm_speedup <= 0:
+            raise SpecError(
+                f"profile {self.profile_name!r} has no FP8 tensor cores (its datasheet has "
+                "no FP8 peak): use bf16, or a pool of H100, H800, H20, B200 or GB200 GPUs"
+            )
+        view = self._memo.get(("fp8 view",))
+        if view is None:
+            view = self._memo[("fp8 view",)] = dataclasses.replace(
+                self, gemm_scale=self.gemm_scale / self.fp8_gemm_speedup, _memo={}
+            )
+        return view
 
     def attn_prefill_s(
         self,

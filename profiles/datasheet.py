@@ -80,6 +80,14 @@ class DatasheetFigures:
     inter_node_bytes_per_s: float  # per GPU, one NIC per GPU
     host_link_bytes_per_s: float  # PCIe, per direction
     sources: str
+    # Dense FP8 (e4m3) tensor-core peak; 0: no FP8 tensor cores (Ampere).
+    peak_fp8_flops_per_s: float = 0.0
+
+    @property
+    def fp8_gemm_speedup(self) -> float:
+        """How much faster a GEMM runs in FP8 than in bf16 on the datasheet: the ratio of
+        the dense peaks (the bytes a GEMM reads halve too), 0 without FP8."""
+        return self.peak_fp8_flops_per_s / self.peak_bf16_flops_per_s
 
     def __post_init__(self) -> None:
         for name in (
@@ -110,6 +118,7 @@ H100_SXM = DatasheetFigures(
     inter_node_bytes_per_s=50 * GB,  # DGX H100: one 400 Gb/s NDR ConnectX-7 per GPU
     host_link_bytes_per_s=64 * GB,  # PCIe Gen5 x16: 128 GB/s bidirectional
     sources="NVIDIA H100 datasheet; DGX H100 user guide",
+    peak_fp8_flops_per_s=1979e12,  # dense FP8, H100 datasheet
 )
 
 A100_80GB_SXM = DatasheetFigures(

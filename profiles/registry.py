@@ -72,6 +72,12 @@ def fitted_cost_model(name_or_path: str) -> CostModel:
         fitted = CostModel.fit(load_profile(name_or_path))
         if fitted.device_kind != "cpu":
             fitted = dataclasses.replace(fitted, host=fitted_cost_model(HOST_PROFILE))
+        # Imported here: the sibling profiles' module builds on this registry.
+        from placeflow.profiles.siblings import FIGURES_BY_PROFILE
+
+        figures = FIGURES_BY_PROFILE.get(fitted.profile_name)
+        if figures is not None:
+            fitted = dataclasses.replace(fitted, fp8_gemm_speedup=figures.fp8_gemm_speedup)
         _FITTED[key] = fitted
     return _FITTED[key]
 

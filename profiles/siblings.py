@@ -61,6 +61,7 @@ H800_SXM = DatasheetFigures(
     inter_node_bytes_per_s=50 * GB,  # 400 Gb/s NDR per GPU (DeepSeek-V3 report's H800 nodes)
     host_link_bytes_per_s=64 * GB,  # PCIe Gen5 x16
     sources="NVIDIA H800 product brief; DeepSeek-V3 technical report (arXiv 2412.19437) cluster",
+    peak_fp8_flops_per_s=1979e12,  # the H100's: DeepSeek-V3 trained in FP8 on it
 )
 
 H20 = DatasheetFigures(
@@ -71,6 +72,7 @@ H20 = DatasheetFigures(
     inter_node_bytes_per_s=50 * GB,  # 400 Gb/s per GPU
     host_link_bytes_per_s=64 * GB,  # PCIe Gen5 x16
     sources="NVIDIA H20 product brief (148 TFLOP/s dense FP16/BF16, 4.0 TB/s HBM3, 96 GB)",
+    peak_fp8_flops_per_s=296e12,  # dense FP8, H20 product brief
 )
 
 A800_80GB_SXM = DatasheetFigures(
@@ -91,6 +93,7 @@ B200_HGX = DatasheetFigures(
     inter_node_bytes_per_s=50 * GB,  # DGX B200: one 400 Gb/s ConnectX-7 per GPU
     host_link_bytes_per_s=64 * GB,  # PCIe Gen5 x16
     sources="NVIDIA DGX B200 datasheet (1,440 GB HBM3e, 64 TB/s, 72 PFLOP/s FP8 training)",
+    peak_fp8_flops_per_s=4.5e15,  # dense: 72 PFLOP/s over 8 GPUs is with 2:4 sparsity
 )
 
 GB200_NVL72 = DatasheetFigures(
@@ -101,6 +104,7 @@ GB200_NVL72 = DatasheetFigures(
     inter_node_bytes_per_s=50 * GB,  # between racks: one 400 Gb/s NIC per GPU
     host_link_bytes_per_s=450 * GB,  # NVLink-C2C to Grace: 900 GB/s bidirectional
     sources="NVIDIA GB200 NVL72 datasheet (13.4 TB HBM3e per 72 GPUs, 130 TB/s NVLink)",
+    peak_fp8_flops_per_s=5e15,  # dense; 720 PFLOP/s FP8 per 72 GPUs with 2:4 sparsity
 )
 
 
@@ -132,6 +136,14 @@ RECIPES = (
 )
 
 # World sizes of the NVL72 domain priced beyond the sibling's largest intra-node world.
+# The vendor figures of every shipped GPU profile, by profile name: the measured and
+# imported ones (H100, A100) and the datasheet siblings above.
+FIGURES_BY_PROFILE: Mapping[str, DatasheetFigures] = {
+    "h100-sxm": H100_SXM,
+    "a100-80gb": A100_80GB_SXM,
+    **{r.name: r.figures for r in RECIPES},
+}
+
 LARGE_DOMAIN_WORLDS = (16, 32, 64, 72)
 # bf16 / fp16 entries; a ratio of two rooflines, so it only picks the bound
 DTYPE_BYTES = DType.BF16.num_bytes

@@ -67,7 +67,7 @@ from placeflow.reshard_plan import (
 )
 from placeflow.simulator import compute, memory
 from placeflow.simulator.lengths import LengthModel
-from placeflow.workload import LoRASpec, RolloutEngine
+from placeflow.workload import KVCacheDType, LoRASpec, RolloutEngine
 
 DECODE_POINTS = 12
 
@@ -92,6 +92,7 @@ class GenerationShape:
     lengths: LengthModel
     kv_capacity_seqs: int
     engine: RolloutEngine = RolloutEngine.BUILTIN  # how a decode step runs (compute.py)
+    kv_dtype: KVCacheDType = KVCacheDType.AUTO  # vLLM's kv_cache_dtype
 
 
 def _decode_sum_s(
@@ -146,7 +147,7 @@ def generation_cost(
     kv_bytes = (
         batch
         * (prompt + shape.lengths.max_len)
-        * memory.kv_bytes_per_token_per_gpu(model, gen.tg, gen.pg)
+        * memory.kv_bytes_per_token_per_gpu(model, gen.tg, gen.pg, shape.kv_dtype)
     )
     time_s = prefill_s + steady_s + tail_s
     return CallCost(

@@ -65,7 +65,7 @@ from __future__ import annotations
 from placeflow.layout import GenLayout, TrainLayout, generation_shard_bytes
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
-from placeflow.workload import LoRASpec
+from placeflow.workload import KVCacheDType, LoRASpec, Precision
 
 ADAM_BYTES_PER_PARAM = 16
 
@@ -226,11 +226,17 @@ def forward_activation_bytes(
     return layer + logits_bytes(model, t, tokens, value_head=value_head)
 
 
-def kv_bytes_per_token_per_gpu(model: ModelSpec, tg: int, pg: int) -> float:
+def kv_bytes_per_token_per_gpu(
+    model: ModelSpec, tg: int, pg: int, kv_dtype: KVCacheDType = KVCacheDType.AUTO
+) -> float:
+    """KV cache bytes of one token on one generation GPU; an fp8 cache (vLLM's
+    kv_cache_dtype="fp8") keeps 1 byte per element instead of the model dtype's."""
+    scale = 1 / model.dtype.num_bytes if kv_dtype is KVCacheDType.FP8 else 1
     if model.mla is not None:
-        return model.kv_cache_bytes_per_token / pg
+        return model.kv_cache_bytes_per_token / pg * scale
     kv_heads_per_rank = model.kv_heads_per_rank(tg)
-    return 2 * model.num_layers / pg * kv_heads_per_rank * model.head_dim * model.dtype.num_bytes
+    elt = model.dtype.num_bytes * scale
+    return 2 * model.num_layers / pg * kv_heads_per_rank * model.head_dim * elt
 
 
 def trained_resident_bytes_per_gpu(
@@ -285,9 +291,23 @@ def kv_capacity_seqs(
     return min(max_num_seqs, int(gpu_memory_utilization * free_bytes // kv_bytes_per_seq))
 
 
-def colocated_gen_extra_bytes(model: ModelSpec, gen: GenLayout, zero: int) -> float:
+def generation_weight_bytes(model: ModelSpec, precision: Precision = Precision.BF16) -> float:
+    """Bytes of the generation copy of `model`'s weights: its dtype's, or 1 per parameter
+    in FP8 (vLLM's quantization="fp8"; the per-tensor scales are negligible)."""
+    if precision is Precision.FP8:
+        return model.num_bytes() / model.dtype.num_bytes
+    return float(model.num_bytes())
+
+
+def colocated_gen_extra_bytes(
+    model: ModelSpec, gen: GenLayout, zero: int, precision: Precision = Precision.BF16
+) -> float:
     """Generation weights a colocated actor adds beyond the training weights it keeps:
     M/(tg·pg) − M/(t·p), or − M/(t·p·d) under ZeRO-3, whose ranks keep 1/d of their
-    t·p shard and must gather the rest before generating."""
+    t·p shard and must gather the rest before generating. An FP8 generation copy is
+    a quantised copy of its own (M/2 for bf16 weights), reusing none of the training
+    weights' memory."""
+    if precision is Precision.FP8:
+        return generation_shard_bytes(int(generation_weight_bytes(model, precision)), gen)
     kept = kept_weight_bytes_per_gpu(model, gen.train, zero, value_head=False)
     return generation_shard_bytes(model.num_bytes(), gen) - kept

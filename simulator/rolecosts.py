@@ -29,7 +29,7 @@ from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import DispatchKind, Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.lengths import LengthModel
-from placeflow.workload import BatchSpec, LoRASpec, Role, Workload
+from placeflow.workload import BatchSpec, LoRASpec, Precision, Role, Workload
 
 
 def span_scope(first_device: int, gpus_per_node: int, groups: Iterable[list[int]]) -> Scope:
@@ -134,7 +134,7 @@ def kv_bytes_per_seq(workload: Workload, gen: GenLayout) -> float:
     actor = workload.models[Role.ACTOR]
     batch = workload.batch
     return (batch.prompt_len + batch.response_len) * memory.kv_bytes_per_token_per_gpu(
-        actor, gen.tg, gen.pg
+        actor, gen.tg, gen.pg, workload.kv_cache_dtype
     )
 
 
@@ -210,6 +210,19 @@ def call_key(call: ModelCall, par: RoleParallelism) -> tuple[object, ...]:
     )
 
 
+def gemm_model(workload: Workload, call: ModelCall, cm: CostModel) -> CostModel:
+    """The cost model a call's GEMMs run under: FP8 (`CostModel.fp8`) for generation
+    with generation_precision fp8, and for the trained roles' (actor, critic)
+    forward and update calls with train_precision fp8 (TransformerEngine trains
+    them; the frozen roles' engines stay in bf16); else `cm`."""
+    if call.kind == CallKind.GENERATE:
+        fp8 = workload.generation_precision is Precision.FP8
+    else:
+        trained = call.role in (Role.ACTOR, Role.CRITIC)
+        fp8 = trained and workload.train_precision is Precision.FP8
+    return cm.fp8() if fp8 else cm
+
+
 def call_cost(
     workload: Workload,
     call: ModelCall,
@@ -234,13 +247,14 @@ def call_cost(
             lengths=LengthModel.of(workload.batch),  # a greedy baseline: same in expectation
             kv_capacity_seqs=kv_seqs,
             engine=workload.rollout_engine,
+            kv_dtype=workload.kv_cache_dtype,
         )
-        cost = callcosts.generation_cost(cm, model, gen, shape)
+        cost = callcosts.generation_cost(gemm_model(workload, call, cm), model, gen, shape)
         per_rank = shape.num_seqs
     elif call.kind == CallKind.FORWARD:
         dp, ep, dp_rpn, _ = train_scopes(first_device, gpus_per_node, par.train)
         cost = callcosts.forward_cost(
-            cm,
+            gemm_model(workload, call, cm),
             model,
             par,
             call.num_samples,
@@ -256,7 +270,7 @@ def call_cost(
     else:
         dp, ep, dp_rpn, expert_dp_rpn = train_scopes(first_device, gpus_per_node, par.train)
         cost = callcosts.train_cost(
-            cm,
+            gemm_model(workload, call, cm),
             model,
             par,
             call.num_samples,

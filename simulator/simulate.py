@@ -72,7 +72,8 @@ def _resident_bytes(plan: Plan, set_index: int) -> float:
         actor = wl.models[Role.ACTOR]
         lora = wl.lora_of(Role.ACTOR)
         adapters = lora.params(actor) * actor.dtype.num_bytes if lora is not None else 0
-        return gen_shard_bytes(actor.num_bytes() + adapters, par.tg, par.pg)
+        weights = memory.generation_weight_bytes(actor, wl.generation_precision)
+        return gen_shard_bytes(int(weights) + adapters, par.tg, par.pg)
     return sum(resident_bytes(wl.models[r], r, plan.parallelism[r], wl.lora_of(r)) for r in s.roles)
 
 
@@ -89,7 +90,12 @@ def _kv_seqs(plan: Plan, resident: list[float]) -> tuple[int, int, str | None]:
     set_index = gen_set if gen_set is not None else plan.set_of(Role.ACTOR)
     actor = plan.workload.models[Role.ACTOR]
     zero = plan.parallelism[Role.ACTOR].zero
-    extra = 0.0 if gen_set is not None else memory.colocated_gen_extra_bytes(actor, gen, zero)
+    precision = plan.workload.generation_precision
+    extra = (
+        0.0
+        if gen_set is not None
+        else memory.colocated_gen_extra_bytes(actor, gen, zero, precision)
+    )
     capacity = plan.pool_of(set_index).gpu.usable_bytes
     free = capacity - resident[set_index] - extra
     per_seq = kv_bytes_per_seq(plan.workload, gen)
