@@ -17,7 +17,7 @@ from __future__ import annotations
 from placeflow.errors import SpecError
 from placeflow.models import Feature
 from placeflow.plan import Plan, RoleParallelism
-from placeflow.workload import Role
+from placeflow.workload import KVCacheDType, Precision, Role
 
 # What the engines run of a model: Llama/Qwen2/Qwen3 layers and mixtures of experts.
 # Latent attention is refused by name, not run as a different model.
@@ -35,6 +35,21 @@ def executable_problems(plan: Plan) -> list[str]:
             f"[lora] (rank {w.lora.rank} on {', '.join(w.lora.roles)}) is simulated, planned "
             "and exported (verl, OpenRLHF), but the executor's engines train full weights; "
             "remove [lora] to run the plan here"
+        )
+    fp8 = [
+        f"{key} = {value}"
+        for key, value, default in (
+            ("generation_precision", w.generation_precision, Precision.BF16),
+            ("kv_cache_dtype", w.kv_cache_dtype, KVCacheDType.AUTO),
+            ("train_precision", w.train_precision, Precision.BF16),
+        )
+        if value != default
+    ]
+    if fp8:
+        problems.append(
+            f"{', '.join(fp8)} is simulated, planned and exported, but the executor's "
+            "engines compute in bf16/fp32 (no FP8 kernels on its CPU workers); use bf16 "
+            "and auto to run the plan here"
         )
     for role, spec in w.models.items():
         try:

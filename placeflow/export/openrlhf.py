@@ -181,6 +181,21 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
         "--algo.kl.init_coef", str(rl.kl_coef),
     ]  # fmt: skip
     flags += _packing(plan, forward, notes)
+    low = {
+        key: value
+        for key, value in (
+            ("generation_precision", w.generation_precision.value),
+            ("kv_cache_dtype", w.kv_cache_dtype.value),
+            ("train_precision", w.train_precision.value),
+        )
+        if value == "fp8"
+    }
+    if low:
+        notes.append(
+            ", ".join(f"{k} {v}" for k, v in low.items())
+            + ": OpenRLHF's train_ppo_ray has no FP8 flag (its vLLM engines and DeepSpeed "
+            "train in the --ds.param_dtype)"
+        )
     flags += _ring_attention(plan, "--ds.packing_samples" in flags, notes)
     if rl.entropy_coef:
         flags += ["--actor.entropy_coef", str(rl.entropy_coef)]

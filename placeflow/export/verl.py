@@ -14,6 +14,7 @@ size (placeflow's tg). The mapping:
   actor tg, pg                  actor_rollout_ref.rollout.tensor_model_parallel_size, pipeline_...
   micro_batch                   ppo_micro_batch_size_per_gpu
   forward_micro_batch           log_prob_micro_batch_size_per_gpu (actor, ref)
+  generation_precision fp8      actor_rollout_ref.rollout.quantization
   micro_batch_tokens            use_dynamic_bsz, ppo_max_token_len_per_gpu (actor, critic)
   forward_micro_batch_tokens    log_prob_use_dynamic_bsz, log_prob_max_token_len_per_gpu
                                   (actor's rollout, ref); critic.forward_max_token_len_per_gpu
@@ -46,7 +47,7 @@ from placeflow.export import Export, Target
 from placeflow.export.common import lora_alpha, lora_target_modules, nodes_of, set_label
 from placeflow.layout import CPKind
 from placeflow.plan import Plan, RoleParallelism
-from placeflow.workload import Algorithm, LoRASpec, Role
+from placeflow.workload import Algorithm, KVCacheDType, LoRASpec, Precision, Role
 
 CONFIG_NAME = "ppo_megatron_trainer"
 COMMAND = ("python3", "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}")
@@ -151,6 +152,7 @@ def export(plan: Plan) -> Export:
         out |= _reward(plan, notes)
     if w.lora is not None:
         out |= _lora(w.lora)
+    out |= _precision(plan, notes)
     if Role.COST in w.models:
         notes.append("cost: verl has no cost model (Safe-RLHF's); left out")
     return Export(
@@ -166,6 +168,22 @@ def export(plan: Plan) -> Export:
             "and give the data files (data.train_files, data.val_files)",
         ),
     )
+
+
+def _precision(plan: Plan, notes: list[str]) -> dict[str, object]:
+    """FP8 generation is vLLM's online quantisation (`rollout.quantization`); an fp8 KV
+    cache and FP8 training have no key in verl 0.9's config."""
+    w = plan.workload
+    if w.kv_cache_dtype is not KVCacheDType.AUTO:
+        notes.append(f"kv_cache_dtype {w.kv_cache_dtype}: verl's rollout config has no key for it")
+    if w.train_precision is not Precision.BF16:
+        notes.append(
+            f"train_precision {w.train_precision}: verl's Megatron trainer has no FP8 key in its "
+            "config (TransformerEngine's recipe would be set in its transformer config)"
+        )
+    if w.generation_precision is Precision.BF16:
+        return {}
+    return {"actor_rollout_ref.rollout.quantization": w.generation_precision.value}
 
 
 def _dynamic_bsz(
