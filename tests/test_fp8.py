@@ -128,10 +128,10 @@ def test_executor_refuses_fp8_and_exports_say_what_they_can() -> None:
     )
     assert any("generation_precision = fp8" in p for p in executable_problems(plan))
     verl = export_plan(plan, Target.VERL)
-    assert (
-        _get(_verl_config(list(verl.arguments)), "actor_rollout_ref.rollout.quantization") == "fp8"
-    )
-    assert any("kv_cache_dtype fp8" in n for n in verl.unexpressed)
+    cfg = _verl_config(list(verl.arguments))
+    assert _get(cfg, "actor_rollout_ref.rollout.quantization") == "fp8"
+    assert _get(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype") == "fp8"
+    assert not any("kv_cache_dtype" in n for n in verl.unexpressed)
     openrlhf = export_plan(plan, Target.OPENRLHF)
     _openrlhf_args(openrlhf.arguments)
     assert any("no FP8 flag" in n for n in openrlhf.unexpressed)

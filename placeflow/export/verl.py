@@ -15,6 +15,7 @@ size (placeflow's tg). The mapping:
   micro_batch                   ppo_micro_batch_size_per_gpu
   forward_micro_batch           log_prob_micro_batch_size_per_gpu (actor, ref)
   generation_precision fp8      actor_rollout_ref.rollout.quantization
+  kv_cache_dtype fp8            +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype
   micro_batch_tokens            use_dynamic_bsz, ppo_max_token_len_per_gpu (actor, critic)
   forward_micro_batch_tokens    log_prob_use_dynamic_bsz, log_prob_max_token_len_per_gpu
                                   (actor's rollout, ref); critic.forward_max_token_len_per_gpu
@@ -171,19 +172,21 @@ def export(plan: Plan) -> Export:
 
 
 def _precision(plan: Plan, notes: list[str]) -> dict[str, object]:
-    """FP8 generation is vLLM's online quantisation (`rollout.quantization`); an fp8 KV
-    cache and FP8 training have no key in verl 0.9's config."""
+    """FP8 generation is vLLM's online quantisation (`rollout.quantization`), an fp8 KV
+    cache a vLLM engine argument (`rollout.engine_kwargs.vllm`, passed to vLLM as
+    given); FP8 training has no key in verl 0.9's config."""
     w = plan.workload
+    out: dict[str, object] = {}
     if w.kv_cache_dtype is not KVCacheDType.AUTO:
-        notes.append(f"kv_cache_dtype {w.kv_cache_dtype}: verl's rollout config has no key for it")
+        out["+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype"] = w.kv_cache_dtype.value
     if w.train_precision is not Precision.BF16:
         notes.append(
             f"train_precision {w.train_precision}: verl's Megatron trainer has no FP8 key in its "
             "config (TransformerEngine's recipe would be set in its transformer config)"
         )
-    if w.generation_precision is Precision.BF16:
-        return {}
-    return {"actor_rollout_ref.rollout.quantization": w.generation_precision.value}
+    if w.generation_precision is not Precision.BF16:
+        out["actor_rollout_ref.rollout.quantization"] = w.generation_precision.value
+    return out
 
 
 def _dynamic_bsz(
