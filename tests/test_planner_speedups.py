@@ -3,14 +3,18 @@
 `pareto_indices` (column-by-column block sweep) against the front by its
 definition, on random rows with many ties and equal columns, in the sizes the
 set fronts use (beyond one sweep block and beyond `_CHUNK`, where the order
-changes from index to lexicographic).
+changes from index to lexicographic), and that the cost table's pause of the
+garbage collector leaves it as it was.
 """
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
+from placeflow.planner.costtable import _gc_paused
 from placeflow.planner.pareto import _CHUNK, pareto_indices, pareto_mask
 
 
@@ -53,3 +57,19 @@ def test_pareto_mask_keeps_equal_rows_by_definition(n: int) -> None:
     rng = np.random.default_rng(n)
     points = rng.integers(0, 5, size=(n, 5)).astype(float)
     assert pareto_mask(points).tolist() == _brute_mask(points)
+
+
+def test_gc_pause_restores_the_collector_as_it_was() -> None:
+    was = gc.isenabled()
+    try:
+        for before in (True, False):
+            (gc.enable if before else gc.disable)()
+            with pytest.raises(ValueError), _gc_paused():
+                assert not gc.isenabled()
+                raise ValueError("the table's build failed")
+            assert gc.isenabled() is before
+            with _gc_paused():
+                assert not gc.isenabled()
+            assert gc.isenabled() is before
+    finally:
+        (gc.enable if was else gc.disable)()
