@@ -4,9 +4,10 @@ The phases of `plan_search`, run one by one: the cost table, the generator
 options, the set fronts of every placement's sets, and the per-placement
 solves with validation and re-scoring, each timed with `time.process_time`
 (CPU time of this process: on a shared machine the load inflates wall time
-far more). Writes benchmarks/results/planner_phases.json.
+far more). Writes benchmarks/results/planner_phases.json (or --out), with the load
+average before the run and the share of the cores other processes used during it.
 
-    python benchmarks/planner_phases.py [--gpus 128] [--model llama-2-13b]
+    python benchmarks/planner_phases.py [--gpus 128] [--model llama-2-13b] [--out FILE]
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from cpu_monitor import CpuMonitor  # benchmarks/, next to this file
 from planner_speed import ROOT, ppo_problem
 
 from placeflow.planner import Objective
@@ -33,10 +35,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gpus", type=int, default=128)
     parser.add_argument("--model", default="llama-2-13b")
+    # Interleaved runs of two checkouts keep the default file (and its command) intact.
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/planner_phases.json")
     args = parser.parse_args()
     cluster, wl = ppo_problem(args.gpus, args.model)
     costs = {p.profile: fitted_cost_model(p.profile) for p in cluster.pools}
-    load = os.getloadavg()[0]
+    load, start = os.getloadavg()[0], time.time()
+    # Other processes' share of the cores while the phases run (psutil, the bench extra).
+    monitor = CpuMonitor().__enter__()
     phases: dict[str, float] = {}
     t = time.process_time()
     table = build_cost_table(wl, cluster, costs)
@@ -63,16 +69,19 @@ def main() -> None:
             time_limit_s=10.0,
         )
     phases["solves_and_rescoring_s"] = time.process_time() - t
+    others = monitor.other_frac(start, time.time())
+    monitor.__exit__(None, None, None)
     result = {
         "command": "python " + " ".join(["benchmarks/planner_phases.py", *sys.argv[1:]]),
         "num_gpus": args.gpus,
         "model": args.model,
         "load_avg_1m": round(load, 2),
+        "others_cpu_frac": round(others, 2),
         "date": time.strftime("%Y-%m-%d"),
         **{k: round(v, 2) for k, v in phases.items()},
     }
     print(json.dumps(result))
-    out = Path(ROOT / "benchmarks/results/planner_phases.json")
+    out = args.out
     out.write_text(json.dumps(result, indent=1) + "\n")
 
 
