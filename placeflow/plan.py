@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import tomli_w
 
@@ -140,25 +140,33 @@ class MicroBatching:
         return math.ceil(per_rank / num), num, min(self.tokens, per_rank * seq)
 
 
-def micro_batching(
-    micro_batch: int,
-    forward_micro_batch: int,
-    micro_batch_tokens: int,
-    forward_micro_batch_tokens: int,
-    *,
-    forward: bool,
-) -> MicroBatching:
+class MicroBatchKeys(Protocol):
+    """The four plan keys that say how a role cuts its samples into micro-batches."""
+
+    @property
+    def micro_batch(self) -> int: ...
+    @property
+    def forward_micro_batch(self) -> int: ...
+    @property
+    def micro_batch_tokens(self) -> int: ...
+    @property
+    def forward_micro_batch_tokens(self) -> int: ...
+
+
+def micro_batching(keys: MicroBatchKeys, *, forward: bool) -> MicroBatching:
     """The micro-batching of a role's training (`forward` False) or forward-only calls
-    from its four plan keys (`RoleParallelism`; the executor's engines read the same
-    keys): a forward-only size of its own, in tokens or samples, when given; else the
-    training one's."""
+    from its four plan keys (`RoleParallelism`; the executor's `EngineSetup` carries
+    the same keys): a forward-only size of its own, in tokens or samples, when given;
+    else the training one's."""
     if not forward:
-        return MicroBatching(micro_batch, micro_batch_tokens)
-    if forward_micro_batch_tokens:
-        return MicroBatching(forward_micro_batch or micro_batch, forward_micro_batch_tokens)
-    if forward_micro_batch:
-        return MicroBatching(forward_micro_batch)
-    return MicroBatching(micro_batch, micro_batch_tokens)
+        return MicroBatching(keys.micro_batch, keys.micro_batch_tokens)
+    if keys.forward_micro_batch_tokens:
+        return MicroBatching(
+            keys.forward_micro_batch or keys.micro_batch, keys.forward_micro_batch_tokens
+        )
+    if keys.forward_micro_batch:
+        return MicroBatching(keys.forward_micro_batch)
+    return MicroBatching(keys.micro_batch, keys.micro_batch_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,24 +230,12 @@ class RoleParallelism:
     @property
     def train_micro(self) -> MicroBatching:
         """How the update cuts a rank's samples of one mini-batch."""
-        return micro_batching(
-            self.micro_batch,
-            self.forward_micro_batch,
-            self.micro_batch_tokens,
-            self.forward_micro_batch_tokens,
-            forward=False,
-        )
+        return micro_batching(self, forward=False)
 
     @property
     def forward_micro(self) -> MicroBatching:
         """How forward-only calls cut a rank's samples."""
-        return micro_batching(
-            self.micro_batch,
-            self.forward_micro_batch,
-            self.micro_batch_tokens,
-            self.forward_micro_batch_tokens,
-            forward=True,
-        )
+        return micro_batching(self, forward=True)
 
     @property
     def token_budgets(self) -> tuple[int, ...]:

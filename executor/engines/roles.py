@@ -94,13 +94,7 @@ class EngineSetup:
 
     def micro(self, *, forward: bool) -> MicroBatching:
         """How a training (or forward-only) call cuts this rank's samples: the plan's rule."""
-        return micro_batching(
-            self.micro_batch,
-            self.forward_micro_batch,
-            self.micro_batch_tokens,
-            self.forward_micro_batch_tokens,
-            forward=forward,
-        )
+        return micro_batching(self, forward=forward)
 
 
 @dataclass(frozen=True, kw_only=True)
