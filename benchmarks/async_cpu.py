@@ -47,7 +47,7 @@ def write_side(one_step_off: bool, directory: Path) -> Path:
     from placeflow.plan import load_plan, save_plan
 
     plan = load_plan(PLAN)
-    workload = dataclasses.replace(plan.workload, async_one_step_off=one_step_off)
+    workload = dataclasses.replace(plan.workload, max_staleness=int(one_step_off))
     side = "async" if one_step_off else "sync"
     path = directory / f"{side}.toml"
     save_plan(dataclasses.replace(plan, name=f"{plan.name}-{side}", workload=workload), path)

@@ -127,7 +127,7 @@ EXAMPLES = (
 
 def generator_sync(plan: Plan) -> Plan:
     """The one-step-off generator-set plan run synchronously (weight sync, then generate)."""
-    workload = dataclasses.replace(plan.workload, async_one_step_off=False)
+    workload = dataclasses.replace(plan.workload, max_staleness=0)
     return dataclasses.replace(plan, name="grpo-tiny-cpu2-generator", workload=workload)
 
 
@@ -171,7 +171,7 @@ def main() -> None:
                     {
                         "placement": placement,
                         "algorithm": plan.workload.algorithm.value,
-                        "async": plan.workload.async_one_step_off,
+                        "async": plan.workload.asynchronous,
                         "model": plan.workload.models[Role.ACTOR].name,
                         "prompts": plan.workload.batch.prompts_per_step,
                         "load_1min_before": load_before,

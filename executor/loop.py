@@ -139,7 +139,7 @@ class RLLoop:
         check_executable(self.plan)
         # One-step-off asynchrony needs a generator set apart (on shared devices the two
         # phases could not overlap): step k+1's rollout runs while step k trains.
-        self.one_step_off = self.w.async_one_step_off and self.plan.generator_set() is not None
+        self.one_step_off = self.w.asynchronous and self.plan.generator_set() is not None
         self.prefetched: tuple[int, Batch, Batch | None] | None = None
         self.seed = seed
         self.tok = tokenizer

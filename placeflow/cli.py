@@ -480,7 +480,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "its figures are not the GPU run's",
             file=sys.stderr,
         )
-    if plan.workload.async_one_step_off and plan.generator_set() is None:
+    if plan.workload.asynchronous and plan.generator_set() is None:
         print(
             "note: one-step-off asynchrony needs a generator set apart; this plan generates "
             "on the actor's own devices, so its steps run synchronously",

@@ -313,6 +313,9 @@ _DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSpec))
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's LLM class default (see Workload.max_num_seqs)
+# More batches in flight than this buy nothing the simulator can show (each adds a
+# weight snapshot on the trainer) and leave the policy far behind its data.
+MAX_STALENESS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -324,7 +327,11 @@ class Workload:
     reward_function: str | None = None
     # Ray tasks that score a step's responses with the reward function (0: on the driver).
     reward_workers: int = 0
-    async_one_step_off: bool = False
+    # Staleness bound of asynchronous RL: the rollout a step trains on may come from a
+    # policy up to this many updates old, so the generator set runs that many batches
+    # ahead of the trainer. 0: on-policy (synchronous); 1: one-step-off (TOML
+    # `async_one_step_off = true`, its older spelling); k >= 2: k-step-off.
+    max_staleness: int = 0
     rollout_engine: RolloutEngine = RolloutEngine.BUILTIN
     # vLLM's gpu_memory_utilization (default 0.9 as vLLM's), applied to what a device has
     # left after the reserve and the resident state: the KV cache gets that share, the
@@ -386,6 +393,11 @@ class Workload:
                 f"workload {self.name!r}: gpu_memory_utilization is a fraction in (0, 1], "
                 f"got {self.gpu_memory_utilization}"
             )
+        if not 0 <= self.max_staleness <= MAX_STALENESS:
+            raise SpecError(
+                f"workload {self.name!r}: max_staleness is the number of updates a rollout "
+                f"may lag the trainer, 0 (on-policy) to {MAX_STALENESS}; got {self.max_staleness}"
+            )
         if self.max_num_seqs < 1:
             raise SpecError(
                 f"workload {self.name!r}: max_num_seqs must be a positive integer, "
@@ -410,6 +422,12 @@ class Workload:
                 f"workload {self.name!r}: GRPO normalises rewards within a group, so "
                 f"samples_per_prompt must be at least 2, got {self.batch.samples_per_prompt}"
             )
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether rollouts may come from an older policy than the one trained
+        (max_staleness >= 1; only a plan with a generator set apart runs so)."""
+        return self.max_staleness >= 1
 
     @property
     def roles(self) -> tuple[Role, ...]:
@@ -477,9 +495,21 @@ def _data_spec(t: Table, base_dir: Path | None) -> DataSpec:
 
 _WORKLOAD_KEYS = (
     "name", "algorithm", "models", "batch", "reward_function", "reward_workers",
-    "async_one_step_off", "rl", "data", "rollout_engine", "gpu_memory_utilization",
+    "async_one_step_off", "max_staleness", "rl", "data", "rollout_engine", "gpu_memory_utilization",
     "max_num_seqs", "lora", "generation_precision", "kv_cache_dtype", "train_precision",
 )  # fmt: skip
+
+
+def _max_staleness(t: Table, where: str) -> int:
+    """`max_staleness = k`, or the older `async_one_step_off = true` (k = 1); not both."""
+    if t.has("max_staleness") and t.has("async_one_step_off"):
+        raise SpecError(
+            f"{where}: give max_staleness or async_one_step_off, not both "
+            "(async_one_step_off = true is max_staleness = 1)"
+        )
+    if t.has("max_staleness"):
+        return t.get_int("max_staleness")
+    return 1 if t.get_bool("async_one_step_off", False) else 0
 
 
 def workload_from_dict(
@@ -530,7 +560,7 @@ def workload_from_dict(
         batch=batch,
         reward_function=reward_function,
         reward_workers=t.get_int("reward_workers", 0),
-        async_one_step_off=t.get_bool("async_one_step_off", False),
+        max_staleness=_max_staleness(t, where),
         rollout_engine=_rollout_engine(t.get_str("rollout_engine", "builtin"), where),
         gpu_memory_utilization=t.get_float(
             "gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION
@@ -593,8 +623,12 @@ def workload_to_dict(w: Workload) -> dict[str, Any]:
         "algorithm": w.algorithm.value,
         "models": {role.value: w.models[role].name for role in w.roles},
         "batch": batch,
-        "async_one_step_off": w.async_one_step_off,
     }
+    # Staleness 0 and 1 keep their older spelling, so that those plans keep their hash.
+    if w.max_staleness <= 1:
+        out["async_one_step_off"] = w.max_staleness == 1
+    else:
+        out["max_staleness"] = w.max_staleness
     if w.reward_function:
         out["reward_function"] = w.reward_function
     if w.rollout_engine is not RolloutEngine.BUILTIN:  # the default is left out: same hash

@@ -225,7 +225,7 @@ def _solve_row(
             tokens_per_step=float(workload.batch.tokens_per_step),
             target_tokens_per_s=target_tokens_per_s,
             time_limit_s=time_limit_s,
-            one_step_off=workload.async_one_step_off,
+            one_step_off=workload.asynchronous,
             fronts=fronts,
         )
     except Infeasible as exc:

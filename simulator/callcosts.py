@@ -93,6 +93,9 @@ class GenerationShape:
     kv_capacity_seqs: int
     engine: RolloutEngine = RolloutEngine.BUILTIN  # how a decode step runs (compute.py)
     kv_dtype: KVCacheDType = KVCacheDType.AUTO  # vLLM's kv_cache_dtype
+    # Sequences still expected to run at the last decode step (LengthModel.last_step):
+    # 0.5 is the expected longest; −ln q its quantile q (one draw of a varying step).
+    tail_left: float = 0.5
 
 
 def _decode_sum_s(
@@ -104,7 +107,7 @@ def _decode_sum_s(
     steps plus half of each end value (exact for a constant or linear step cost).
     """
     prompt, lengths = shape.prompt_len, shape.lengths
-    last = lengths.last_step(n)
+    last = lengths.last_step(n, shape.tail_left)
     points = sorted({round(1 + i * (last - 1) / (DECODE_POINTS - 1)) for i in range(DECODE_POINTS)})
     values = [
         compute.decode_step_s(

@@ -63,6 +63,9 @@ class StepEstimate:
     sets: tuple[SetEstimate, ...]
     notes: tuple[str, ...] = ()
     infeasible_reasons: tuple[str, ...] = ()  # every problem: each over-capacity set, ...
+    # The last `window` unrolled steps are the steady state `iteration_s` averages over
+    # (1 but for asynchronous estimates whose generation varies from step to step).
+    window: int = 1
 
     @property
     def infeasible_reason(self) -> str | None:
@@ -77,22 +80,25 @@ class StepEstimate:
     def steady_step(self) -> int:
         """The step whose calls stand for one step: the last one shown.
 
-        A synchronous estimate shows one step (0). A one-step-off estimate
-        unrolls three; the last is the steady state that `iteration_s` measures.
+        A synchronous estimate shows one step (0). An asynchronous one unrolls
+        several; the last is in the steady state that `iteration_s` measures.
         """
         return max((p.step for p in self.phases), default=0)
 
-    def phase_totals_s(self) -> dict[str, float]:
-        """Duration per phase name over one step (the steady-state step), summed over sets.
+    def in_window(self, step: int) -> bool:
+        """Whether unrolled step `step` is one of the `window` steady-state steps."""
+        return self.steady_step - self.window < step <= self.steady_step
 
-        One step's worth, as a run records per step: summing every unrolled
-        step of a one-step-off estimate would count each call three times.
+    def phase_totals_s(self) -> dict[str, float]:
+        """Duration per phase name over one step (the steady state), summed over sets.
+
+        One step's worth, as a run records per step: the mean over the window's
+        steps (summing every unrolled step would count each call several times).
         """
-        last = self.steady_step
         totals: dict[str, float] = {}
         for p in self.phases:
-            if p.step == last:
-                totals[p.name.value] = totals.get(p.name.value, 0.0) + p.duration_s
+            if self.in_window(p.step):
+                totals[p.name.value] = totals.get(p.name.value, 0.0) + p.duration_s / self.window
         return totals
 
     def to_json(self) -> dict[str, Any]:
@@ -141,4 +147,5 @@ class StepEstimate:
                 for s in self.sets
             ],
             "notes": list(self.notes),
+            "window": self.window,
         }

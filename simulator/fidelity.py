@@ -179,12 +179,12 @@ def measured_overlap(records: Sequence[Mapping[str, Any]]) -> float | None:
 def simulated_overlap(estimate: StepEstimate) -> float:
     """The same ratio for a simulated step: Σ_p (end_p − start_p) / iteration_s.
 
-    The sum runs over the phases p of the last step shown: one step when
-    synchronous (iteration_s is then the span of its calls, as measured), the
-    steady-state step of an unrolled one-step-off schedule (whose steps have
-    the same calls, and iteration_s is the distance between step ends).
+    The sum runs over the phases p of one step: the step when synchronous
+    (iteration_s is then the span of its calls, as measured), the mean step of
+    an unrolled asynchronous schedule's steady-state window (iteration_s is then
+    the mean distance between step ends).
     """
-    busy_s = sum(p.duration_s for p in estimate.phases if p.step == estimate.steady_step)
+    busy_s = sum(estimate.phase_totals_s().values())
     return busy_s / estimate.iteration_s
 
 

@@ -233,8 +233,10 @@ def call_cost(
     gpus_per_node: int,
     gen: GenLayout | None = None,
     kv_seqs: int = 0,
+    tail_left: float = 0.5,
 ) -> callcosts.CallCost:
-    """Cost of one call of `call.role` (a generation needs `gen` and kv_seqs >= 1)."""
+    """Cost of one call of `call.role` (a generation needs `gen` and kv_seqs >= 1;
+    `tail_left` sets where its longest sequence ends, `GenerationShape.tail_left`)."""
     assert call.role is not None, "controller-side calls have no device cost"
     model = workload.models[call.role]
     seq = train_seq_len(workload)
@@ -248,6 +250,7 @@ def call_cost(
             kv_capacity_seqs=kv_seqs,
             engine=workload.rollout_engine,
             kv_dtype=workload.kv_cache_dtype,
+            tail_left=tail_left,
         )
         cost = callcosts.generation_cost(gemm_model(workload, call, cm), model, gen, shape)
         per_rank = shape.num_seqs
@@ -301,6 +304,7 @@ def role_call_costs(
     gpus_per_node: int,
     gen: GenLayout | None = None,
     kv_seqs: int = 0,
+    tail_left: float = 0.5,
 ) -> dict[Phase, callcosts.CallCost]:
     """Cost of every call `role` makes in one step (generation only with `gen` and kv_seqs >= 1)."""
     return {
@@ -313,6 +317,7 @@ def role_call_costs(
             gpus_per_node=gpus_per_node,
             gen=gen,
             kv_seqs=kv_seqs,
+            tail_left=tail_left,
         )
         for call in role_calls(workload, role)
         if call.kind != CallKind.GENERATE or gen is not None

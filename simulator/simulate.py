@@ -6,17 +6,31 @@ capacity left for generation; (4) the transitions the placement needs
 (`reshard` for a colocated actor, `weight_sync` for a generator apart); (5) the
 discrete-event schedule; (6) memory feasibility per set and phase.
 
-In one-step-off asynchronous mode (workload `async_one_step_off`, with a
-generator set apart from the trainer) the graph is unrolled over three steps
-in which step k+1's generation waits only for the weights of step k−1; the
-iteration time is the steady-state distance between the ends of steps 2 and 3.
+Asynchronous steps (workload `max_staleness` = s >= 1, with a generator set
+apart from the trainer) unroll the graph over several steps in which step k's
+generation waits only for the weights of update k−1−s, so the generator runs up
+to s batches ahead of the trainer. With s = 1 (one-step-off) the weight sync
+is a rendezvous of both sets, as the executor's blocking send is; with s >= 2
+the trainer posts its weights and goes on (the executor's non-blocking send
+out of a snapshot; up to s−1 snapshots are held, booked as resident on the
+trainer's set) and the sync occupies the generator set only.
+
+A buffer of batches only pays when steps differ, so an asynchronous step draws
+its generation's longest response from the length distribution: step k's
+generation calls are priced at quantile q_k of the batch's longest length
+(`lengths.longest_quantiles`: eight strata in a fixed order), and the
+iteration time is the mean distance between step ends over one round of the
+strata after s + 2 warm-up steps (the first steps' syncs have no update to
+wait for), with one step unrolled after it (its sync follows the window's last
+update). When the lengths are fixed (or every quantile is clipped at the
+maximum) generation does not vary, and the window is two steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -28,7 +42,7 @@ from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
-from placeflow.simulator.lengths import LengthModel
+from placeflow.simulator.lengths import LengthModel, longest_quantiles, tail_left
 from placeflow.simulator.rolecosts import (
     kv_bytes_per_seq,
     needs_reshard,
@@ -123,6 +137,7 @@ def _role_costs_on(
     set_index: int,
     gen: GenLayout | None,
     kv_seqs: int,
+    tail_left: float = 0.5,
 ) -> dict[Phase, tuple[int, callcosts.CallCost]]:
     """`role`'s call costs on set `set_index`'s devices, priced with its pool's profile."""
     found = role_call_costs(
@@ -134,6 +149,7 @@ def _role_costs_on(
         gpus_per_node=plan.pool_of(set_index).gpus_per_node,
         gen=gen,
         kv_seqs=kv_seqs,
+        tail_left=tail_left,
     )
     return {phase: (set_index, _contended(plan, set_index, c)) for phase, c in found.items()}
 
@@ -171,6 +187,50 @@ def _cost_calls(
             _Call(phase=call.phase, roles=(call.role,), sets=(set_index,), cost=cost, preds=preds)
         )
     return _with_transitions(plan, cms, out), [problem] if problem else []
+
+
+GENERATION_PHASES = (Phase.GENERATE, Phase.GENERATE_BASELINE)
+
+Draw = Mapping[Phase, float]  # one step's generation seconds by phase
+
+
+def _generation_draws(plan: Plan, cms: CostModels, resident: list[float]) -> tuple[Draw, ...]:
+    """Seconds of each generation call at each quantile of the batch's longest length
+    (`lengths.longest_quantiles`), on the generator set; () when they do not vary."""
+    gen_set, kv_seqs, problem = _kv_seqs(plan, resident)
+    if problem or plan.generator_set() is None:
+        return ()
+    gen = _gen_layout(plan)
+    expected = _role_costs_on(plan, cms, Role.ACTOR, gen_set, gen, kv_seqs)
+    draws = []
+    for q in longest_quantiles():
+        costs = _role_costs_on(plan, cms, Role.ACTOR, gen_set, gen, kv_seqs, tail_left(q))
+        draws.append({p: costs[p][1].time_s for p in GENERATION_PHASES if p in costs})
+    if all(d == draws[0] for d in draws):
+        return ()
+    # Centred on the expected call (the synchronous estimate's), so that the draws add
+    # spread around it and not a different mean: `last_step`'s rule is the quantile
+    # 0.61 of the longest length, a little above its mean.
+    shift = {p: expected[p][1].time_s - sum(d[p] for d in draws) / len(draws) for p in draws[0]}
+    return tuple({p: max(0.0, t + shift[p]) for p, t in d.items()} for d in draws)
+
+
+def _snapshot_bytes(plan: Plan) -> float:
+    """Bytes per trainer GPU of one weight snapshot awaiting the generator (staleness >= 2).
+
+    Generator replica r pulls its weights from the trainer's weight replica r mod
+    d·cp (`placeflow.reshard_plan`), and a trainer rank packs what one generator
+    replica needs out of its tensor/pipeline shard: at most weights/(t·p) (the
+    adapters' share with LoRA) for each of the ceil(R/(d·cp)) generator replicas it
+    serves. An upper bound: a generator with tg < t takes rows, not whole shards.
+    """
+    wl = plan.workload
+    par = plan.parallelism[Role.ACTOR]
+    actor, lay = wl.models[Role.ACTOR], par.train
+    lora = wl.lora_of(Role.ACTOR)
+    total = actor.num_bytes() if lora is None else lora.params(actor) * actor.dtype.num_bytes
+    served = math.ceil(_gen_layout(plan).num_replicas / lay.num_weight_replicas)
+    return total / (lay.t * lay.p) * served
 
 
 def _contended(plan: Plan, set_index: int, cost: callcosts.CallCost) -> callcosts.CallCost:
@@ -253,35 +313,49 @@ def _shared_cores(plan: Plan) -> dict[Hashable, int]:
     }
 
 
-def _tasks(plan: Plan, costed: list[_Call], num_steps: int) -> list[Work]:
-    """Tasks of `num_steps` unrolled steps (one-step-off when num_steps > 1).
+def _tasks(
+    plan: Plan,
+    costed: list[_Call],
+    num_steps: int,
+    staleness: int = 0,
+    draws: Sequence[Draw] = (),
+) -> list[Work]:
+    """Tasks of `num_steps` unrolled steps (asynchronous with `staleness` >= 1).
 
     Step k's calls after generation wait for step k−1's updates. The weight
-    sync feeding generation k carries the weights of update k−2 and is ordered
-    just before step k−1's calls, so that generation k overlaps training k−1.
+    sync feeding generation k carries the weights of update k−1−s. With s = 1
+    it holds both sets and is ordered just before step k−1's calls, so that
+    generation k overlaps training k−1; with s >= 2 it holds the generator set
+    only, just before generation k. Step k's generation calls last `draws[k mod
+    len(draws)]` seconds when `draws` are given (module docstring).
     """
     order = {c.phase: i for i, c in enumerate(costed)}
     updates = [c.phase for c in costed if c.phase in (Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE)]
-    generation = (Phase.WEIGHT_SYNC, Phase.GENERATE, Phase.GENERATE_BASELINE)
+    generation = (Phase.WEIGHT_SYNC, *GENERATION_PHASES)
     tasks = []
     for k in range(num_steps):
+        drawn = draws[k % len(draws)] if draws else {}
         for c in costed:
             preds: list[Hashable] = [(k, p) for p in c.preds]
             priority = k * 100 + order[c.phase]
+            sets = c.sets
             if c.phase is Phase.WEIGHT_SYNC and k > 0:
-                priority = (k - 1) * 100 - 1
-                if k >= 2:
-                    preds.append((k - 2, Phase.ACTOR_UPDATE))
+                if staleness == 1:
+                    priority = (k - 1) * 100 - 1
+                else:  # posted by the trainer; received between generations
+                    priority, sets = k * 100 - 1, c.sets[-1:]
+                if k - 1 - staleness >= 0:
+                    preds.append((k - 1 - staleness, Phase.ACTOR_UPDATE))
             elif k > 0 and c.phase not in generation:
                 preds.extend((k - 1, u) for u in updates)
             tasks.append(
                 Work(
                     id=(k, c.phase),
-                    sets=c.sets,
-                    duration_s=c.cost.time_s,
+                    sets=sets,
+                    duration_s=drawn.get(c.phase, c.cost.time_s),
                     preds=tuple(preds),
                     priority=priority,
-                    hosts=_hosts(plan, c.sets),
+                    hosts=_hosts(plan, sets),
                 )
             )
     return tasks
@@ -297,26 +371,43 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
     resident = [_resident_bytes(plan, i) for i in range(len(plan.sets))]
     costed, problems = _cost_calls(plan, cms, resident)
     notes: list[str] = []
-    num_steps = 1
-    if plan.workload.async_one_step_off:
+    wl = plan.workload
+    staleness, draws, warm_up, window = 0, (), 0, 1
+    if wl.asynchronous:
         if plan.generator_set() is None:
             notes.append(
-                "async_one_step_off needs a generator set apart from the trainer; "
-                "simulated synchronously"
+                f"max_staleness {wl.max_staleness} needs a generator set apart from the "
+                "trainer; simulated synchronously"
             )
         else:
-            num_steps = 3
-    raw_slots = schedule(_tasks(plan, costed, num_steps), _shared_cores(plan))
+            staleness = wl.max_staleness
+            draws = _generation_draws(plan, cms, resident)
+            warm_up = staleness + 2
+            window = len(draws) or 2
+    if staleness >= 2:
+        actor_set = plan.set_of(Role.ACTOR)
+        held = (staleness - 1) * _snapshot_bytes(plan)
+        resident[actor_set] += held
+        notes.append(
+            f"staleness {staleness}: the trainer holds up to {staleness - 1} weight "
+            f"snapshot(s) for the generator, {held:,.0f} bytes per GPU of set #{actor_set + 1}"
+        )
+    # One more step after the window when asynchronous: its weight sync (on the trainer
+    # too with staleness 1) follows the window's last update, as in a longer run.
+    num_steps = warm_up + window + (1 if staleness else 0)
+    tasks = _tasks(plan, costed, num_steps, staleness, draws)
+    raw_slots = schedule(tasks, _shared_cores(plan))
     # Work ids are (step, phase) pairs (see _tasks).
     slots = cast(dict[tuple[int, Phase], Span], raw_slots)
     by_phase = {c.phase: c for c in costed}
+    sets_of = {t.id: t.sets for t in tasks}  # a k-step-off sync holds the generator only
     phases = tuple(
         PhaseInterval(
             name=phase,
             roles=by_phase[phase].roles,
-            device_set=by_phase[phase].sets[0] if by_phase[phase].sets else CONTROLLER,
-            set_label=plan.sets[by_phase[phase].sets[0]].label()
-            if by_phase[phase].sets
+            device_set=sets_of[step, phase][0] if sets_of[step, phase] else CONTROLLER,
+            set_label=plan.sets[sets_of[step, phase][0]].label()
+            if sets_of[step, phase]
             else "controller",
             start_s=slot.start_s,
             end_s=slot.end_s,
@@ -324,12 +415,13 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
             detail=by_phase[phase].cost.detail,
         )
         for (step, phase), slot in sorted(slots.items(), key=lambda kv: (kv[1].start_s, kv[0][0]))
+        if step < warm_up + window  # the step after the window is not shown
     )
     step_end = [max(s.end_s for (k, _), s in slots.items() if k == i) for i in range(num_steps)]
-    iteration_s = step_end[-1] - step_end[-2] if num_steps > 1 else step_end[0]
+    last = warm_up + window - 1
+    iteration_s = (step_end[last] - step_end[warm_up - 1]) / window if staleness else step_end[0]
     sets, mem_problems = _set_estimates(plan, costed, resident, iteration_s)
     problems.extend(mem_problems)
-    wl = plan.workload
     tokens = wl.batch.num_samples * (wl.batch.prompt_len + LengthModel.of(wl.batch).mean)
     feasible = not problems and math.isfinite(iteration_s)
     return StepEstimate(
@@ -346,6 +438,7 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
         phases=phases,
         sets=tuple(sets),
         notes=tuple(notes),
+        window=window,
     )
 
 

@@ -212,12 +212,12 @@ def test_cpsat_optimum_equals_brute_force(h100, seed):
     wl = workload(
         models, algorithm, prompts=rng.choice([16, 64]), response_len=rng.choice([64, 512])
     )
-    wl = dataclasses.replace(wl, async_one_step_off=rng.random() < 0.4)
+    wl = dataclasses.replace(wl, max_staleness=int(rng.random() < 0.4))
     # The same (truncated) space for both, generator options included.
     table = truncated(with_generators(build_cost_table(wl, cl, h100), wl, cl, h100))
     placements = enumerate_placements(wl.roles)
-    expected, _ = brute_force(placements, table, cl, wl.async_one_step_off)
-    kwargs = {"tokens_per_step": 1.0, "one_step_off": wl.async_one_step_off}
+    expected, _ = brute_force(placements, table, cl, wl.asynchronous)
+    kwargs = {"tokens_per_step": 1.0, "one_step_off": wl.asynchronous}
     if math.isinf(expected):
         with pytest.raises(Infeasible):
             solve(placements, table, cl, Objective.THROUGHPUT, **kwargs)
@@ -226,7 +226,7 @@ def test_cpsat_optimum_equals_brute_force(h100, seed):
     assert sol.status is Status.OPTIMAL
     sets = [(s.roles, s.num_gpus) for s in sol.sets]
     choice = (sets, sol.options, sol.generator)
-    assert objective_value(choice, table, cl, wl.async_one_step_off) == expected
+    assert objective_value(choice, table, cl, wl.asynchronous) == expected
     plan = solution_to_plan(sol, wl, cl)
     assert validate_plan(plan, h100) == []
 

@@ -43,7 +43,7 @@ def grpo(async_one_step_off=False, prompts=64, response_len=512):
         prompts=prompts,
         response_len=response_len,
     )
-    return dataclasses.replace(wl, async_one_step_off=async_one_step_off)
+    return dataclasses.replace(wl, max_staleness=int(async_one_step_off))
 
 
 def table_for(wl, cl, costs):
@@ -65,7 +65,7 @@ def solve_all(table, cl, wl, **kwargs):
         table,
         cl,
         kwargs.pop("objective", Objective.THROUGHPUT),
-        one_step_off=wl.async_one_step_off,
+        one_step_off=wl.asynchronous,
         **kwargs,
     )
 

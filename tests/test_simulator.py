@@ -227,7 +227,7 @@ def test_async_one_step_off_overlaps_generation_with_training(h100):
     par[Role.REF] = RoleParallelism(train=TrainLayout(t=2, d=2), micro_batch=16)
     sync_plan = dataclasses.replace(plan, sets=sets, parallelism=par)
     async_plan = dataclasses.replace(
-        sync_plan, workload=dataclasses.replace(sync_plan.workload, async_one_step_off=True)
+        sync_plan, workload=dataclasses.replace(sync_plan.workload, max_staleness=1)
     )
     sync_est, async_est = simulate(sync_plan, h100), simulate(async_plan, h100)
     assert sync_est.feasible and async_est.feasible

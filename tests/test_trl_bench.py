@@ -79,12 +79,12 @@ def test_plans_the_benchmark_writes(tmp_path: Path, precision: Precision) -> Non
         assert plan.workload.models[Role.ACTOR].dtype is DType(str(precision))
     one_step_off = plans[Layout(num_workers=1, threads_per_worker=1, generator_workers=1,
                                 precision=precision).label]  # fmt: skip
-    assert one_step_off.workload.async_one_step_off
+    assert one_step_off.workload.asynchronous
     gen = one_step_off.generator_set()
     assert gen is not None
     assert (one_step_off.sets[gen].first_device, one_step_off.sets[gen].num_devices) == (1, 1)
     colocated = plans[Layout(num_workers=2, threads_per_worker=1, precision=precision).label]
-    assert not colocated.workload.async_one_step_off and colocated.generator_set() is None
+    assert not colocated.workload.asynchronous and colocated.generator_set() is None
     assert colocated.parallelism[Role.ACTOR].train.d == 2
 
 

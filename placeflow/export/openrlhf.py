@@ -212,7 +212,7 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
     # One switch, in the actor's section, for every model DeepSpeed trains.
     if any(p.recompute for p in trained):
         flags.append("--actor.gradient_checkpointing_enable")
-    if w.async_one_step_off and plan.generator_set() is not None:
+    if w.asynchronous and plan.generator_set() is not None:
         flags.append("--train.async_enable")
     if w.lora is not None:
         trained_roles = [r for r in (Role.ACTOR, Role.CRITIC) if r in w.models]
