@@ -70,6 +70,11 @@ class WorldLink:
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         dist.send(tensor, dst=dst)
 
+    def post(self, tensor: torch.Tensor, dst: int) -> dist.Work:
+        work = dist.isend(tensor, dst=dst)
+        assert work is not None  # None only for ranks outside the group
+        return work
+
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         dist.recv(tensor, src=src)
 

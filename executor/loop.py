@@ -137,10 +137,21 @@ class RLLoop:
         self.plan = controller.plan
         self.w = self.plan.workload
         check_executable(self.plan)
-        # One-step-off asynchrony needs a generator set apart (on shared devices the two
-        # phases could not overlap): step k+1's rollout runs while step k trains.
-        self.one_step_off = self.w.asynchronous and self.plan.generator_set() is not None
+        # Asynchrony needs a generator set apart (on shared devices the two phases could
+        # not overlap). One-step-off: step k+1's rollout runs while step k trains, and
+        # the update's weights follow it with a blocking sync. k-step-off (staleness
+        # k >= 2): rollouts k+1..k+k are in flight on the generator, and the trainer
+        # posts its weights without waiting (`_step_k_off`).
+        apart = self.plan.generator_set() is not None
+        self.staleness = self.w.max_staleness if apart else 0
+        self.one_step_off = self.staleness == 1
         self.prefetched: tuple[int, Batch, Batch | None] | None = None
+        self.in_flight: dict[int, _Rollout] = {}  # k-step-off: rollouts launched, by step
+        self.receives: list[Launched] = []  # k-step-off: weight receives not yet collected
+        self.version = 0  # k-step-off: updates in the weights last sent to the generator
+        # The run's step count, when known (`executor.run` sets it): no rollout is
+        # launched for a step past it.
+        self.steps: int | None = None
         self.seed = seed
         self.tok = tokenizer
         self.tp_impl = tp_impl
@@ -233,6 +244,8 @@ class RLLoop:
         return [self.tok.encode(prompt_text(ex, self.tok, chat))[-n:] for ex in examples]
 
     def step(self, step: int) -> StepRecord:
+        if self.staleness >= 2:
+            return self._step_k_off(step)
         rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
         if self.one_step_off and self.prefetched is not None and self.prefetched[0] == step:
             _, batch, baseline = self.prefetched  # generated during the last step
@@ -265,6 +278,100 @@ class RLLoop:
             # rollout, which is collected here, ready for the next step.
             self.prefetched = (step + 1, *self._sync_and_collect(next_rollout, rec, clock))
 
+        return self._finish(rec, clock, batch)
+
+    def _step_k_off(self, step: int) -> StepRecord:
+        """A k-step-off step (staleness k >= 2, a generator set apart).
+
+        The generator's worker runs its calls in launch order, so a rollout gets the
+        weights of the last receive launched before it: rollout j, launched in step
+        j−k after the weights of update j−k−1 were posted, is k updates old when step
+        j trains on it. The trainer posts its weights after each update and goes on
+        (`Worker.post_weights`, at most k−1 snapshots in flight); the generator
+        receives them between rollouts. The first step (and the first after a
+        resume) generates on-policy.
+        """
+        rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
+        generator = self.c.group(Role.ACTOR, generator=True)
+        clock.watch = [call for r in self.in_flight.values() for call, _ in r.calls]
+        if step in self.in_flight:
+            ahead = self.in_flight.pop(step)
+            (batch, baseline), received = self._collect_rollout(
+                generator, ahead.calls, clock, also=ahead.receives
+            )
+            for got in received:
+                rec.metrics[Metric.WEIGHT_SYNC_BYTES_MAX] = float(max(m[0] for m in got))
+                rec.metrics[Metric.WEIGHT_SYNC_PEAK_BYTES_MAX] = float(max(m[1] for m in got))
+            rec.metrics[Metric.STALENESS] = float(step - ahead.version)
+        else:  # the first step: the current weights, then an on-policy rollout
+            rollout = self._sync_rollout(rec, clock)
+            (batch, baseline), _ = self._collect_rollout(
+                rollout, self._launch_rollout(rollout, step, clock), clock
+            )
+            self.version = step
+            rec.metrics[Metric.STALENESS] = 0.0
+        last = step + self.staleness
+        if self.steps is not None:
+            last = min(last, self.steps - 1)
+        for ahead_step in range(step + 1, last + 1):
+            if ahead_step not in self.in_flight:
+                calls = self._launch_rollout(generator, ahead_step, clock)
+                self.in_flight[ahead_step] = _Rollout(
+                    calls=calls, version=self.version, receives=self.receives
+                )
+                self.receives = []
+                clock.watch.extend(call for call, _ in calls)
+        examples = self.examples(step)
+        partitions: dict[int, Partition] = {}
+        batch = self._forwards(batch, baseline, examples, partitions, rec, clock)
+        batch = self._behaviour_policy(batch, rec)
+        with clock.span(Phase.ADVANTAGE):
+            batch = self._advantages(batch, rec)
+        updates = [
+            self._launch(role, phase, batch, partitions, clock)
+            for role, phase in _UPDATES
+            if role in self.w.models
+        ]
+        for metrics in self._collect(updates, clock):
+            rec.metrics |= over_ranks(metrics)
+        if self.steps is None or step + 1 + self.staleness < self.steps:
+            self._post_weights(rec, clock)  # (else no rollout is left to use them)
+        return self._finish(rec, clock, batch)
+
+    def drain(self) -> None:
+        """k-step-off: wait for what is still in flight (rollouts past the last step run,
+        weight receives, posted snapshots), so that no worker is left mid-call."""
+        if self.staleness < 2:
+            return
+        clock = StepClock()
+        pending = [call for r in self.in_flight.values() for call, _ in r.calls]
+        pending += [call for r in self.in_flight.values() for call in r.receives]
+        clock.collect(self.c, pending + self.receives)
+        self.in_flight, self.receives = {}, []
+        actor = self.c.group(Role.ACTOR)
+        refs = [w.drain_posted_weights.remote() for w in actor.workers]
+        self.c.gather(actor, refs, Worker.drain_posted_weights)
+
+    def _post_weights(self, rec: StepRecord, clock: StepClock) -> None:
+        """k-step-off: the trainer posts this update's weights and returns; the generator's
+        receive queues behind its rollouts in flight and is collected with the next
+        rollout launched (which is the first to use them)."""
+        actor = self.c.group(Role.ACTOR)
+        generator = self.c.group(Role.ACTOR, generator=True)
+        keep = self.staleness - 1
+        posts = [w.post_weights.remote(keep) for w in actor.workers]
+        receives = [w.receive_weights.remote() for w in generator.workers]
+        sent_call = clock.launch(Phase.WEIGHT_SYNC, actor, posts, Worker.post_weights)
+        self.receives.append(
+            clock.launch(Phase.WEIGHT_SYNC, generator, receives, Worker.receive_weights)
+        )
+        [sent] = clock.collect(self.c, [sent_call])
+        rec.metrics[Metric.WEIGHT_SYNC_BYTES_SENT_MAX] = float(max(m[0] for m in sent))
+        rec.metrics[Metric.WEIGHT_SNAPSHOT_BYTES_MAX] = float(max(m[1] for m in sent))
+        self.version += 1
+
+    def _finish(self, rec: StepRecord, clock: StepClock, batch: Batch) -> StepRecord:
+        """The step's timeline and throughput metrics."""
         wall = clock.now()
         rec.phases, rec.timeline = clock.phase_seconds(), [r.as_json() for r in clock.records]
         mask = batch.tensors[Field.RESPONSE_MASK]
@@ -274,8 +381,8 @@ class RLLoop:
             Metric.TOKENS_PER_S: tokens / wall,
             Metric.RESPONSE_LEN_MEAN: float(mask.sum(1).float().mean()),
         }
-        rec.metrics[Metric.EPOCH] = float(self.schedule.epoch_of(step))
-        if Field.OLD_LOGPROBS in batch.tensors and not self.one_step_off:
+        rec.metrics[Metric.EPOCH] = float(self.schedule.epoch_of(rec.step))
+        if Field.OLD_LOGPROBS in batch.tensors and not self.staleness:
             # (else the update measured it on its own forward, or the policy lag did)
             diff = (batch.tensors[Field.ROLLOUT_LOGPROBS] - batch.tensors[Field.OLD_LOGPROBS]).abs()
             rec.metrics[Metric.LOGPROB_DIFF_MAX] = float((diff * mask).max())
@@ -534,6 +641,8 @@ class RLLoop:
         scored by the reward function; no training. `step`: the updates done so far."""
         rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
         rollout = self._sync_rollout(rec, clock)
+        if self.staleness >= 2:  # rollouts launched from now on have these weights
+            self.version = step
         greedy = dataclasses.replace(self.sampling, temperature=0.0)
         call, part = self._launch_generate(
             rollout, self.encode(self.validation), -1, greedy, Phase.GENERATE, clock
@@ -640,6 +749,16 @@ class RLLoop:
         return [
             g for g in self.c.groups if g.role in (Role.ACTOR, Role.CRITIC) and not g.spec.generator
         ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Rollout:
+    """A k-step-off rollout in flight: its calls, the updates in the weights it
+    generates with, and the weight receives queued on the generator before it."""
+
+    calls: list[tuple[Launched, Partition]]
+    version: int
+    receives: list[Launched]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -349,6 +349,7 @@ def _train(
             overlap=cfg.overlap,
         )
         loop.build()
+        loop.steps = cfg.steps  # k-step-off launches no rollout past the last step
         if resume_from is not None:
             loop.load(str(resume_from[1]))
         _drop_metrics_from(run_dir, start)  # only now: the checkpoint verified and loaded
@@ -390,6 +391,7 @@ def _train(
                     _evaluate(loop, run_dir, loggers, done)
                 if after_step is not None:
                     after_step(loop, rec)
+            loop.drain()
         except ExecutorError as exc:
             keep_note = (
                 f"the checkpoint of step {last_saved} is kept; rerun with --resume to continue"

@@ -55,14 +55,18 @@ class TimelineRecord:
 
 @dataclass(kw_only=True)
 class Launched:
-    """A call sent to the ranks of one group and not collected yet."""
+    """A call sent to the ranks of one group and not collected yet.
+
+    Times are `time.perf_counter()` readings, not step times: a k-step-off rollout is
+    launched in one step and collected in a later one."""
 
     phase: Phase
     group: WorkerGroup
     refs: Sequence[Any]
     method: WorkerMethod  # the Worker method called (`Worker.update`), for error messages
-    launched_s: float
-    done_s: float | None = None  # set at launch in serial mode: when every rank finished
+    launched_at: float
+    done_at: float | None = None  # when every rank finished, once seen (or serial mode)
+    recorded: bool = False  # its record is in a step's timeline already
 
 
 @dataclass
@@ -73,6 +77,7 @@ class StepClock:
     origin: float = field(default_factory=time.perf_counter)
     records: list[TimelineRecord] = field(default_factory=list)
     set_free_s: dict[int, float] = field(default_factory=dict)  # when each set's last call ended
+    watch: list[Launched] = field(default_factory=list)  # in flight for later steps (collect)
 
     def now(self) -> float:
         return time.perf_counter() - self.origin
@@ -80,37 +85,54 @@ class StepClock:
     def launch(
         self, phase: Phase, group: WorkerGroup, refs: Sequence[Any], method: WorkerMethod
     ) -> Launched:
-        call = Launched(phase=phase, group=group, refs=refs, method=method, launched_s=self.now())
+        at = time.perf_counter()
+        call = Launched(phase=phase, group=group, refs=refs, method=method, launched_at=at)
         if self.serial:
             ray.wait(list(refs), num_returns=len(refs))  # failures count as done: gather names them
-            call.done_s = self.now()
+            call.done_at = time.perf_counter()
         return call
 
     def collect(self, c: Controller, calls: Sequence[Launched]) -> list[list[Any]]:
         """Every call's results (in call order), each call's end stamped as it completes.
 
+        Calls in `watch` that this wait does not need (k-step-off rollouts of later
+        steps) are stamped and recorded in this step's timeline if they finish
+        meanwhile; their results are taken when they are collected.
+
         Fails fast as `gather` does: the first failed rank stops the wait and its call's
         `gather` raises the WorkerError that names it; past the controller's deadline the
         first unfinished call's `gather` raises the timeout.
         """
-        ends = {i: call.done_s for i, call in enumerate(calls) if call.done_s is not None}
+        ends = {i: call.done_at for i, call in enumerate(calls) if call.done_at is not None}
         values: dict[Any, Any] = {}
         deadline = time.monotonic() + c.timeout_s
         waiting = [r for call in calls for r in call.refs]
+        watched = [w for w in self.watch if w.done_at is None and all(w is not x for x in calls)]
+        seen: set[Any] = set()
+        extra = [r for w in watched for r in w.refs]
         failed: int | None = None
         while waiting and failed is None and time.monotonic() < deadline:
-            ready, waiting = ray.wait(
-                waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(
+                waiting + extra, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
             )
             for ref in ready:
+                if ref in extra:  # a watched call's rank: only its time matters here
+                    extra.remove(ref)
+                    seen.add(ref)
+                    continue
+                waiting.remove(ref)
                 try:
                     values[ref] = ray.get(ref, timeout=0)
                 except RayError:
                     failed = next(i for i, call in enumerate(calls) if ref in call.refs)
-            now = self.now()
+            now = time.perf_counter()
             for i, call in enumerate(calls):
                 if i not in ends and all(r in values for r in call.refs):
                     ends[i] = now
+            for w in watched:
+                if w.done_at is None and all(r in seen for r in w.refs):
+                    w.done_at = now
+                    self._record(w, now)
         if failed is not None or waiting:
             culprit = calls[
                 failed if failed is not None else min(set(range(len(calls))) - set(ends))
@@ -118,12 +140,18 @@ class StepClock:
             c.gather(culprit.group, culprit.refs, culprit.method, timeout_s=0.01)
             raise AssertionError("gather raises for a failed or unfinished call")
         for i, call in sorted(enumerate(calls), key=lambda ic: ends[ic[0]]):
-            self._record(call, ends[i])
+            call.done_at = ends[i]
+            if not call.recorded:
+                self._record(call, ends[i])
         return [[values[r] for r in call.refs] for call in calls]
 
-    def _record(self, call: Launched, end_s: float) -> None:
+    def _record(self, call: Launched, end_at: float) -> None:
+        """`call`'s record in this step's timeline; a call launched in an earlier step
+        (k-step-off) is drawn from this step's start."""
+        call.recorded = True
         s = call.group.spec.set_index
-        start = max(call.launched_s, self.set_free_s.get(s, 0.0))
+        end_s = end_at - self.origin
+        start = max(call.launched_at - self.origin, self.set_free_s.get(s, 0.0), 0.0)
         self.set_free_s[s] = end_s
         self.records.append(
             TimelineRecord(

@@ -12,6 +12,8 @@ generation shard plus one bucket, whatever the model size.
 Deadlock freedom: every rank walks the same global order of messages
 (generator rank, bucket, trainer rank) and handles the ones it is part of, so
 blocking sends and receives always have a partner that is at the same message.
+Posted sends (k-step-off, `posted`) never block the trainer; the generator
+receives them in the same order, whenever its queue reaches the receive.
 
 Messages go over a `Link`: in `placeflow run`, a process group of its own
 between the trainer's and the generator's Ray workers (`open_sync_link`): each
@@ -49,10 +51,19 @@ from placeflow.reshard_plan import (
 )
 
 
+class Posted(Protocol):
+    """A send in flight (a c10d Work): its tensor must live until `wait` returns."""
+
+    def wait(self) -> Any: ...
+
+
 class Link(Protocol):
-    """Blocking point-to-point messages between the ranks of one sync world."""
+    """Point-to-point messages between the ranks of one sync world: blocking `send` and
+    `recv`, and `post`, a send that returns at once (k-step-off's snapshots)."""
 
     def send(self, tensor: torch.Tensor, dst: int) -> None: ...
+
+    def post(self, tensor: torch.Tensor, dst: int) -> Posted: ...
 
     def recv(self, tensor: torch.Tensor, src: int) -> None: ...
 
@@ -65,6 +76,12 @@ class GroupLink:
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         self.group.send([tensor], dst, 0).wait()
+
+    def post(self, tensor: torch.Tensor, dst: int) -> Posted:
+        # Messages between two ranks with one tag arrive in the order they were posted
+        # (gloo's pair, NCCL's stream), so posted snapshots reach the generator in order.
+        work: Posted = self.group.send([tensor], dst, 0)
+        return work
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         self.group.recv([tensor], src, 0).wait()
@@ -128,12 +145,15 @@ def sync_disjoint(
     *,
     link: Link,
     device: torch.device | None = None,
+    posted: list[tuple[torch.Tensor, Posted]] | None = None,
 ) -> tuple[Params, int]:
     """Run `plan` as sync-world rank `rank`; a generator returns (its shard, bytes received).
 
     Trainer ranks pass their training `shards` and get ({}, bytes sent). Generator
     shards and receive buffers are made on `device` (default CPU); messages go over
-    `link`.
+    `link`. With `posted`, a trainer rank posts its messages instead of waiting for
+    each (`Link.post`) and appends each packed message and its send there: the
+    caller keeps them (still counted by `meter`) until their sends complete.
     """
     model, train, gen = plan.model, plan.train, plan.gen
     num_train = train.world_size
@@ -162,10 +182,13 @@ def sync_disjoint(
                         ).reshape(-1)
                         for s in sends
                     ]
-                    packed = meter.hold(torch.cat(pieces))
+                    packed = meter.hold(torch.cat(pieces))  # a copy: training may go on
+                    moved += numel * packed.element_size()
+                    if posted is not None:
+                        posted.append((packed, link.post(packed, num_train + dst)))
+                        continue
                     link.send(packed, num_train + dst)
                     meter.drop(packed)
-                    moved += numel * packed.element_size()
                 elif is_gen and me == dst:
                     buf = meter.hold(torch.empty(numel, device=device))
                     link.recv(buf, src)

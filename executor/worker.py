@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -80,7 +81,7 @@ from placeflow.executor.engines.sampler import SamplingParams
 from placeflow.executor.engines.tp import TPGroup
 from placeflow.executor.groups import RoleLayout
 from placeflow.executor.reshard import MemoryMeter
-from placeflow.executor.weight_sync import Link, open_sync_link, sync_disjoint
+from placeflow.executor.weight_sync import Link, Posted, open_sync_link, sync_disjoint
 from placeflow.hardware import DeviceKind
 from placeflow.layout import TrainLayout
 from placeflow.reshard_plan import (
@@ -191,6 +192,9 @@ class Worker:
         self.roles: dict[Role, RoleRank] = {}
         self.engines: dict[Role, ActorEngine | CriticEngine | ScoringEngine | GeneratorEngine] = {}
         self.weight_sync: WeightSync | None = None
+        # k-step-off: snapshots of posted weights (packed messages and their sends),
+        # oldest first, kept until the generator has received them.
+        self.posted: deque[list[tuple[torch.Tensor, Posted]]] = deque()
 
     def identity(self) -> WorkerIdentity:
         return WorkerIdentity(
@@ -390,6 +394,45 @@ class Worker:
             plan, sync.rank, actor.trainer.tp_shards(), meter, link=sync.link, device=self.device
         )
         return sent, meter.peak_bytes
+
+    def post_weights(self, max_posted: int) -> tuple[int, int]:
+        """Trainer side of a k-step-off weight sync: pack this rank's messages and post
+        them without waiting for the generator, which receives them between rollouts.
+
+        At most `max_posted` snapshots stay in flight: first waits (oldest first) for
+        the generator to take older ones. Returns (bytes sent, bytes of snapshots
+        now held).
+        """
+        if max_posted < 1:
+            raise SpecError(f"post_weights keeps at least one snapshot, got {max_posted}")
+        actor = self._engine(Role.ACTOR, ActorEngine)
+        sync, plan = self._sync_plan(actor)
+        while len(self.posted) >= max_posted:
+            self._complete_oldest_post()
+        posted: list[tuple[torch.Tensor, Posted]] = []
+        _, sent = sync_disjoint(
+            plan,
+            sync.rank,
+            actor.trainer.tp_shards(),
+            MemoryMeter(),
+            link=sync.link,
+            device=self.device,
+            posted=posted,
+        )
+        self.posted.append(posted)
+        held = sum(t.numel() * t.element_size() for snap in self.posted for t, _ in snap)
+        return sent, held
+
+    def drain_posted_weights(self) -> int:
+        """Wait until the generator has received every posted snapshot; how many were."""
+        n = len(self.posted)
+        while self.posted:
+            self._complete_oldest_post()
+        return n
+
+    def _complete_oldest_post(self) -> None:
+        for _, work in self.posted.popleft():
+            work.wait()
 
     def receive_weights(self) -> tuple[int, int]:
         """Generator side of the weight sync: (bytes received, peak extra bytes)."""

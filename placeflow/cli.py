@@ -482,8 +482,9 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         )
     if plan.workload.asynchronous and plan.generator_set() is None:
         print(
-            "note: one-step-off asynchrony needs a generator set apart; this plan generates "
-            "on the actor's own devices, so its steps run synchronously",
+            f"note: asynchrony (max_staleness {plan.workload.max_staleness}) needs a generator "
+            "set apart; this plan generates on the actor's own devices, so its steps run "
+            "synchronously",
             file=sys.stderr,
         )
     run_dir = check_output_dir(args.run_dir or Path("runs") / safe_name(plan.name), "--run-dir")

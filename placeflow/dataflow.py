@@ -112,6 +112,11 @@ def _cached_dataflow(
             phase=Phase.ADVANTAGE, role=None, kind=CallKind.CONTROLLER, num_samples=num_samples
         )
     )
+    for src in sources:
+        # The advantage needs the responses themselves, not only their scores: a
+        # rule-based reward scores them on the controller, and a step whose only model
+        # is the actor (no forward call between) must still wait for its rollout.
+        g.add_edge(src, adv)
     for phase, role in _FORWARDS:
         if role not in roles:
             continue

@@ -58,6 +58,8 @@ class Metric(StrEnum):
     WEIGHT_SYNC_BYTES_SENT_MAX = "weight_sync_bytes_sent_max"
     WEIGHT_SYNC_BYTES_MAX = "weight_sync_bytes_max"
     WEIGHT_SYNC_PEAK_BYTES_MAX = "weight_sync_peak_bytes_max"
+    # k-step-off: bytes of posted weight snapshots a trainer rank holds after posting
+    WEIGHT_SNAPSHOT_BYTES_MAX = "weight_snapshot_bytes_max"
     # an update (engines/roles.py), means over its micro-batches and result-holding ranks
     PG_LOSS = "pg_loss"
     KL = "kl"  # the policy loss's KL term

@@ -14,10 +14,20 @@
 3. Each resulting plan is checked by the independent validator and re-scored
    by the full simulator; plans are ranked by the objective on the simulator's
    numbers.
+4. Staleness (workload max_staleness = B >= 2, a plan with a generator set):
+   the stage model cannot see what a deeper buffer of rollouts buys (it prices
+   expected step costs, and with them any staleness >= 1 runs at the longer of
+   generation and training), so each row's plan is simulated at every staleness
+   1..B, whose unrolled schedule draws each step's generation from the length
+   distribution and books the trainer's weight snapshots. The plan keeps the
+   least staleness whose throughput is within `STALENESS_TOLERANCE` of the best
+   feasible one: every extra update of lag costs the learner, so it is taken
+   only where it pays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +57,7 @@ from placeflow.workload import Workload
 TABLE_SHARE = 0.4  # of the time limit, at most, for the cost table
 SOLVE_SHARE = 0.9  # by then the per-placement solves should be done
 MIN_ROW_S = 5.0  # every placement's solve gets at least this long, even past SOLVE_SHARE
+STALENESS_TOLERANCE = 0.01  # a deeper buffer must buy more than this share of tokens/s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,8 +105,33 @@ def _price_per_mtoken(plan: Plan, estimate: StepEstimate) -> float | None:
     return usd_per_hour / 3600 / estimate.tokens_per_s * 1e6
 
 
+def least_staleness(
+    plan: Plan, costs: dict[str, CostModel], estimate: StepEstimate | None = None
+) -> tuple[Plan, StepEstimate]:
+    """`plan` at the least staleness (1..its workload's max_staleness) whose simulated
+    tokens/s is within STALENESS_TOLERANCE of the best feasible one, and its estimate
+    (module docstring, 4). Plans that cannot run asynchronously come back as they are."""
+    wl = plan.workload
+    estimate = estimate if estimate is not None else simulate(plan, costs)
+    if wl.max_staleness < 2 or plan.generator_set() is None:
+        return plan, estimate
+    options = [(wl.max_staleness, plan, estimate)]
+    for k in range(1, wl.max_staleness):
+        p = dataclasses.replace(plan, workload=dataclasses.replace(wl, max_staleness=k))
+        options.append((k, p, simulate(p, costs)))
+    feasible = [o for o in options if o[2].feasible]
+    if not feasible:
+        return plan, estimate
+    best = max(o[2].tokens_per_s for o in feasible)
+    _, chosen, est = min(
+        (o for o in feasible if o[2].tokens_per_s >= (1 - STALENESS_TOLERANCE) * best),
+        key=lambda o: o[0],
+    )
+    return chosen, est
+
+
 def _rank(plan: Plan, solution: Solution, costs: dict[str, CostModel]) -> RankedPlan:
-    estimate = simulate(plan, costs)
+    plan, estimate = least_staleness(plan, costs)
     problems = validate_plan(plan, estimate=estimate)
     assert not problems, f"the solver returned a plan the validator rejects: {problems}"
     return RankedPlan(

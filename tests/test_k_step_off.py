@@ -1,0 +1,283 @@
+"""k-step-off asynchrony (workload max_staleness = k): spec, simulator, planner, executor.
+
+Oracles: the spelling rules of the workload key (and older plans' hashes); a
+hand-written recurrence of the generator/trainer pipeline that the simulator's
+unrolled schedule must reproduce step for step; the mean of the per-step
+generation draws against the synchronous estimate; a serial run (one call at a
+time) whose metrics equal the concurrent run's; and each step's staleness,
+which follows from the order the generator runs its calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from placeflow.errors import SpecError
+from placeflow.executor.run import RunConfig, run_plan
+from placeflow.phases import Phase
+from placeflow.plan import Plan, load_plan
+from placeflow.planner.search import STALENESS_TOLERANCE, least_staleness
+from placeflow.simulator import simulate
+from placeflow.simulator.estimate import StepEstimate
+from placeflow.simulator.lengths import LengthModel, longest_quantiles, tail_left
+from placeflow.simulator.simulate import cost_models_for
+from placeflow.workload import Workload, workload_from_dict, workload_to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = ROOT / "examples" / "plans"
+TIMING = ("step_time_s", "tokens_per_s")
+
+
+def _with_staleness(plan: Plan, k: int, **batch: object) -> Plan:
+    wl = plan.workload
+    if batch:
+        wl = dataclasses.replace(wl, batch=dataclasses.replace(wl.batch, **batch))
+    return dataclasses.replace(plan, workload=dataclasses.replace(wl, max_staleness=k))
+
+
+def _table(**extra: object) -> dict:
+    return {
+        "name": "w",
+        "algorithm": "grpo",
+        "reward_function": "arith",
+        "models": {"actor": "tiny-llama"},
+        "batch": {"prompts_per_step": 4, "samples_per_prompt": 2, "prompt_len": 8,
+                  "response_len": 8},
+        **extra,
+    }  # fmt: skip
+
+
+# --- the workload key ------------------------------------------------------------
+
+
+def test_staleness_spellings() -> None:
+    assert workload_from_dict(_table()).max_staleness == 0
+    assert workload_from_dict(_table(async_one_step_off=True)).max_staleness == 1
+    assert workload_from_dict(_table(async_one_step_off=False)).max_staleness == 0
+    w = workload_from_dict(_table(max_staleness=3))
+    assert w.max_staleness == 3 and w.asynchronous
+    with pytest.raises(SpecError, match="not both"):
+        workload_from_dict(_table(max_staleness=2, async_one_step_off=True))
+    with pytest.raises(SpecError, match="0 \\(on-policy\\) to 8"):
+        workload_from_dict(_table(max_staleness=9))
+    with pytest.raises(SpecError, match="max_staleness"):
+        workload_from_dict(_table(max_staleness=-1))
+
+
+def test_staleness_round_trip_keeps_older_spelling() -> None:
+    # Staleness 0 and 1 are written as before, so that plans made before the key keep
+    # their content hash; 2+ are written as max_staleness.
+    for k, key, value in ((0, "async_one_step_off", False), (1, "async_one_step_off", True),
+                          (4, "max_staleness", 4)):  # fmt: skip
+        w: Workload = workload_from_dict(_table(max_staleness=k))
+        out = workload_to_dict(w)
+        assert out[key] == value
+        assert ("max_staleness" in out) == (k >= 2)
+        assert workload_from_dict(out) == w
+    plan = load_plan(PLANS / "grpo-tiny-cpu2-async.toml")
+    assert workload_to_dict(plan.workload)["async_one_step_off"] is True
+
+
+# --- the simulator -----------------------------------------------------------------
+
+
+def _tiny(k: int, **batch: object) -> Plan:
+    """The tiny GRPO plan with a generator set: the trainer makes one call (the update)."""
+    return _with_staleness(load_plan(PLANS / "grpo-tiny-cpu2-async.toml"), k, **batch)
+
+
+def _long_tail(k: int) -> Plan:
+    """Long-tailed responses (the longest of 16 per step varies 5x) and an update as
+    long as the mean generation (8 epochs): the case a buffer of rollouts is for."""
+    return _tiny(k, response_len=512, response_len_dist="lognormal", response_len_median=32,
+                 response_len_sigma=1.0, prompts_per_step=4, ppo_epochs=8)  # fmt: skip
+
+
+def _durations(est: StepEstimate, phase: Phase) -> dict[int, float]:
+    return {p.step: p.duration_s for p in est.phases if p.name is phase}
+
+
+def _recurrence(k: int, sync: float, gen: dict[int, float], update: float, steps: int) -> list:
+    """Step ends of the pipeline, written out by hand (simulate.py's module docstring).
+
+    Generator: sync j after generation j−1 and after update j−1−k (for k = 1 the
+    sync holds the trainer too), then generation j. Trainer: update j after update
+    j−1 and generation j. Step 0's sync holds both sets at time 0.
+    """
+    gen_end: list[float] = []
+    upd_end: list[float] = []
+    trainer_free = sync  # after step 0's sync
+    gen_free = 0.0
+    for j in range(steps):
+        start = 0.0
+        if j > 0:
+            start = max(gen_free, upd_end[j - 1 - k] if j - 1 - k >= 0 else 0.0)
+        gen_end.append(start + sync + gen[j])
+        gen_free = gen_end[j]
+        upd_start = max(trainer_free, gen_end[j])
+        upd_end.append(upd_start + update)
+        trainer_free = upd_end[j]
+    return upd_end
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_unrolled_schedule_matches_hand_recurrence(k: int) -> None:
+    # Long-tailed lengths: the eight draws of the longest response differ, so the
+    # window is eight steps after k + 2 warm-up steps.
+    plan = _tiny(k, response_len=256, response_len_dist="lognormal", response_len_median=32,
+                 response_len_sigma=1.0)  # fmt: skip
+    cms = cost_models_for(plan, "cpu")
+    est = simulate(plan, cms)
+    assert est.window == 8 and est.steady_step == k + 2 + 8 - 1
+    gen = _durations(est, Phase.GENERATE)
+    assert len(set(round(g, 9) for g in gen.values())) > 1  # the draws vary
+    [sync] = {round(d, 12) for s, d in _durations(est, Phase.WEIGHT_SYNC).items() if s > 0}
+    [update] = {round(d, 12) for d in _durations(est, Phase.ACTOR_UPDATE).values()}
+    # Steps past the window are not shown; the recurrence needs one more generation
+    # (its sync waits for nothing the shown steps do): take the draw order from the docs.
+    steps = est.steady_step + 1
+    ends = _recurrence(k, sync, gen, update, steps)
+    warm = k + 2
+    expected = (ends[steps - 1] - ends[warm - 1]) / 8
+    assert est.iteration_s == pytest.approx(expected, rel=1e-9)
+    # Sync with k >= 2 holds the generator set only (set #2), but at step 0.
+    syncs = [p for p in est.phases if p.name is Phase.WEIGHT_SYNC]
+    assert {p.device_set for p in syncs if p.step > 0} == {1}
+
+
+def test_draws_are_centred_on_the_synchronous_generation() -> None:
+    plan = _tiny(2, response_len=256, response_len_dist="lognormal", response_len_median=32,
+                 response_len_sigma=1.0)  # fmt: skip
+    cms = cost_models_for(plan, "cpu")
+    est = simulate(plan, cms)
+    sync = simulate(_with_staleness(plan, 0), cms)
+    [expected] = _durations(sync, Phase.GENERATE).values()
+    window = {s: d for s, d in _durations(est, Phase.GENERATE).items() if est.in_window(s)}
+    assert len(window) == 8
+    assert sum(window.values()) / 8 == pytest.approx(expected, rel=1e-9)
+    # Step s draws the quantile longest_quantiles()[s mod 8]: a longer longest response
+    # never takes less time (quantiles clipped at the maximum tie).
+    qs = longest_quantiles()
+    assert sorted(qs) == [(i + 0.5) / 8 for i in range(8)]
+    for a in window:
+        for b in window:
+            if qs[a % 8] < qs[b % 8]:
+                assert window[a] <= window[b] + 1e-12
+    assert max(window.values()) > min(window.values())
+
+
+def test_longest_quantiles_follow_the_order_statistics() -> None:
+    # P(longest < s) = (1 - P(L >= s))^n ~ exp(-n P(L >= s)): at quantile q, n·S(s) = -ln q.
+    lengths = LengthModel(max_len=4096, median=500, sigma=0.6)
+    n = 64
+    for q in longest_quantiles():
+        s = lengths.last_step(n, tail_left(q))
+        assert n * lengths.survival(s) >= -math.log(q) > n * lengths.survival(s + 1)
+    assert lengths.last_step(n) == lengths.last_step(n, 0.5)
+    # Fixed lengths never vary: every quantile is the maximum.
+    assert {LengthModel(64).last_step(n, tail_left(q)) for q in longest_quantiles()} == {64}
+
+
+def test_fixed_lengths_unroll_a_two_step_window_and_deeper_buffers_never_lose() -> None:
+    plan = _tiny(1)
+    cms = cost_models_for(plan, "cpu")
+    times = {k: simulate(_with_staleness(plan, k), cms) for k in (1, 2, 4)}
+    assert all(e.window == 2 for e in times.values())
+    assert times[2].iteration_s <= times[1].iteration_s + 1e-12
+    assert times[4].iteration_s == pytest.approx(times[2].iteration_s)
+
+
+def test_long_tails_make_a_deeper_buffer_pay() -> None:
+    # Generation and update about equal, with a long tail: one-step-off waits on every
+    # long batch; a deeper buffer absorbs them, down to the mean of the two sides.
+    plan = _long_tail(1)
+    cms = cost_models_for(plan, "cpu")
+    t = {k: simulate(_with_staleness(plan, k), cms).iteration_s for k in (1, 2, 3, 4, 8)}
+    eps = 1e-12
+    assert t[1] > 1.1 * t[2] and t[2] > 1.02 * t[3]
+    assert t[3] >= t[4] - eps and t[4] >= t[8] - eps
+    # Never below the longer side's mean: generation (and its syncs) or the trainer.
+    sync = simulate(_with_staleness(plan, 0), cms)
+    d = {p.name: p.duration_s for p in sync.phases}
+    trainer = d[Phase.OLD_LOGPROB] + d[Phase.ACTOR_UPDATE]
+    generator = d[Phase.GENERATE] + d[Phase.WEIGHT_SYNC]
+    assert t[8] >= max(trainer, generator) - 1e-9
+    assert t[8] == pytest.approx(generator, rel=1e-6)  # here the generator's side
+
+
+def test_snapshots_are_booked_on_the_trainer() -> None:
+    plan = _tiny(1)
+    cms = cost_models_for(plan, "cpu")
+    base = simulate(plan, cms).sets[0].resident_bytes
+    actor = plan.workload.models[next(iter(plan.workload.models))]
+    for k in (2, 4):
+        est = simulate(_with_staleness(plan, k), cms)
+        assert est.sets[0].resident_bytes == pytest.approx(base + (k - 1) * actor.num_bytes())
+        assert est.sets[1].resident_bytes == simulate(plan, cms).sets[1].resident_bytes
+        assert any("snapshot" in n for n in est.notes)
+
+
+# --- the planner ---------------------------------------------------------------------
+
+
+def test_planner_keeps_the_least_staleness_that_pays() -> None:
+    cms = cost_models_for(_tiny(1), "cpu")
+    # Fixed lengths: a deeper buffer buys at most the sync's seconds: the least wins.
+    fixed, est = least_staleness(_tiny(4), cms)
+    assert fixed.workload.max_staleness in (1, 2)
+    # Long tails: the least within tolerance of the best, and never below it.
+    tail = _with_staleness(_long_tail(1), 8)
+    chosen, est = least_staleness(tail, cms)
+    k = chosen.workload.max_staleness
+    all_k = {j: simulate(_with_staleness(tail, j), cms).tokens_per_s for j in range(1, 9)}
+    best = max(all_k.values())
+    assert est.tokens_per_s == pytest.approx(all_k[k])
+    assert all_k[k] >= (1 - STALENESS_TOLERANCE) * best
+    assert all(all_k[j] < (1 - STALENESS_TOLERANCE) * best for j in range(1, k))
+    assert k == 3  # 1 and 2 wait on long batches (test above)
+
+
+# --- the executor ----------------------------------------------------------------------
+
+
+def _deterministic(records: list) -> list[dict]:
+    return [{k: v for k, v in r.metrics.items() if k not in TIMING} for r in records]
+
+
+def test_k_step_off_runs_and_learns(ray_cluster: None, tmp_path: Path) -> None:
+    # Staleness 2 on a trainer and a generator of one worker each: rollouts k+1 and k+2
+    # are in flight while step k trains; the trainer posts its weights and goes on.
+    steps = 16
+    plan = _tiny(2)
+    result = run_plan(plan, tmp_path / "run", RunConfig(steps=steps, progress=False))
+    staleness = [r.metrics["staleness"] for r in result.records]
+    assert staleness == [0.0, 1.0] + [2.0] * (steps - 2)
+    posted = [r.metrics.get("weight_snapshot_bytes_max") for r in result.records]
+    # One snapshot held at most (k - 1); none posted after the last one any rollout uses.
+    assert all(p is not None and p > 0 for p in posted[: steps - 3])
+    assert all(p is None for p in posted[steps - 3 :])
+    rewards = [r.metrics["reward_mean"] for r in result.records]
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.02, rewards
+    # The generator's rollouts overlap the trainer's updates in the steady state.
+    overlapped = 0
+    for rec in result.records[3:]:
+        gen = [r for r in rec.timeline if r["name"] == "generate"]
+        update = [r for r in rec.timeline if r["name"] == "actor_update"]
+        overlapped += any(
+            g["start_s"] < u["end_s"] and u["start_s"] < g["end_s"] for g in gen for u in update
+        )
+    assert overlapped >= 6
+
+
+def test_k_step_off_serial_equals_concurrent(ray_cluster: None, tmp_path: Path) -> None:
+    # The order each worker runs its calls in, not the overlap, fixes what every rollout
+    # sees: one call at a time gives the same metrics, staleness 3 included.
+    plan = _tiny(3)
+    concurrent = run_plan(plan, tmp_path / "a", RunConfig(steps=6, progress=False))
+    serial = run_plan(plan, tmp_path / "b", RunConfig(steps=6, progress=False, overlap=False))
+    assert [r.metrics["staleness"] for r in concurrent.records] == [0, 1, 2, 3, 3, 3]
+    assert _deterministic(concurrent.records) == _deterministic(serial.records)
