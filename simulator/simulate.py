@@ -372,7 +372,8 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
     costed, problems = _cost_calls(plan, cms, resident)
     notes: list[str] = []
     wl = plan.workload
-    staleness, draws, warm_up, window = 0, (), 0, 1
+    staleness, warm_up, window = 0, 0, 1
+    draws: tuple[Draw, ...] = ()
     if wl.asynchronous:
         if plan.generator_set() is None:
             notes.append(

@@ -13,14 +13,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from placeflow.errors import SpecError
 from placeflow.executor.run import RunConfig, run_plan
 from placeflow.phases import Phase
 from placeflow.plan import Plan, load_plan
 from placeflow.planner.search import STALENESS_TOLERANCE, least_staleness
+from placeflow.reshard_plan import TinyLlama
 from placeflow.simulator import simulate
 from placeflow.simulator.estimate import StepEstimate
 from placeflow.simulator.lengths import LengthModel, longest_quantiles, tail_left
@@ -30,6 +33,7 @@ from placeflow.workload import Workload, workload_from_dict, workload_to_dict
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "examples" / "plans"
 TIMING = ("step_time_s", "tokens_per_s")
+SYNC_MODEL = TinyLlama(num_layers=2, hidden=32, num_heads=4, num_kv_heads=2, ffn=64, vocab=64)
 
 
 def _with_staleness(plan: Plan, k: int, **batch: object) -> Plan:
@@ -281,3 +285,82 @@ def test_k_step_off_serial_equals_concurrent(ray_cluster: None, tmp_path: Path) 
     serial = run_plan(plan, tmp_path / "b", RunConfig(steps=6, progress=False, overlap=False))
     assert [r.metrics["staleness"] for r in concurrent.records] == [0, 1, 2, 3, 3, 3]
     assert _deterministic(concurrent.records) == _deterministic(serial.records)
+
+
+# --- exports ---------------------------------------------------------------------------
+
+
+def test_exports_carry_the_staleness() -> None:
+    from test_export import _openrlhf_args  # OpenRLHF's own parser (tests/test_export.py)
+
+    from placeflow.export import Target, export_plan
+
+    for k, queue in ((1, 1), (3, 3)):
+        plan = _tiny(k)
+        flags = vars(_openrlhf_args(export_plan(plan, Target.OPENRLHF).arguments))
+        assert flags["train.async_enable"] and flags["train.async_queue_size"] == queue
+        notes = export_plan(plan, Target.VERL).unexpressed
+        assert any(f"max_staleness {k}" in n and "fully_async_policy" in n for n in notes)
+    sync = vars(_openrlhf_args(export_plan(_tiny(0), Target.OPENRLHF).arguments))
+    assert not sync["train.async_enable"]
+
+
+# --- posted weight snapshots over gloo ------------------------------------------------
+
+
+def _posting_rank(rank: int, port: int, out: Any) -> None:
+    """Rank 0 (the trainer) posts two snapshots, the second after changing its weights;
+    rank 1 (the generator) receives them later, in order."""
+    import time
+
+    from reshard_worlds import full_params
+
+    from placeflow.executor.reshard import MemoryMeter
+    from placeflow.executor.weight_sync import open_sync_link, sync_disjoint
+    from placeflow.layout import TrainLayout
+    from placeflow.reshard_plan import GeneratorLayout, plan_disjoint
+
+    torch.set_num_threads(1)
+    link = open_sync_link(
+        host="127.0.0.1", port=port, rank=rank, world_size=2, backend="gloo", timeout_s=60
+    )
+    plan = plan_disjoint(SYNC_MODEL, TrainLayout(), GeneratorLayout(tg=1), 4096)
+    if rank == 0:
+        weights = full_params(SYNC_MODEL, 3)
+        posted: list = []
+        for _ in range(2):
+            sync_disjoint(plan, 0, weights, MemoryMeter(), link=link, posted=posted)
+            for t in weights.values():
+                t.add_(1.0)  # training goes on: the posted copies must not change
+        out.put(("posted", time.monotonic(), len(posted)))
+        for _, work in posted:
+            work.wait()
+        return
+    time.sleep(1.0)  # the trainer has long returned from posting by now
+    out.put(("receiving", time.monotonic(), 0))
+    got = [sync_disjoint(plan, 1, None, MemoryMeter(), link=link)[0] for _ in range(2)]
+    full = full_params(SYNC_MODEL, 3)
+    same = [all(torch.equal(g[n], full[n] + i) for n in full) for i, g in enumerate(got)]
+    out.put(("received", time.monotonic(), int(all(same))))
+
+
+def test_posted_snapshots_arrive_in_order_without_blocking_the_trainer() -> None:
+    import multiprocessing
+
+    from placeflow.procs import free_port
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_posting_rank, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    events = {}
+    while not out.empty():
+        name, at, value = out.get()
+        events[name] = (at, value)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    assert events["posted"][1] > 0 and events["received"][1] == 1
+    assert events["posted"][0] < events["receiving"][0]  # posting did not wait for it

@@ -214,6 +214,9 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
         flags.append("--actor.gradient_checkpointing_enable")
     if w.asynchronous and plan.generator_set() is not None:
         flags.append("--train.async_enable")
+        if w.max_staleness > 1:
+            # Its rollout queue holds this many batches ahead of the trainer (default 1).
+            flags += ["--train.async_queue_size", str(w.max_staleness)]
     if w.lora is not None:
         trained_roles = [r for r in (Role.ACTOR, Role.CRITIC) if r in w.models]
         if set(w.lora.roles) != set(trained_roles):

@@ -79,6 +79,14 @@ def export(plan: Plan) -> Export:
             "the plan generates on a set of its own; verl's hybrid engine generates on the "
             "actor's devices"
         )
+        if w.asynchronous:
+            notes.append(
+                f"max_staleness {w.max_staleness}: verl's main trainer is synchronous; its "
+                "asynchronous trainers are the separate recipes verl.experimental."
+                "one_step_off_policy (staleness 1) and fully_async_policy "
+                "(async_training.staleness_threshold, a fraction of a batch, not a count of "
+                "updates)"
+            )
     out |= _batch(plan, notes)
     for role, key in MEGATRON_KEY.items():
         if role in w.models:
