@@ -166,6 +166,10 @@ def sync_disjoint(
             if ranges is not None:
                 out[p.name] = meter.hold(torch.empty(p.shard_shape(ranges), device=device))
     moved = 0
+    # Posted messages with the same slices (the same position in each generator replica a
+    # trainer rank serves) share one packed copy: a snapshot is one shard, not one per
+    # replica served.
+    packed_by_slices: dict[tuple[tuple[str, int, int], ...], torch.Tensor] = {}
     for dst, transfer in enumerate(plan.ranks):
         for bucket in transfer.buckets:
             for src in sorted({s.src for s in bucket.sends}):
@@ -173,6 +177,12 @@ def sync_disjoint(
                 numel = sum(s.numel for s in sends)
                 if rank == src:
                     assert shards is not None
+                    slices = tuple((s.param.name, s.rows.start, s.rows.length) for s in sends)
+                    if posted is not None and slices in packed_by_slices:
+                        packed = packed_by_slices[slices]
+                        posted.append((packed, link.post(packed, num_train + dst)))
+                        moved += numel * packed.element_size()
+                        continue
                     pieces = [
                         shard_rows(
                             shards[s.param.name],
@@ -185,6 +195,7 @@ def sync_disjoint(
                     packed = meter.hold(torch.cat(pieces))  # a copy: training may go on
                     moved += numel * packed.element_size()
                     if posted is not None:
+                        packed_by_slices[slices] = packed
                         posted.append((packed, link.post(packed, num_train + dst)))
                         continue
                     link.send(packed, num_train + dst)

@@ -420,7 +420,12 @@ class Worker:
             posted=posted,
         )
         self.posted.append(posted)
-        held = sum(t.numel() * t.element_size() for snap in self.posted for t, _ in snap)
+        # (one copy may be posted to several generator replicas: count each once)
+        held = sum(
+            t.numel() * t.element_size()
+            for snap in self.posted
+            for t in {id(t): t for t, _ in snap}.values()
+        )
         return sent, held
 
     def drain_posted_weights(self) -> int:

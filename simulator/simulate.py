@@ -218,19 +218,17 @@ def _generation_draws(plan: Plan, cms: CostModels, resident: list[float]) -> tup
 def _snapshot_bytes(plan: Plan) -> float:
     """Bytes per trainer GPU of one weight snapshot awaiting the generator (staleness >= 2).
 
-    Generator replica r pulls its weights from the trainer's weight replica r mod
-    d·cp (`placeflow.reshard_plan`), and a trainer rank packs what one generator
-    replica needs out of its tensor/pipeline shard: at most weights/(t·p) (the
-    adapters' share with LoRA) for each of the ceil(R/(d·cp)) generator replicas it
-    serves. An upper bound: a generator with tg < t takes rows, not whole shards.
+    A trainer rank packs what a generator replica needs out of its tensor/pipeline
+    shard, once for every generator replica it serves (the executor posts one copy
+    to each): at most weights/(t·p), the adapters' share with LoRA. An upper
+    bound: a generator replica pulls from one weight replica (r mod d·cp), so the
+    ranks of the others may hold nothing.
     """
     wl = plan.workload
-    par = plan.parallelism[Role.ACTOR]
-    actor, lay = wl.models[Role.ACTOR], par.train
+    actor, lay = wl.models[Role.ACTOR], plan.parallelism[Role.ACTOR].train
     lora = wl.lora_of(Role.ACTOR)
     total = actor.num_bytes() if lora is None else lora.params(actor) * actor.dtype.num_bytes
-    served = math.ceil(_gen_layout(plan).num_replicas / lay.num_weight_replicas)
-    return total / (lay.t * lay.p) * served
+    return total / (lay.t * lay.p)
 
 
 def _contended(plan: Plan, set_index: int, cost: callcosts.CallCost) -> callcosts.CallCost:

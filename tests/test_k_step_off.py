@@ -310,7 +310,7 @@ def test_exports_carry_the_staleness() -> None:
 
 def _posting_rank(rank: int, port: int, out: Any) -> None:
     """Rank 0 (the trainer) posts two snapshots, the second after changing its weights;
-    rank 1 (the generator) receives them later, in order."""
+    ranks 1 and 2 (two generator replicas it serves) receive them later, in order."""
     import time
 
     from reshard_worlds import full_params
@@ -322,26 +322,33 @@ def _posting_rank(rank: int, port: int, out: Any) -> None:
 
     torch.set_num_threads(1)
     link = open_sync_link(
-        host="127.0.0.1", port=port, rank=rank, world_size=2, backend="gloo", timeout_s=60
+        host="127.0.0.1", port=port, rank=rank, world_size=3, backend="gloo", timeout_s=60
     )
-    plan = plan_disjoint(SYNC_MODEL, TrainLayout(), GeneratorLayout(tg=1), 4096)
+    plan = plan_disjoint(SYNC_MODEL, TrainLayout(), GeneratorLayout(tg=1, replicas=2), 4096)
     if rank == 0:
         weights = full_params(SYNC_MODEL, 3)
-        posted: list = []
+        snapshots: list[list] = []
         for _ in range(2):
+            posted: list = []
             sync_disjoint(plan, 0, weights, MemoryMeter(), link=link, posted=posted)
+            snapshots.append(posted)
             for t in weights.values():
                 t.add_(1.0)  # training goes on: the posted copies must not change
-        out.put(("posted", time.monotonic(), len(posted)))
-        for _, work in posted:
-            work.wait()
+        # One packed copy per slice, posted to both replicas: a snapshot is one model.
+        copies = [{id(t): t for t, _ in snap}.values() for snap in snapshots]
+        held = [sum(t.numel() * t.element_size() for t in c) for c in copies]
+        messages = sum(len(snap) for snap in snapshots)
+        out.put(("posted", time.monotonic(), (held, messages, SYNC_MODEL.total_bytes())))
+        for snap in snapshots:
+            for _, work in snap:
+                work.wait()
         return
     time.sleep(1.0)  # the trainer has long returned from posting by now
-    out.put(("receiving", time.monotonic(), 0))
-    got = [sync_disjoint(plan, 1, None, MemoryMeter(), link=link)[0] for _ in range(2)]
+    out.put((f"receiving{rank}", time.monotonic(), 0))
+    got = [sync_disjoint(plan, rank, None, MemoryMeter(), link=link)[0] for _ in range(2)]
     full = full_params(SYNC_MODEL, 3)
     same = [all(torch.equal(g[n], full[n] + i) for n in full) for i, g in enumerate(got)]
-    out.put(("received", time.monotonic(), int(all(same))))
+    out.put((f"received{rank}", time.monotonic(), int(all(same))))
 
 
 def test_posted_snapshots_arrive_in_order_without_blocking_the_trainer() -> None:
@@ -352,7 +359,7 @@ def test_posted_snapshots_arrive_in_order_without_blocking_the_trainer() -> None
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_posting_rank, args=(r, port, out)) for r in range(2)]
+    procs = [ctx.Process(target=_posting_rank, args=(r, port, out)) for r in range(3)]
     for p in procs:
         p.start()
     for p in procs:
@@ -362,5 +369,11 @@ def test_posted_snapshots_arrive_in_order_without_blocking_the_trainer() -> None
         name, at, value = out.get()
         events[name] = (at, value)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    assert events["posted"][1] > 0 and events["received"][1] == 1
-    assert events["posted"][0] < events["receiving"][0]  # posting did not wait for it
+    held, messages, model_bytes = events["posted"][1]
+    # Each snapshot is one copy of the model (fp32 here), not one per generator replica,
+    # though twice as many messages went out.
+    assert held == [model_bytes] * 2
+    assert messages >= 4
+    for r in (1, 2):
+        assert events[f"received{r}"][1] == 1  # both snapshots, in order, as posted
+        assert events["posted"][0] < events[f"receiving{r}"][0]  # posting did not wait
