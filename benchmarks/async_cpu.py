@@ -1,20 +1,23 @@
-"""Synchronous vs one-step-off asynchronous RL on the same two-set plan, on this CPU.
+"""Synchronous vs asynchronous RL (one-step-off, k-step-off) on one two-set plan, on this CPU.
 
 The plan (`examples/plans/grpo-tiny-cpu2-async.toml`) trains a tiny-llama GRPO
 actor on one CPU worker and generates on another (a generator set), so that the
-two phases have a core each on this 2-core machine. The synchronous side is the
-same plan with `async_one_step_off = false`: it generates, then trains, then
-syncs. The asynchronous side generates step k+1 while step k trains, with the
-importance ratio taken against the rollout's policy (one update behind).
+two phases have a core each on this 2-core machine. Each side is the same plan
+at one `max_staleness` (`--staleness`, default 0,1,2): 0 generates, then
+trains, then syncs; 1 generates step k+1 while step k trains, with the
+importance ratio taken against the rollout's policy (one update behind) and a
+blocking weight sync after each update; k >= 2 keeps k rollouts in flight and
+the trainer posts its weights without waiting for the generator.
 
-Each run is a fresh `placeflow run` process (its own Ray), the two sides
-interleaved and alternating which goes first, `--repeats` times. Throughput of a
+Each run is a fresh `placeflow run` process (its own Ray), the sides
+interleaved and rotating which goes first, `--repeats` times. Throughput of a
 run is its tokens over its wall seconds for the steps after `--warmup`; the
-reported figure per side is the median over repeats, and `speedup` is the
-asynchronous median over the synchronous one. Other processes' CPU use during
-each run is recorded (benchmarks/cpu_monitor.py, with the `bench` extra).
+reported figure per side is the median over repeats, and `speedup` is each
+side's median over the synchronous one. Beside it, the simulator's tokens/s
+for the same plan on the `cpu` profile. Other processes' CPU use during each
+run is recorded (benchmarks/cpu_monitor.py, with the `bench` extra).
 
-    python benchmarks/async_cpu.py [--steps 16] [--warmup 2] [--repeats 3]
+    python benchmarks/async_cpu.py [--steps 16] [--warmup 2] [--repeats 3] [--staleness 0,1,2]
 
 Results: benchmarks/results/async_cpu.json.
 """
@@ -42,16 +45,24 @@ RESULTS = ROOT / "benchmarks" / "results" / "async_cpu.json"
 CLI = "import sys; from placeflow.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def write_side(one_step_off: bool, directory: Path) -> Path:
-    """The benchmark plan with asynchrony on or off, as a TOML file in `directory`."""
+def side_name(staleness: int) -> str:
+    return "sync" if staleness == 0 else f"{staleness}-off"
+
+
+def write_side(staleness: int, directory: Path) -> tuple[Path, float]:
+    """The benchmark plan at `staleness`, as a TOML file in `directory`, and the
+    simulator's tokens/s for it."""
     from placeflow.plan import load_plan, save_plan
+    from placeflow.simulator import simulate
+    from placeflow.simulator.simulate import cost_models_for
 
     plan = load_plan(PLAN)
-    workload = dataclasses.replace(plan.workload, max_staleness=int(one_step_off))
-    side = "async" if one_step_off else "sync"
+    workload = dataclasses.replace(plan.workload, max_staleness=staleness)
+    side = side_name(staleness)
     path = directory / f"{side}.toml"
-    save_plan(dataclasses.replace(plan, name=f"{plan.name}-{side}", workload=workload), path)
-    return path
+    plan = dataclasses.replace(plan, name=f"{plan.name}-{side}", workload=workload)
+    save_plan(plan, path)
+    return path, simulate(plan, cost_models_for(plan, "cpu")).tokens_per_s
 
 
 def run_side(plan: Path, steps: int, warmup: int, run_dir: Path) -> dict[str, Any]:
@@ -94,13 +105,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--staleness", default="0,1,2", help="sides: max_staleness values")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
-    runs: dict[str, list[dict[str, Any]]] = {"sync": [], "async": []}
+    sides = [side_name(int(k)) for k in args.staleness.split(",")]
+    if "sync" not in sides:
+        parser.error("--staleness must include 0 (the synchronous side the speedups are over)")
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    simulated: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        plans = {"sync": write_side(False, Path(tmp)), "async": write_side(True, Path(tmp))}
+        plans = {}
+        for k in args.staleness.split(","):
+            plans[side_name(int(k))], simulated[side_name(int(k))] = write_side(int(k), Path(tmp))
         for repeat in range(args.repeats):
-            order = ("sync", "async") if repeat % 2 == 0 else ("async", "sync")
+            shift = repeat % len(sides)
+            order = sides[shift:] + sides[:shift]
             for side in order:
                 run_dir = Path(tmp) / f"{side}-{repeat}"
                 result = run_side(plans[side], args.steps, args.warmup, run_dir)
@@ -116,12 +135,17 @@ def main() -> None:
         "warmup": args.warmup,
         "repeats": args.repeats,
         "tokens_per_s_median": medians,
-        "speedup": medians["async"] / medians["sync"],
+        "speedup": {side: medians[side] / medians["sync"] for side in sides},
+        "simulated_tokens_per_s": simulated,
+        "simulated_speedup": {side: simulated[side] / simulated["sync"] for side in sides},
         "runs": runs,
     }
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    sync, fast = medians["sync"], medians["async"]
-    print(f"sync {sync:,.0f}, async {fast:,.0f} tokens/s: speedup {out['speedup']:.2f}x")
+    for side in sides:
+        print(
+            f"{side}: {medians[side]:,.0f} tokens/s measured ({out['speedup'][side]:.2f}x), "
+            f"{simulated[side]:,.0f} simulated ({out['simulated_speedup'][side]:.2f}x)"
+        )
 
 
 def _cores() -> int:

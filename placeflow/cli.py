@@ -400,6 +400,16 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         f" on {_gpus_label(best.plan)} GPUs, "
         f"{best.estimate.tokens_per_s:,.0f} tokens/s, iteration {best.estimate.iteration_s:.2f} s"
     )
+    if workload.asynchronous:
+        from placeflow.planner.search import STALENESS_TOLERANCE
+
+        bound = workload.max_staleness
+        console.print(
+            f"staleness {best.plan.workload.max_staleness} of at most {bound} (the least within "
+            f"{STALENESS_TOLERANCE:.0%} of the best tokens/s)"
+            if best.plan.generator_set() is not None
+            else f"staleness: synchronous (max_staleness {bound} needs a generator set apart)"
+        )
     if best.executor_problems:
         console.print(
             "placeflow run would refuse it here: " + "; ".join(best.executor_problems),

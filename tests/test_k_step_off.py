@@ -245,6 +245,18 @@ def test_planner_keeps_the_least_staleness_that_pays() -> None:
     assert k == 3  # 1 and 2 wait on long batches (test above)
 
 
+def test_plan_search_returns_the_chosen_staleness() -> None:
+    from placeflow.planner import plan_search
+
+    plan = _with_staleness(_long_tail(1), 4)
+    cm = cost_models_for(plan, "cpu")["*"]
+    result = plan_search(plan.cluster, plan.workload, {"cpu": cm}, time_limit_s=60)
+    best = result.best.plan
+    assert best.generator_set() is not None  # on cpu4 the generator set wins here
+    again, _ = least_staleness(_with_staleness(best, 4), {"cpu": cm})
+    assert 2 <= best.workload.max_staleness == again.workload.max_staleness <= 4
+
+
 # --- the executor ----------------------------------------------------------------------
 
 
