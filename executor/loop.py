@@ -293,7 +293,10 @@ class RLLoop:
         """
         rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
         generator = self.c.group(Role.ACTOR, generator=True)
+        # Calls in flight for later steps: stamped in this step's timeline as they end.
         clock.watch = [call for r in self.in_flight.values() for call, _ in r.calls]
+        clock.watch += [call for r in self.in_flight.values() for call in r.receives]
+        clock.watch += self.receives
         if step in self.in_flight:
             ahead = self.in_flight.pop(step)
             (batch, baseline), received = self._collect_rollout(
@@ -362,9 +365,9 @@ class RLLoop:
         posts = [w.post_weights.remote(keep) for w in actor.workers]
         receives = [w.receive_weights.remote() for w in generator.workers]
         sent_call = clock.launch(Phase.WEIGHT_SYNC, actor, posts, Worker.post_weights)
-        self.receives.append(
-            clock.launch(Phase.WEIGHT_SYNC, generator, receives, Worker.receive_weights)
-        )
+        received = clock.launch(Phase.WEIGHT_SYNC, generator, receives, Worker.receive_weights)
+        self.receives.append(received)
+        clock.watch.append(received)
         [sent] = clock.collect(self.c, [sent_call])
         rec.metrics[Metric.WEIGHT_SYNC_BYTES_SENT_MAX] = float(max(m[0] for m in sent))
         rec.metrics[Metric.WEIGHT_SNAPSHOT_BYTES_MAX] = float(max(m[1] for m in sent))
