@@ -256,23 +256,10 @@ class RLLoop:
                 rollout, self._launch_rollout(rollout, step, clock), clock
             )
             rec.metrics[Metric.STALENESS] = 0.0
-        examples = self.examples(step)
         if self.one_step_off:  # the next step's rollout, while this one trains
             generator = self.c.group(Role.ACTOR, generator=True)
             next_rollout = self._launch_rollout(generator, step + 1, clock)
-        partitions: dict[int, Partition] = {}
-        batch = self._forwards(batch, baseline, examples, partitions, rec, clock)
-        if self.one_step_off:
-            batch = self._behaviour_policy(batch, rec)
-        with clock.span(Phase.ADVANTAGE):
-            batch = self._advantages(batch, rec)
-        updates = [
-            self._launch(role, phase, batch, partitions, clock)
-            for role, phase in _UPDATES
-            if role in self.w.models
-        ]
-        for metrics in self._collect(updates, clock):
-            rec.metrics |= over_ranks(metrics)
+        batch = self._train(step, batch, baseline, rec, clock)
         if self.one_step_off:
             # The update's weights to the generator: its receive queues behind the next
             # rollout, which is collected here, ready for the next step.
@@ -324,10 +311,20 @@ class RLLoop:
                 )
                 self.receives = []
                 clock.watch.extend(call for call, _ in calls)
-        examples = self.examples(step)
+        batch = self._train(step, batch, baseline, rec, clock)
+        if self.steps is None or step + 1 + self.staleness < self.steps:
+            self._post_weights(rec, clock)  # (else no rollout is left to use them)
+        return self._finish(rec, clock, batch)
+
+    def _train(
+        self, step: int, batch: Batch, baseline: Batch | None, rec: StepRecord, clock: StepClock
+    ) -> Batch:
+        """The step's forward calls, advantages and updates on `batch`; the batch as
+        trained on. An asynchronous batch's ratio is against its rollout's policy."""
         partitions: dict[int, Partition] = {}
-        batch = self._forwards(batch, baseline, examples, partitions, rec, clock)
-        batch = self._behaviour_policy(batch, rec)
+        batch = self._forwards(batch, baseline, self.examples(step), partitions, rec, clock)
+        if self.staleness:
+            batch = self._behaviour_policy(batch, rec)
         with clock.span(Phase.ADVANTAGE):
             batch = self._advantages(batch, rec)
         updates = [
@@ -337,9 +334,7 @@ class RLLoop:
         ]
         for metrics in self._collect(updates, clock):
             rec.metrics |= over_ranks(metrics)
-        if self.steps is None or step + 1 + self.staleness < self.steps:
-            self._post_weights(rec, clock)  # (else no rollout is left to use them)
-        return self._finish(rec, clock, batch)
+        return batch
 
     def drain(self) -> None:
         """k-step-off: wait for what is still in flight (rollouts past the last step run,
