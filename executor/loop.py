@@ -219,6 +219,7 @@ class RLLoop:
             optim=optim,
             zero=par.zero,
             offload=OffloadMode.of(par.offload_optimizer, par.host_optimizer_step),
+            offload_params=par.offload_params,
             micro_batch=par.micro_batch,
             forward_micro_batch=par.forward_micro_batch,
             micro_batch_tokens=par.micro_batch_tokens,

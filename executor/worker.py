@@ -53,7 +53,8 @@ import dataclasses
 import os
 import socket
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -68,6 +69,7 @@ from placeflow.executor.batch import Batch
 from placeflow.executor.dispatch import DispatchLayout
 from placeflow.executor.engines.generator import GeneratorEngine
 from placeflow.executor.engines.moe import EPGroup
+from placeflow.executor.engines.offload import ParamOffload
 from placeflow.executor.engines.pipeline import PPGroup
 from placeflow.executor.engines.roles import (
     ActorEngine,
@@ -195,6 +197,8 @@ class Worker:
         # k-step-off: snapshots of posted weights (packed messages and their sends),
         # oldest first, kept until the generator has received them.
         self.posted: deque[list[tuple[torch.Tensor, Posted]]] = deque()
+        # offload_params: roles whose weights stay in host memory between their calls
+        self.param_offloads: dict[Role, ParamOffload] = {}
 
     def identity(self) -> WorkerIdentity:
         return WorkerIdentity(
@@ -348,6 +352,20 @@ class Worker:
         else:
             engine = ScoringEngine(setup, groups, self.device)
         self.engines[role] = engine
+        if setup.offload_params:
+            offload = self.param_offloads[role] = ParamOffload(engine.model, self.device)
+            offload.offload()
+
+    @contextmanager
+    def _weights(self, role: Role, *, changes: bool = False) -> Iterator[None]:
+        """`role`'s training weights on the device for one call (offload_params: reloaded
+        before it and offloaded after, written back when the call `changes` them)."""
+        offload = self.param_offloads.get(role)
+        if offload is None:
+            yield
+            return
+        with offload.loaded(changes=changes):
+            yield
 
     def _arrive(self, batch: Batch) -> Batch:
         """A batch from the controller, on this worker's device (results go back to HOST)."""
@@ -362,7 +380,8 @@ class Worker:
     def sync_rollout(self) -> tuple[int, int]:
         """The actor's reshard into its rollout engine: (bytes received, peak extra bytes)."""
         actor = self._engine(Role.ACTOR, ActorEngine)
-        received = actor.sync_rollout()
+        with self._weights(Role.ACTOR):
+            received = actor.sync_rollout()
         return received, actor.last_reshard_peak
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> Batch:
@@ -390,9 +409,15 @@ class Worker:
         actor = self._engine(Role.ACTOR, ActorEngine)
         sync, plan = self._sync_plan(actor)
         meter = MemoryMeter()
-        _, sent = sync_disjoint(
-            plan, sync.rank, actor.trainer.tp_shards(), meter, link=sync.link, device=self.device
-        )
+        with self._weights(Role.ACTOR):
+            _, sent = sync_disjoint(
+                plan,
+                sync.rank,
+                actor.trainer.tp_shards(),
+                meter,
+                link=sync.link,
+                device=self.device,
+            )
         return sent, meter.peak_bytes
 
     def post_weights(self, max_posted: int) -> tuple[int, int]:
@@ -410,15 +435,16 @@ class Worker:
         while len(self.posted) >= max_posted:
             self._complete_oldest_post()
         posted: list[tuple[torch.Tensor, Posted]] = []
-        _, sent = sync_disjoint(
-            plan,
-            sync.rank,
-            actor.trainer.tp_shards(),
-            MemoryMeter(),
-            link=sync.link,
-            device=self.device,
-            posted=posted,
-        )
+        with self._weights(Role.ACTOR):  # the posted messages are packed copies
+            _, sent = sync_disjoint(
+                plan,
+                sync.rank,
+                actor.trainer.tp_shards(),
+                MemoryMeter(),
+                link=sync.link,
+                device=self.device,
+                posted=posted,
+            )
         self.posted.append(posted)
         # (one copy may be posted to several generator replicas: count each once)
         held = sum(
@@ -454,30 +480,38 @@ class Worker:
         engine = self.engines[role]
         if isinstance(engine, CriticEngine | GeneratorEngine):
             raise SpecError(f"{role} on this worker has no logprobs (got {engine!r})")
-        return engine.logprobs(self._arrive(batch), temperature).to(HOST)
+        with self._weights(role):
+            return engine.logprobs(self._arrive(batch), temperature).to(HOST)
 
     def values(self, role: Role, batch: Batch) -> Batch:
-        return self._engine(role, CriticEngine).values(self._arrive(batch)).to(HOST)
+        engine = self._engine(role, CriticEngine)
+        with self._weights(role):
+            return engine.values(self._arrive(batch)).to(HOST)
 
     def scores(self, role: Role, batch: Batch) -> Batch:
-        return self._engine(role, ScoringEngine).scores(self._arrive(batch)).to(HOST)
+        engine = self._engine(role, ScoringEngine)
+        with self._weights(role):
+            return engine.scores(self._arrive(batch)).to(HOST)
 
     def update(self, role: Role, batch: Batch, cfg: UpdateConfig) -> dict[str, float]:
         engine = self.engines[role]
         if not isinstance(engine, ActorEngine | CriticEngine):
             raise SpecError(f"{role} is frozen on this worker; it has no update")
-        return engine.update(self._arrive(batch), cfg)
+        with self._weights(role, changes=True):
+            return engine.update(self._arrive(batch), cfg)
 
     def save_state(self, role: Role, path: str) -> None:
         """This rank's trainable state of `role` to `path` (one file per rank and role)."""
         engine = self.engines[role]
         if isinstance(engine, ActorEngine | CriticEngine):
-            torch.save(engine.state(), path)
+            with self._weights(role):
+                torch.save(engine.state(), path)
 
     def load_state(self, role: Role, path: str) -> None:
         engine = self.engines[role]
         if isinstance(engine, ActorEngine | CriticEngine):
-            engine.load_state(torch.load(path, weights_only=True))
+            with self._weights(role, changes=True):
+                engine.load_state(torch.load(path, weights_only=True))
 
 
 # The environment a worker process starts with (see the module docstring). Ray reads

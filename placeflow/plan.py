@@ -36,6 +36,8 @@ micro_batch = 8       # samples per micro-batch (forward and training)
 zero = 1              # ZeRO stage 0-3 over d
 recompute = true      # full activation recomputation in training
 offload_optimizer = false  # keep Adam state in host memory outside the update (trained roles)
+# offload_params = true     # keep weights (and gradients) in host memory outside the role's
+#                           # calls, reloaded for each (verl's param_offload)
 optimizer_step = "device"  # with offload: "device" reloads the state for the update,
                            # "host" updates on the CPU (DeepSpeed --adam_offload)
 ```
@@ -193,6 +195,10 @@ class RoleParallelism:
     recompute: bool = True
     offload_optimizer: bool = False
     optimizer_step: OptimizerStep = OptimizerStep.DEVICE
+    # Weights (and, trained, gradients) in host memory outside the role's own calls and
+    # copied to the device for each (verl's `param_offload`): the memory of a colocated
+    # set is then the active role's, at the price of the copies over the host link.
+    offload_params: bool = False
 
     def __post_init__(self) -> None:
         if self.micro_batch <= 0:
@@ -496,6 +502,7 @@ _PAR_KEYS = (
     "recompute",
     "offload_optimizer",
     "optimizer_step",
+    "offload_params",
 )
 
 
@@ -527,6 +534,7 @@ def _parallelism_from_table(t: Table) -> RoleParallelism:
         recompute=t.get_bool("recompute", True),
         offload_optimizer=t.get_bool("offload_optimizer", False),
         optimizer_step=_optimizer_step(t.get_str("optimizer_step", "device"), t.where),
+        offload_params=t.get_bool("offload_params", False),
     )
 
 
@@ -621,6 +629,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             row["offload_optimizer"] = True
         if par.optimizer_step is not OptimizerStep.DEVICE:  # the default is left out: same hash
             row["optimizer_step"] = par.optimizer_step.value
+        if par.offload_params:  # likewise
+            row["offload_params"] = True
         parallelism[role.value] = row
     return {
         "name": plan.name,

@@ -62,10 +62,11 @@ from placeflow.plan import RoleParallelism
 from placeflow.planner.pareto import pareto_mask
 from placeflow.planner.space import candidate_counts, parallelism_options
 from placeflow.profiles.costmodel import CostModel
-from placeflow.simulator import callcosts, memory
+from placeflow.simulator import callcosts
 from placeflow.simulator.rolecosts import (
     call_cost,
     call_key,
+    colocated_generation_bytes,
     kv_bytes_per_seq,
     needs_reshard,
     reshard_scope,
@@ -192,14 +193,11 @@ class _Prices:
     def kv_variants(self, par: RoleParallelism) -> list[tuple[int, float]]:
         """The actor's (KV budget, generation transient bytes) for one layout: each budget
         (sequences per replica, >= 1) with the generation weights it adds and its cache."""
-        key = (par.train, par.tg, par.pg, par.zero)
+        key = (par.train, par.tg, par.pg, par.zero, par.offload_params)
         kv = self._kv.get(key)
         if kv is None:
             budgets, per_seq = _kv_budgets(self.wl, par, self.pool)
-            model = self.wl.models[Role.ACTOR]
-            extra = memory.colocated_gen_extra_bytes(
-                model, par.gen_layout(), par.zero, self.wl.generation_precision
-            )
+            extra = colocated_generation_bytes(self.wl, par)
             u = self.wl.gpu_memory_utilization
             kv = self._kv[key] = [(b, extra + b * per_seq / u) for b in budgets]
         return kv
@@ -211,7 +209,7 @@ class _Prices:
     def generation_s(self, par: RoleParallelism, kv_seqs: int) -> float:
         """The actor's generation stage with `kv_seqs` of KV budget: its generation calls,
         then its reshard (summed in that order, as `_stage_times` sums a call dict)."""
-        key = (par.train, par.tg, par.pg, par.zero, kv_seqs)
+        key = (par.train, par.tg, par.pg, par.zero, par.offload_params, kv_seqs)
         hit = self._generation.get(key)
         if hit is None:
             gen = par.gen_layout()

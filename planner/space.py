@@ -34,7 +34,11 @@
   also choose the memory savers users otherwise set by hand: activation
   recomputation on or off, and (on GPU pools) the Adam state offloaded to host
   memory outside the update, priced by the simulator from the host link
-  (`simulator.calls.train_cost`).
+  (`simulator.calls.train_cost`), alone or with the weights (`offload_params`,
+  verl's param_offload: the weights come back over the host link for every call,
+  `simulator.rolecosts.with_param_reload`); forward-only roles may offload their
+  weights the same way. A colocated set then holds one role's weights at a time,
+  which buys KV cache and micro-batch room for the copies' time.
 """
 
 from __future__ import annotations
@@ -161,7 +165,7 @@ def parallelism_options(
             for layout, zero, mb, tg, savers in itertools.product(
                 layouts, zeros, MICRO_BATCHES, tgs, _memory_savers(role, pool)
             ):
-                recompute, offload, step = savers
+                recompute, offload, step, offload_params = savers
                 out.append(
                     RoleParallelism(
                         train=layout,
@@ -172,6 +176,7 @@ def parallelism_options(
                         recompute=recompute,
                         offload_optimizer=offload,
                         optimizer_step=step,
+                        offload_params=offload_params,
                     )
                 )
     return out
@@ -204,15 +209,17 @@ def expert_parallel_options(model: ModelSpec, d: int) -> list[int]:
     return [e for e in _powers_of_two(d) if d % e == 0 and experts % e == 0]
 
 
-def _memory_savers(role: Role, pool: PoolSpec) -> list[tuple[bool, bool, OptimizerStep]]:
-    """(recompute, offload_optimizer, optimizer_step) a role may use: for trained roles
-    recomputation on or off times no offload, offload with the device step, or with the
-    host step (the last two on GPU pools: a CPU worker's host is its device); neither
-    for forward-only roles."""
+def _memory_savers(role: Role, pool: PoolSpec) -> list[tuple[bool, bool, OptimizerStep, bool]]:
+    """(recompute, offload_optimizer, optimizer_step, offload_params) a role may use: for
+    trained roles recomputation on or off times no offload, the Adam state offloaded with
+    the device step or with the host step, or the Adam state and the weights offloaded
+    (verl's optimizer_offload + param_offload); for forward-only roles the weights kept
+    or offloaded. Offloads only on GPU pools (a CPU worker's host is its device)."""
     device = OptimizerStep.DEVICE
+    gpu = pool.gpu.kind is DeviceKind.CUDA
     if role not in (Role.ACTOR, Role.CRITIC):
-        return [(False, False, device)]
-    offloads = [(False, device)]
-    if pool.gpu.kind is DeviceKind.CUDA:
-        offloads += [(True, device), (True, OptimizerStep.HOST)]
-    return [(r, o, step) for r in (True, False) for o, step in offloads]
+        return [(False, False, device, False)] + ([(False, False, device, True)] if gpu else [])
+    offloads = [(False, device, False)]
+    if gpu:
+        offloads += [(True, device, False), (True, OptimizerStep.HOST, False), (True, device, True)]
+    return [(r, o, step, params) for r in (True, False) for o, step, params in offloads]

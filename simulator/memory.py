@@ -18,6 +18,12 @@
   DeepSpeed's CPU Adam) it never comes back: the device keeps bf16 weights and
   gradients only, no moments and no fp32 master. The KV cache is never kept
   across phases: generation frees it, so there is nothing of it to offload.
+- Parameter offload (`offload_params`, verl's `param_offload`): outside the
+  role's own calls its weights, and a trained role's gradients, are in host
+  memory; each call brings the weights back (an update grows its gradients
+  again), so they count in that call's transient memory, not in the set's
+  resident state. What is left resident is the Adam state (none with
+  optimizer offload too).
 - Frozen roles (ref, reward, cost) keep bf16 weights only; with zero = 3 they
   shard them over d like FSDP/ZeRO-3 inference, and each forward gathers one
   layer's full (t·p-sharded) weights at a time.
@@ -167,6 +173,44 @@ def optimizer_state_bytes_per_gpu(
     )
 
 
+def gradient_bytes_per_gpu(
+    model: ModelSpec,
+    layout: TrainLayout,
+    zero: int,
+    *,
+    value_head: bool,
+    lora: LoRASpec | None = None,
+) -> float:
+    """The gradient part of `training_state_bytes_per_gpu` (sharded over d from ZeRO-2)."""
+    g = model.dtype.num_bytes
+    return sum(
+        shard * g / (d if zero >= 2 else 1)
+        for shard, d in trained_shard_params(model, layout, lora, value_head=value_head)
+    )
+
+
+def offloaded_param_bytes(
+    model: ModelSpec,
+    par: RoleParallelism,
+    *,
+    trained: bool,
+    value_head: bool,
+    lora: LoRASpec | None = None,
+) -> tuple[float, float]:
+    """(weights, gradients) per GPU that `offload_params` keeps in host memory between
+    the role's calls: the weights the rank keeps (with LoRA the base and the adapters)
+    and, for a trained role, its gradients; 0 bytes without offload_params."""
+    if not par.offload_params:
+        return 0.0, 0.0
+    if not trained:
+        return frozen_weight_bytes_per_gpu(model, par, value_head=value_head), 0.0
+    lay, zero = par.train, par.zero
+    grads = gradient_bytes_per_gpu(model, lay, zero, value_head=value_head, lora=lora)
+    state = training_state_bytes_per_gpu(model, lay, zero, value_head=value_head, lora=lora)
+    adam = optimizer_state_bytes_per_gpu(model, lay, zero, value_head=value_head, lora=lora)
+    return state - adam - grads, grads
+
+
 def logits_bytes(model: ModelSpec, t: int, tokens: int, *, value_head: bool) -> float:
     return 0.0 if value_head else tokens * model.vocab_size / t * 4.0
 
@@ -245,7 +289,8 @@ def trained_resident_bytes_per_gpu(
     """What a trained role keeps on a device between its calls.
 
     Weights, gradients and Adam state under ZeRO; with optimizer offload (either
-    step) the Adam state part (fp32 master and moments) is in host memory.
+    step) the Adam state part (fp32 master and moments) is in host memory, with
+    parameter offload the weights and gradients.
     """
     state = training_state_bytes_per_gpu(
         model, par.train, par.zero, value_head=value_head, lora=lora
@@ -254,7 +299,10 @@ def trained_resident_bytes_per_gpu(
         state -= optimizer_state_bytes_per_gpu(
             model, par.train, par.zero, value_head=value_head, lora=lora
         )
-    return state
+    weights, grads = offloaded_param_bytes(
+        model, par, trained=True, value_head=value_head, lora=lora
+    )
+    return state - weights - grads
 
 
 def kept_weight_bytes_per_gpu(
@@ -271,8 +319,19 @@ def kept_weight_bytes_per_gpu(
 def frozen_weight_bytes_per_gpu(
     model: ModelSpec, par: RoleParallelism, *, value_head: bool
 ) -> float:
-    """Weights of a forward-only role per device: M/(t·p), and M/(t·p·d) with zero = 3."""
+    """Weights of a forward-only role per device: M/(t·p), and M/(t·p·d) with zero = 3
+    (kept there between calls unless `offload_params`: `frozen_resident_bytes_per_gpu`)."""
     return kept_weight_bytes_per_gpu(model, par.train, par.zero, value_head=value_head)
+
+
+def frozen_resident_bytes_per_gpu(
+    model: ModelSpec, par: RoleParallelism, *, value_head: bool
+) -> float:
+    """What a forward-only role keeps on a device between its calls: its weights, or
+    nothing when they are offloaded."""
+    if par.offload_params:
+        return 0.0
+    return frozen_weight_bytes_per_gpu(model, par, value_head=value_head)
 
 
 def gathered_layer_bytes(model: ModelSpec, t: int) -> float:

@@ -197,9 +197,11 @@ def call_key(call: ModelCall, par: RoleParallelism) -> tuple[object, ...]:
     split of the devices does not matter to it (the reshard before it does)."""
     if call.kind == CallKind.GENERATE:
         lay = par.train
-        return (par.tg, par.pg, lay.d * (lay.t * lay.p) // (par.tg * par.pg))
+        key = (par.tg, par.pg, lay.d * (lay.t * lay.p) // (par.tg * par.pg))
+        # an offloaded actor reloads its training shard first: its layout matters then
+        return (*key, par.train, par.zero) if par.offload_params else key
     if call.kind == CallKind.FORWARD:
-        return (par.train, par.forward_micro, par.zero)
+        return (par.train, par.forward_micro, par.zero, par.offload_params)
     return (
         par.train,
         par.train_micro,
@@ -207,6 +209,7 @@ def call_key(call: ModelCall, par: RoleParallelism) -> tuple[object, ...]:
         par.recompute,
         par.offload_optimizer,
         par.optimizer_step,
+        par.offload_params,
     )
 
 
@@ -234,9 +237,13 @@ def call_cost(
     gen: GenLayout | None = None,
     kv_seqs: int = 0,
     tail_left: float = 0.5,
+    training_devices: bool = True,
 ) -> callcosts.CallCost:
     """Cost of one call of `call.role` (a generation needs `gen` and kv_seqs >= 1;
-    `tail_left` sets where its longest sequence ends, `GenerationShape.tail_left`)."""
+    `tail_left` sets where its longest sequence ends, `GenerationShape.tail_left`).
+
+    `training_devices`: the call runs on the role's own set (False for the actor's
+    generation on a generator set apart, which pays no `offload_params` reload)."""
     assert call.role is not None, "controller-side calls have no device cost"
     model = workload.models[call.role]
     seq = train_seq_len(workload)
@@ -290,8 +297,48 @@ def call_cost(
             cp_ranks_per_node=cp_rpn,
         )
         per_rank = math.ceil(call.num_samples / par.train.d)
+    if training_devices:
+        cost = with_param_reload(cm, workload, call, par, cost)
     payload = call_payload_bytes(call.kind, per_rank, workload.batch.prompt_len, seq)
     return with_dispatch(cm, cost, payload)
+
+
+def with_param_reload(
+    cm: CostModel,
+    workload: Workload,
+    call: ModelCall,
+    par: RoleParallelism,
+    cost: callcosts.CallCost,
+) -> callcosts.CallCost:
+    """`cost` plus what `offload_params` adds to a call on the role's training devices.
+
+    The weights come back over the host link before the call (a generation: before
+    the reshard into the rollout engine, which reads them) and are on the device
+    while it runs; an update also grows its gradients and, having changed the
+    weights, copies them back to host memory after. A forward-only call drops its
+    device copy (the host copy is still current). Unchanged without offload_params.
+    """
+    if not par.offload_params:
+        return cost
+    assert call.role is not None
+    weights, grads = memory.offloaded_param_bytes(
+        workload.models[call.role],
+        par,
+        trained=call.role in (Role.ACTOR, Role.CRITIC),
+        value_head=call.role.has_value_head,
+        lora=workload.lora_of(call.role),
+    )
+    reload_s = cm.copy_s("h2d", int(weights))
+    transient = weights
+    if call.kind == CallKind.TRAIN:
+        reload_s += cm.copy_s("d2h", int(weights))
+        transient += grads
+    return callcosts.CallCost(
+        time_s=cost.time_s + reload_s,
+        transient_bytes=cost.transient_bytes + transient,
+        busy_s=cost.busy_s + reload_s,
+        detail={**cost.detail, "param_reload_s": reload_s},
+    )
 
 
 def role_call_costs(
@@ -305,8 +352,10 @@ def role_call_costs(
     gen: GenLayout | None = None,
     kv_seqs: int = 0,
     tail_left: float = 0.5,
+    training_devices: bool = True,
 ) -> dict[Phase, callcosts.CallCost]:
-    """Cost of every call `role` makes in one step (generation only with `gen` and kv_seqs >= 1)."""
+    """Cost of every call `role` makes in one step (generation only with `gen` and kv_seqs >= 1;
+    `training_devices` as for `call_cost`)."""
     return {
         call.phase: call_cost(
             workload,
@@ -318,15 +367,31 @@ def role_call_costs(
             gen=gen,
             kv_seqs=kv_seqs,
             tail_left=tail_left,
+            training_devices=training_devices,
         )
         for call in role_calls(workload, role)
         if call.kind != CallKind.GENERATE or gen is not None
     }
 
 
+def colocated_generation_bytes(workload: Workload, par: RoleParallelism) -> float:
+    """What the actor's colocated generation adds on its training devices beyond their
+    resident state, before its KV cache: the generation weights beyond the training
+    shard it keeps (`memory.colocated_gen_extra_bytes`), and with `offload_params`
+    that training shard too, which is then not resident."""
+    actor = workload.models[Role.ACTOR]
+    extra = memory.colocated_gen_extra_bytes(
+        actor, par.gen_layout(), par.zero, workload.generation_precision
+    )
+    weights, _ = memory.offloaded_param_bytes(
+        actor, par, trained=True, value_head=False, lora=workload.lora_of(Role.ACTOR)
+    )
+    return extra + weights
+
+
 def resident_key(par: RoleParallelism) -> tuple[object, ...]:
     """The fields of `par` that `resident_bytes` reads: equal keys, equal bytes."""
-    return (par.train, par.zero, par.offload_optimizer)
+    return (par.train, par.zero, par.offload_optimizer, par.offload_params)
 
 
 def resident_bytes(
@@ -338,4 +403,4 @@ def resident_bytes(
         return memory.trained_resident_bytes_per_gpu(
             model, par, value_head=role.has_value_head, lora=lora
         )
-    return memory.frozen_weight_bytes_per_gpu(model, par, value_head=role.has_value_head)
+    return memory.frozen_resident_bytes_per_gpu(model, par, value_head=role.has_value_head)

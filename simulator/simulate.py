@@ -44,6 +44,7 @@ from placeflow.simulator import callcosts, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
 from placeflow.simulator.lengths import LengthModel, longest_quantiles, tail_left
 from placeflow.simulator.rolecosts import (
+    colocated_generation_bytes,
     kv_bytes_per_seq,
     needs_reshard,
     reshard_scope,
@@ -102,13 +103,10 @@ def _kv_seqs(plan: Plan, resident: list[float]) -> tuple[int, int, str | None]:
     gen = _gen_layout(plan)
     gen_set = plan.generator_set()
     set_index = gen_set if gen_set is not None else plan.set_of(Role.ACTOR)
-    actor = plan.workload.models[Role.ACTOR]
-    zero = plan.parallelism[Role.ACTOR].zero
-    precision = plan.workload.generation_precision
     extra = (
         0.0
         if gen_set is not None
-        else memory.colocated_gen_extra_bytes(actor, gen, zero, precision)
+        else colocated_generation_bytes(plan.workload, plan.parallelism[Role.ACTOR])
     )
     capacity = plan.pool_of(set_index).gpu.usable_bytes
     free = capacity - resident[set_index] - extra
@@ -140,6 +138,7 @@ def _role_costs_on(
     tail_left: float = 0.5,
 ) -> dict[Phase, tuple[int, callcosts.CallCost]]:
     """`role`'s call costs on set `set_index`'s devices, priced with its pool's profile."""
+    # (the actor's generator set apart is not its training set: no offload_params reload)
     found = role_call_costs(
         plan.workload,
         role,
@@ -150,6 +149,7 @@ def _role_costs_on(
         gen=gen,
         kv_seqs=kv_seqs,
         tail_left=tail_left,
+        training_devices=set_index == plan.set_of(role),
     )
     return {phase: (set_index, _contended(plan, set_index, c)) for phase, c in found.items()}
 
@@ -266,6 +266,18 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         cost = callcosts.weight_sync_cost(
             cm, actor, par.tg, par.pg, scope, lora=plan.workload.lora_of(Role.ACTOR)
         )
+        # An offloaded actor's trainer reloads its shard to send it (rolecosts).
+        weights, _ = memory.offloaded_param_bytes(
+            actor, par, trained=True, value_head=False, lora=plan.workload.lora_of(Role.ACTOR)
+        )
+        if weights:
+            reload_s = cm.copy_s("h2d", int(weights))
+            cost = dataclasses.replace(
+                cost,
+                time_s=cost.time_s + reload_s,
+                busy_s=cost.busy_s + reload_s,
+                detail={**cost.detail, "param_reload_s": reload_s},
+            )
         phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
     elif needs_reshard(gen, par.zero):
         scope = reshard_scope(

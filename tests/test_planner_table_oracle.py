@@ -83,7 +83,10 @@ def _actor_variants(wl: Workload, par, pool: PoolSpec, cm: CostModel):
     budgets = sorted(
         {min(cap, int(f * pool.gpu.usable_bytes // per_seq)) for f in KV_BUDGET_FRACTIONS}
     )
-    extra = memory.colocated_gen_extra_bytes(wl.models[Role.ACTOR], gen, par.zero)
+    actor = wl.models[Role.ACTOR]
+    extra = memory.colocated_gen_extra_bytes(actor, gen, par.zero)
+    # offload_params: the training shard is not resident; generation brings it back
+    extra += memory.offloaded_param_bytes(actor, par, trained=True, value_head=False)[0]
     for kv_seqs in budgets:
         if kv_seqs < 1:
             continue

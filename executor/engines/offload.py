@@ -1,4 +1,4 @@
-"""Optimizer offload: where a trained role's Adam state lives between phases.
+"""Optimizer and parameter offload: where a role's state lives between phases.
 
 The plan's `offload_optimizer` and `optimizer_step` (placeflow.plan) pick one of
 three modes, as the simulator prices them (placeflow.simulator.callcosts):
@@ -19,6 +19,15 @@ parameter of the rank, not torch's ZeroRedundancyOptimizer partition: the
 gradients are already averaged over d, so every rank computes the same update
 (the weights stay equal across d without a broadcast), at the price of a host
 copy of the state per rank instead of one per partition.
+
+Parameter offload (`ParamOffload`, the plan's `offload_params`, verl's
+`param_offload`): outside the role's own calls its weights are in host memory
+(pinned on CUDA) and their device storage is freed; the worker brings them back
+before each call and frees them after, copying them to the host first only when
+the call changed them (an update). Gradients are already dropped after every
+optimizer step, so nothing else stays. The storages are resized in place (as
+FSDP frees its unsharded parameters), so every view of a weight, the tied
+embedding's, a DTensor's local shard, sees it come back.
 
 Ordering invariants: `step` leaves the device optimizer without state in both
 offloaded modes; `resident()` brings the state back for a checkpoint and
@@ -173,3 +182,65 @@ def _like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
             value, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
         )
     return value
+
+
+class ParamOffload:
+    """Keeps `module`'s parameters in host memory between its calls (`offload_params`).
+
+    Built with the weights on the device; `offload()` copies them to the host and
+    frees their device storage, `reload()` allocates it again and copies them back.
+    `offload(changed=False)` skips the copy: the host copy is still current.
+    """
+
+    def __init__(self, module: torch.nn.Module, device: torch.device) -> None:
+        pin = device.type == "cuda"
+        seen: dict[int, torch.UntypedStorage] = {}
+        for p in module.parameters():
+            storage = _local(p.data).untyped_storage()
+            seen.setdefault(storage.data_ptr(), storage)
+        self.device = device
+        # (device storage, its size in bytes, host copy), one per distinct storage
+        self.storages = [
+            (st, st.nbytes(), torch.empty(st.nbytes(), dtype=torch.uint8, pin_memory=pin))
+            for st in seen.values()
+        ]
+        self.on_device = True
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes the weights take (on the device when there, on the host always)."""
+        return sum(n for _, n, _ in self.storages)
+
+    def _bytes(self, storage: torch.UntypedStorage) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+
+    @torch.no_grad()
+    def offload(self, *, changed: bool = True) -> None:
+        """Free the device copy, writing it to the host first if it `changed`."""
+        if not self.on_device:
+            return
+        for storage, _, host in self.storages:
+            if changed:
+                host.copy_(self._bytes(storage))
+            storage.resize_(0)
+        self.on_device = False
+
+    @torch.no_grad()
+    def reload(self) -> None:
+        """Allocate the device copy again and fill it from the host."""
+        if self.on_device:
+            return
+        for storage, nbytes, host in self.storages:
+            storage.resize_(nbytes)
+            self._bytes(storage).copy_(host, non_blocking=False)
+        self.on_device = True
+
+    @contextmanager
+    def loaded(self, *, changes: bool = False) -> Iterator[None]:
+        """The weights on the device for one call; offloaded again after (written back if
+        the call `changes` them)."""
+        self.reload()
+        try:
+            yield
+        finally:
+            self.offload(changed=changes)

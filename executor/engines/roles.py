@@ -85,6 +85,7 @@ class EngineSetup:
     optim: OptimConfig | None = None  # None: frozen (reference, reward model)
     zero: int = 0
     offload: OffloadMode = OffloadMode.NONE  # where the Adam state lives between phases
+    offload_params: bool = False  # weights in host memory between calls (ParamOffload)
     micro_batch: int = 8
     forward_micro_batch: int = 0  # forward-only calls' micro-batch; 0: micro_batch
     micro_batch_tokens: int = 0  # > 0: micro-batches of at most this many tokens, packed

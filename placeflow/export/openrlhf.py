@@ -209,6 +209,17 @@ def _training(plan: Plan, notes: list[str]) -> list[str]:
             flags += [flag, w.models[role].name]
     if any(p.offload_optimizer for p in trained):
         flags.append("--ds.adam_offload")
+    # Frozen models' weights on the host: DeepSpeed ZeRO-3 parameter offload, which
+    # fetches each layer as the forward reaches it (the same bytes, layer by layer).
+    for role, flag in ((Role.REF, "--ref.offload"), (Role.REWARD, "--reward.offload")):
+        if role in w.models and plan.parallelism[role].offload_params:
+            flags.append(flag)
+    for role in (r for r in (Role.ACTOR, Role.CRITIC) if r in w.models):
+        if plan.parallelism[role].offload_params:
+            notes.append(
+                f"{role}: offload_params; OpenRLHF offloads a trained model's weights only "
+                "through DeepSpeed's ZeRO-3 config, not a flag: its weights stay on the device"
+            )
     # One switch, in the actor's section, for every model DeepSpeed trains.
     if any(p.recompute for p in trained):
         flags.append("--actor.gradient_checkpointing_enable")

@@ -25,6 +25,7 @@ size (placeflow's tg). The mapping:
                                   default is true, placeflow's false)
   zero >= 1                     megatron.use_distributed_optimizer
   recompute                     <model>.enable_gradient_checkpointing
+  offload_params                <role>.megatron.param_offload
   offload_optimizer (step on    megatron.optimizer_offload
     the device)
   offload_optimizer, step on    +<role>.optim.override_optimizer_config.optimizer_cpu_offload
@@ -303,6 +304,8 @@ def _megatron(plan: Plan, role: Role, key: str) -> dict[str, object]:
         f"{key}.expert_model_parallel_size": par.train.e,
         f"{key}.context_parallel_size": par.train.cp,
         f"{key}.sequence_parallel": par.train.sequence_parallel,
+        # weights in host memory between the role's calls (gradient buffers released)
+        f"{key}.param_offload": par.offload_params,
     }
     if role is not Role.REF:  # the trained roles' optimizer
         out[f"{key}.use_distributed_optimizer"] = par.zero >= 1
@@ -325,6 +328,11 @@ def _reward(plan: Plan, notes: list[str]) -> dict[str, object]:
         notes.append(
             f"reward: context parallel cp={par.train.cp}; verl's reward model takes a tensor "
             "size only: it scores whole sequences per rank"
+        )
+    if par.offload_params:
+        notes.append(
+            "reward: offload_params; verl's reward model runs in its own rollout engine, "
+            "which has no parameter offload: its weights stay on the device"
         )
     out: dict[str, object] = {
         "reward.reward_model.enable": True,
