@@ -127,6 +127,7 @@ def run_one(gpu: str, model: str, num_nodes: int, time_limit_s: float) -> dict[s
                 "recompute": par.recompute,
                 "offload_optimizer": par.offload_optimizer,
                 "optimizer_step": par.optimizer_step.value,
+                "offload_params": par.offload_params,
                 "micro_batch": par.micro_batch,
             }
             for role, par in plan.parallelism.items()

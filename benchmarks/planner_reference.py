@@ -80,6 +80,7 @@ def plan_summary(plan: Plan) -> str:
         f"tg{par.tg} mb{par.micro_batch} z{par.zero}"
         + (" recompute" if par.recompute else "")
         + (f" offload({par.optimizer_step.value})" if par.offload_optimizer else "")
+        + (" offload_params" if par.offload_params else "")
         for role, par in sorted(plan.parallelism.items(), key=lambda kv: kv[0].value)
     )
     return f"{sets}: {roles}"

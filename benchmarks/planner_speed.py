@@ -84,9 +84,12 @@ def run_one(num_gpus: int, model: str, time_limit_s: float) -> dict[str, object]
         best_kind=best.kind.value,
         best_gpus_per_set=[s.num_devices for s in best.plan.sets],
         best_savers={
-            role.value: {"recompute": par.recompute, "offload_optimizer": par.offload_optimizer}
+            role.value: {
+                "recompute": par.recompute,
+                "offload_optimizer": par.offload_optimizer,
+                "offload_params": par.offload_params,
+            }
             for role, par in best.plan.parallelism.items()
-            if role.value in ("actor", "critic")
         },
         best_tokens_per_s=round(best.estimate.tokens_per_s),
     )

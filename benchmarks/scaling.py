@@ -56,7 +56,15 @@ def _kind_row(ranked: RankedPlan, num_gpus: int) -> dict[str, Any]:
             for s in ranked.plan.sets
         ],
         "parallelism": {
-            r.value: {"p": p.train.p, "t": p.train.t, "d": p.train.d, "tg": p.tg}
+            r.value: {
+                "p": p.train.p,
+                "t": p.train.t,
+                "d": p.train.d,
+                "tg": p.tg,
+                "zero": p.zero,
+                "offload_optimizer": p.offload_optimizer,
+                "offload_params": p.offload_params,
+            }
             for r, p in ranked.plan.parallelism.items()
         },
         "iteration_s": est.iteration_s,

@@ -282,6 +282,9 @@ def _placement_json(result: object) -> dict[str, object]:
                 "micro_batch": par.micro_batch,
                 "zero": par.zero,
                 "recompute": par.recompute,
+                "offload_optimizer": par.offload_optimizer,
+                **({"optimizer_step": "host"} if par.host_optimizer_step else {}),
+                "offload_params": par.offload_params,
             }
             for role, par in plan.parallelism.items()
         },
