@@ -239,6 +239,12 @@ def plan_dict(run: PublishedRun) -> dict[str, Any]:
     actor = {"micro_batch": 1, "recompute": True, **run.actor}
     layout_keys = ("p", "t", "d", "e", "cp", "first_stage_layers", "last_stage_layers")
     ref = {k: actor[k] for k in layout_keys if k in actor} | {"micro_batch": 2}
+    if not run.off_policy:
+        # Colocated with vLLM, NeMo RL moves the policy's weights and optimizer state to
+        # the host after each refit (offload_after_refit) and back for training; the
+        # reference weights are kept on the host and swapped in for its log-probs.
+        actor |= {"offload_optimizer": True, "offload_params": True}
+        ref |= {"offload_params": True}
     sets: list[dict[str, Any]] = [
         {"roles": ["actor", "ref"], "pool": "h100", "first_device": 0, "num_devices": train_gpus}
     ]
@@ -275,10 +281,11 @@ def annotate(path: Path, run: PublishedRun) -> None:
         + ("" if "cp" in run.actor else "Context parallelism is not modelled (folded into d); ")
         + "expert TP equals t and e is carved out of d (placeflow.layout.TrainLayout).",
     ]
-    if run.actor.get("offload_optimizer"):
+    if not run.off_policy:
         notes.append(
-            "The actor's Adam state is offloaded outside its update, as NeMo RL moves the "
-            "optimizer state to the host before generation."
+            "The actor's weights and Adam state are offloaded outside its calls and the "
+            "reference's weights outside its own, as NeMo RL moves the colocated policy to "
+            "the host after each refit and swaps the reference weights in from the host."
         )
     comment = "".join(f"# {line}\n" for note in notes for line in textwrap.wrap(note, 96))
     header, body = path.read_text(encoding="utf-8").split("\n", 1)
