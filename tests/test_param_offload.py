@@ -245,3 +245,20 @@ def test_offloaded_plan_runs_like_the_resident_one(ray_cluster: None, tmp_path: 
         return [{k: v for k, v in r.metrics.items() if k not in TIMING} for r in result.records]
 
     assert metrics(off) == metrics(base)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_offloaded_weights_free_the_gpu_and_sit_in_pinned_memory():
+    cuda = torch.device("cuda")
+    module = torch.nn.Linear(1024, 1024, device=cuda)
+    want = [p.detach().clone() for p in module.parameters()]
+    offload = ParamOffload(module, cuda)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    offload.offload()
+    torch.cuda.synchronize()
+    assert before - torch.cuda.memory_allocated() >= offload.num_bytes
+    assert all(host.is_pinned() for _, _, host in offload.storages)
+    with offload.loaded():
+        assert all(torch.equal(p, q) for p, q in zip(module.parameters(), want, strict=True))
