@@ -165,7 +165,8 @@ class ProfilerGrid:
     Prefill attention shapes are timed forward and backward. Elementwise ops are
     timed at every (kind, size) pair, collectives at every (kind, world size,
     size) triple (sizes are the full logical tensor, nccl-tests convention),
-    copies in both directions (CUDA only). `point_budget_s` bounds the sampling
+    copies in both directions (on CPU a copy between two host buffers: what
+    an offload does on a CPU worker, whose device is the host). `point_budget_s` bounds the sampling
     time of one point (at least three samples are always taken). `origin`
     records how a factory derived the shapes; it is informational.
     """
@@ -221,8 +222,6 @@ class ProfilerGrid:
         bad = [b for b in self.elementwise_bytes if b % unit]
         if bad:
             raise SpecError(f"profiler grid: elementwise_bytes {bad} must be multiples of {unit}")
-        if self.copy_bytes and self.device != "cuda":
-            raise SpecError("profiler grid: copy_bytes (host<->device copies) need device 'cuda'")
 
     def _check_collectives(self) -> None:
         _no_duplicates("collective_kinds", self.collective_kinds)
@@ -361,6 +360,8 @@ def _num_gpus(device: str, num_devices: int | None) -> int:
 
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+# Host copies on CPU (offloads on CPU workers): a tiny model's shard up to a large one's.
+CPU_COPY_BYTES = geometric(4 * KIB, 256 * MIB)
 # Ray call payloads: a scoring call's shard of a small batch up to a large rollout.
 DISPATCH_BYTES = geometric(1 * KIB, 64 * MIB, 4)
 
@@ -377,7 +378,7 @@ def _quick_recipe(device: str, num_gpus: int) -> _Recipe:
             elementwise_bytes=geometric(4 * KIB, 64 * MIB),
             optimizer_num_params=geometric(1 << 12, 1 << 22),
             collective_world_sizes=(2, 4), collective_bytes=geometric(4 * KIB, 16 * MIB),
-            copy_bytes=(), warmup=1, repeats=7, point_budget_s=0.25,
+            copy_bytes=geometric(4 * KIB, 64 * MIB), warmup=1, repeats=7, point_budget_s=0.25,
         )  # fmt: skip
     return _Recipe(
         device="cuda", dtype="bf16",
@@ -405,7 +406,7 @@ def _full_recipe(device: str, num_gpus: int) -> _Recipe:
             elementwise_bytes=geometric(1 * KIB, 256 * MIB),
             optimizer_num_params=geometric(1 << 10, 1 << 26),
             collective_world_sizes=(2, 4), collective_bytes=geometric(1 * KIB, 64 * MIB),
-            copy_bytes=(), warmup=2, repeats=10, point_budget_s=0.6,
+            copy_bytes=CPU_COPY_BYTES, warmup=2, repeats=10, point_budget_s=0.6,
         )  # fmt: skip
     return _Recipe(
         device="cuda", dtype="bf16", models=tuple(CATALOGUE),

@@ -24,8 +24,11 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   num_params fp32 parameters split into tensors of at most 2**22 elements (a
   layer's weight matrices), `.grad` set; one `step()` is timed, its state
   already allocated by the warm-up.
-- copy (CUDA only): `copy_(non_blocking=True)` between pinned host memory and
-  the device, timed by CUDA events.
+- copy: `copy_(non_blocking=True)` between pinned host memory and the device,
+  timed by CUDA events; on CPU between two host buffers (an offload on a CPU
+  worker, whose device is the host: the executor's offloads copy so). Added to
+  an existing CPU profile by `python -m placeflow.profiles.profiler
+  --copies-to FILE`.
 - dispatch: a Ray actor call's round trip with a payload of num_bytes
   (`placeflow.profiles.ray_roundtrip`), driver wall clock.
 - framework (CPU only): the engine's own host time per layer forward,
@@ -50,6 +53,7 @@ afterwards); the provenance records it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import itertools
@@ -60,6 +64,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -77,7 +82,7 @@ from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
 from placeflow.profiles.framework import measure_framework
-from placeflow.profiles.grid import DTYPE_BYTES, GridPoint, ProfilerGrid
+from placeflow.profiles.grid import CPU_COPY_BYTES, DTYPE_BYTES, GridPoint, ProfilerGrid
 from placeflow.profiles.ray_roundtrip import measure_dispatch
 from placeflow.profiles.schema import (
     CopyDirection,
@@ -87,6 +92,8 @@ from placeflow.profiles.schema import (
     Profile,
     Provenance,
     Source,
+    op_note,
+    with_op_entries,
 )
 from placeflow.profiles.timing import Clock, Timing, make_clock, time_fn
 
@@ -227,7 +234,7 @@ def _optimizer(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
 
 def _copy(p: Mapping[str, int | str], ctx: _Ctx) -> Bench:
     numel = int(p["num_bytes"])
-    host = torch.empty(numel, dtype=torch.uint8, pin_memory=True)
+    host = torch.empty(numel, dtype=torch.uint8, pin_memory=ctx.device.type == "cuda")
     dev = torch.empty(numel, dtype=torch.uint8, device=ctx.device)
     if CopyDirection(str(p["direction"])) is CopyDirection.H2D:
         return lambda: dev.copy_(host, non_blocking=True)
@@ -562,3 +569,53 @@ def profile_device(
         entries=(*measured.entries, *collectives, *dispatch, *overhead),
         grid=grid.to_json(),
     )
+
+
+def add_cpu_copies(
+    path: Path, *, sizes: Sequence[int] = CPU_COPY_BYTES, progress: bool = True
+) -> list[Entry]:
+    """Time host copies of `sizes` bytes (both directions, one torch thread) and put them
+    into the CPU profile at `path` as its `copy` entries, with a provenance note."""
+    from placeflow.profiles.schema import load_profile_file, save_profile
+
+    profile = load_profile_file(path)
+    if profile.device_kind != "cpu":
+        raise SpecError(
+            f"{path}: CPU copies go into a CPU profile; this one is {profile.device_kind}"
+        )
+    grid = ProfilerGrid(device="cpu", dtype="fp32", copy_bytes=tuple(sizes), repeats=10)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    busy = cpu_busy_fraction()
+    try:
+        with _progress(len(grid.points()), progress) as report:
+            entries = _measure_points("cpu", grid, report).entries
+    finally:
+        torch.set_num_threads(previous_threads)
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    note = op_note(
+        Op.COPY,
+        f"): measured {date} by `python -m placeflow.profiles.profiler --copies-to {path}` "
+        "(a copy between two host buffers, the offloads of a CPU worker; 1 torch thread, "
+        f"time.perf_counter; CPU busy with other work before: "
+        f"{'?' if busy is None else f'{busy:.0%}'}).",
+    )
+    save_profile(with_op_entries(profile, Op.COPY, entries, note), path)
+    return entries
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Add measured host copies to a CPU profile.")
+    parser.add_argument("--copies-to", type=Path, required=True, help="a CPU profile JSON file")
+    args = parser.parse_args(argv)
+    for e in add_cpu_copies(args.copies_to):
+        size = int(e.params["num_bytes"])
+        print(
+            f"{e.params['direction']} {size:>11} B: {e.median_s * 1e6:10.1f} us "
+            f"({size / e.median_s / 1e9:.1f} GB/s)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -262,3 +262,26 @@ def test_offloaded_weights_free_the_gpu_and_sit_in_pinned_memory():
     assert all(host.is_pinned() for _, _, host in offload.storages)
     with offload.loaded():
         assert all(torch.equal(p, q) for p, q in zip(module.parameters(), want, strict=True))
+
+
+def test_a_cpu_plan_with_offload_is_priced_from_the_cpu_profiles_host_copies():
+    """On CPU workers the host is the device: an offload is a copy between host buffers,
+    which the `cpu` profile measures (`python -m placeflow.profiles.profiler --copies-to`)."""
+    plan = load_plan(PPO_TINY)
+    pars = {
+        r: dataclasses.replace(
+            par, offload_params=True, offload_optimizer=r in (Role.ACTOR, Role.CRITIC)
+        )
+        for r, par in plan.parallelism.items()
+    }
+    off = dataclasses.replace(plan, parallelism=pars)
+    cms = cost_models_for(off)
+    est = simulate(off, cms)
+    assert est.feasible
+    (cm,) = cms.values()
+    ref = next(p for p in est.phases if p.name is Phase.REF_LOGPROB)
+    w, _ = memory.offloaded_param_bytes(
+        off.workload.models[Role.REF], pars[Role.REF], trained=False, value_head=False
+    )
+    assert cm.copy_s("h2d", int(w)) > 0
+    assert ref.detail["param_reload_s"] == pytest.approx(cm.copy_s("h2d", int(w)))

@@ -75,6 +75,7 @@ SMALL_GRID = ProfilerGrid(
     collective_kinds=(CollectiveKind.ALL_REDUCE, CollectiveKind.SEND_RECV),
     collective_world_sizes=(2,),
     collective_bytes=(64 * 1024,),
+    copy_bytes=(64 * 1024, 1 << 20),
     warmup=1,
     repeats=5,
     point_budget_s=0.2,
@@ -254,9 +255,10 @@ def test_quick_cpu_grid_covers_every_op_with_enough_points() -> None:
     # Collectives and Ray calls are measured in their own processes, not as points; the
     # engine's framework overhead through the engine (profiles/framework.py).
     ops_in_grid = {p.op for p in grid.points()} | {Op.COLLECTIVE, Op.DISPATCH, Op.FRAMEWORK}
-    assert ops_in_grid == set(Op) - {Op.COPY}
+    assert ops_in_grid == set(Op)
     assert len(grid.dispatch_bytes) >= MIN_SERIES_POINTS
-    assert grid.dtype == "fp32" and not grid.copy_bytes
+    # copies between two host buffers: a CPU worker's offloads
+    assert grid.dtype == "fp32" and len(grid.copy_bytes) >= MIN_SERIES_POINTS
     assert set(grid.collective_world_sizes) == {2, 4}
     assert set(grid.collective_kinds) == set(CollectiveKind)
     for (op, key), sizes in _series_sizes(grid).items():
@@ -298,7 +300,7 @@ def test_cuda_grids_have_copies_and_world_sizes_up_to_the_gpus() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"copy_bytes": (1024,)}, "need device 'cuda'"),
+        ({"copy_bytes": (1024, 1024)}, "twice"),
         ({"collective_kinds": ("all_reduce",)}, "together"),
         (
             {
@@ -359,3 +361,23 @@ def test_suspect_points_flags_inflated_points() -> None:
     inflated[2] = timing(1e-3)  # slower than m=8 and grew far faster than its work
     inflated[4] = timing(1e-2)  # the largest: grew 3500x for 2x the work
     assert suspect_points(points, inflated) == [4, 2]  # most inflated first
+
+
+def test_cpu_copies_are_added_to_a_profile_with_their_note(profile: Profile, tmp_path) -> None:
+    from placeflow.profiles.profiler import add_cpu_copies
+    from placeflow.profiles.schema import load_profile_file, save_profile
+
+    path = save_profile(profile, tmp_path / "p.json")
+    small = (4096, 65536)
+    entries = add_cpu_copies(path, sizes=small, progress=False)
+    back = load_profile_file(path)
+    copies = [e for e in back.entries if e.op is Op.COPY]
+    assert {(e.params["direction"], e.params["num_bytes"]) for e in copies} == {
+        (d, b) for d in ("h2d", "d2h") for b in small
+    }
+    assert len(entries) == len(copies) and all(e.median_s > 0 for e in copies)
+    assert "--copies-to" in back.provenance.notes
+    # the other ops are kept
+    assert len(back.entries) == len(profile.entries) - sum(
+        e.op is Op.COPY for e in profile.entries
+    ) + len(copies)
