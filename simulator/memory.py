@@ -167,8 +167,21 @@ def optimizer_state_bytes_per_gpu(
 ) -> float:
     """The Adam state part of `training_state_bytes_per_gpu` (what offloading moves)."""
     opt = ADAM_BYTES_PER_PARAM - 2 * model.dtype.num_bytes
+    return _state_part(model, layout, lora, value_head, opt, zero >= 1)
+
+
+def _state_part(
+    model: ModelSpec,
+    layout: TrainLayout,
+    lora: LoRASpec | None,
+    value_head: bool,
+    per_param: float,
+    sharded: bool,
+) -> float:
+    """`per_param` bytes of every trained parameter on a rank, over its data-parallel
+    sharding group when ZeRO shards this part (`sharded`)."""
     return sum(
-        shard * opt / (d if zero >= 1 else 1)
+        shard * per_param / (d if sharded else 1)
         for shard, d in trained_shard_params(model, layout, lora, value_head=value_head)
     )
 
@@ -182,11 +195,7 @@ def gradient_bytes_per_gpu(
     lora: LoRASpec | None = None,
 ) -> float:
     """The gradient part of `training_state_bytes_per_gpu` (sharded over d from ZeRO-2)."""
-    g = model.dtype.num_bytes
-    return sum(
-        shard * g / (d if zero >= 2 else 1)
-        for shard, d in trained_shard_params(model, layout, lora, value_head=value_head)
-    )
+    return _state_part(model, layout, lora, value_head, model.dtype.num_bytes, zero >= 2)
 
 
 def offloaded_param_bytes(
