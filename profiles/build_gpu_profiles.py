@@ -44,6 +44,7 @@ from placeflow.profiles.datasheet import (
 )
 from placeflow.profiles.schema import (
     REQUIRED_OPS,
+    DispatchKind,
     Entry,
     Op,
     Profile,
@@ -177,10 +178,16 @@ def with_host_dispatch(profile: Profile, host: Profile) -> Profile:
     """`profile` plus `host`'s per-call dispatch entries (Ray round trips), as imported.
 
     A Ray call is host work: neither Vidur nor a datasheet has it, and the GPU
-    hosts were not measured, so the `cpu` profile's measurement stands in.
+    hosts were not measured, so the `cpu` profile's measurement stands in for one
+    call's round trip (kind `ray_call`). The driver's serial share of a call to many
+    ranks (kinds `ray_launch`, `ray_get`) is not imported: it grows with the ranks, and
+    a GPU cluster's head node, whose CPU runs the driver, was never measured here, so
+    GPU estimates leave it out rather than price 1,024 launches at this CPU's speed.
     """
     dispatch = tuple(
-        replace(e, source=Source.IMPORTED) for e in host.entries if e.op is Op.DISPATCH
+        replace(e, source=Source.IMPORTED)
+        for e in host.entries
+        if e.op is Op.DISPATCH and e.params["kind"] == DispatchKind.RAY_CALL.value
     )
     assert dispatch, f"profile {host.name!r} has no dispatch entries to import"
     note = (

@@ -411,6 +411,15 @@ class CostModel:
         """Host time of one controller -> worker call carrying `num_bytes` (round trip)."""
         return self._memo_time(Op.DISPATCH, {"kind": kind, "num_bytes": max(1, num_bytes)})
 
+    def driver_s(self, kind: str, num_bytes: int) -> float | None:
+        """The driver's serial seconds for one rank's share of a call (`ray_launch`: its
+        arguments of `num_bytes` pickled and submitted; `ray_get`: its result of
+        `num_bytes` unpickled), as profiled; None where the profile has no such entry
+        (profiles whose driver host was not measured)."""
+        if (Op.DISPATCH, (kind,)) not in self.series:
+            return None
+        return self._memo_time(Op.DISPATCH, {"kind": kind, "num_bytes": max(1, num_bytes)})
+
     def framework_s(self, kind: FrameworkKind) -> float | None:
         """Host seconds of one piece of the engine's work of `kind` (a layer's forward,
         a decode step's bookkeeping...), as profiled; None where the profile has no

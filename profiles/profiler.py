@@ -29,7 +29,9 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   worker, whose device is the host: the executor's offloads copy so). Added to
   an existing CPU profile by `python -m placeflow.profiles.profiler
   --copies-to FILE`.
-- dispatch: a Ray actor call's round trip with a payload of num_bytes
+- dispatch: a Ray actor call's round trip with a payload of num_bytes (`ray_call`), and the
+  driver's own share of one rank's call: its launch (`ray_launch`) and its result's get
+  (`ray_get`)
   (`placeflow.profiles.ray_roundtrip`), driver wall clock.
 - framework (CPU only): the engine's own host time per layer forward,
   backward and decode step, per call and per optimizer step, timed through
@@ -86,6 +88,7 @@ from placeflow.profiles.grid import CPU_COPY_BYTES, DTYPE_BYTES, GridPoint, Prof
 from placeflow.profiles.ray_roundtrip import measure_dispatch
 from placeflow.profiles.schema import (
     CopyDirection,
+    DispatchKind,
     ElementwiseKind,
     Entry,
     Op,
@@ -547,7 +550,12 @@ def profile_device(
         torch.set_num_threads(threads or 1)
     load = _Load(busy_before=cpu_busy_fraction(), started_s=time.monotonic())
     try:
-        total = len(grid.points()) + grid.num_collective_points() + len(grid.dispatch_bytes)
+        kinds = tuple(DispatchKind)
+        total = (
+            len(grid.points())
+            + grid.num_collective_points()
+            + len(grid.dispatch_bytes) * len(kinds)
+        )
         with _progress(total, progress) as report:
             measured = _measure_points(device, grid, report)
             collectives = measure_collectives(grid, on_point=lambda: report("collectives", 1))
@@ -556,6 +564,7 @@ def profile_device(
                 warmup=grid.warmup,
                 repeats=grid.repeats,
                 on_point=lambda: report("ray calls", 1),
+                kinds=kinds,
             )
             # The engine's host overhead is measured where the engine runs: on CPU here.
             overhead = measure_framework() if framework and device == "cpu" else []

@@ -11,18 +11,28 @@ method of a Ray actor in another process with a dict of tensors of `num_bytes` b
 (what a `Batch` shard pickles to) and waits for its small result, one call at a time,
 wall clock on the driver (median, p10, p90 over repeats after warm-up).
 
+A call to a set of R ranks is R such calls, and the driver makes them one after
+another: it pickles and submits every rank's arguments before the last rank starts,
+and unpickles every rank's result before it has the call's output. `measure_launches`
+times the driver's own share of each (kinds `ray_launch`: `.remote()` until it returns,
+with the arguments of `num_bytes`; `ray_get`: `ray.get` of a result of `num_bytes` that
+is already in the driver's object store), so that the simulator can price the R − 1
+launches and gets that one round trip does not cover.
+
 It starts a local Ray instance of one CPU unless Ray is already up (then it uses that one
-and leaves it running). The entries are op `dispatch`, kind `ray_call`, source measured.
+and leaves it running). The entries are op `dispatch`, source measured.
 
-    python -m placeflow.profiles.ray_roundtrip --add-to profiles/data/cpu.json
+    python -m placeflow.profiles.ray_roundtrip --add-to profiles/data/cpu.json [--kinds ...]
 
-measures the factory grid's sizes and replaces the file's dispatch entries with them.
+measures the factory grid's sizes and replaces the file's dispatch entries of those kinds
+(default: all three) with them.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,6 +45,7 @@ from placeflow.profiles.schema import (
     DispatchKind,
     Entry,
     Op,
+    Profile,
     Source,
     load_profile_file,
     op_note,
@@ -49,6 +60,9 @@ class _Worker:
 
     def take(self, payload: dict[str, torch.Tensor]) -> int:
         return sum(t.numel() for t in payload.values())
+
+    def give(self, num_bytes: int) -> dict[str, torch.Tensor]:
+        return _payload(num_bytes)
 
 
 def _payload(num_bytes: int) -> dict[str, torch.Tensor]:
@@ -66,9 +80,10 @@ def measure_dispatch(
     warmup: int = 3,
     repeats: int = 20,
     on_point: Callable[[], None] = lambda: None,
+    kinds: Sequence[DispatchKind] = (DispatchKind.RAY_CALL,),
 ) -> list[Entry]:
-    """One `ray_call` entry per payload size in `sizes` (bytes)."""
-    if not sizes:
+    """One entry per kind in `kinds` and payload size in `sizes` (bytes)."""
+    if not sizes or not kinds:
         return []
     import ray
 
@@ -80,27 +95,22 @@ def measure_dispatch(
         worker: Any = ray.remote(num_cpus=0)(_Worker).remote()
         ray.get(worker.take.remote({}))  # the worker process is up
         entries = []
-        for num_bytes in sizes:
-            payload = _payload(num_bytes)
-            samples = []
-            for i in range(warmup + repeats):
-                t0 = time.perf_counter()
-                ray.get(worker.take.remote(payload))
-                if i >= warmup:
-                    samples.append(time.perf_counter() - t0)
-            t = summarize(samples, 1)
-            entries.append(
-                Entry(
-                    op=Op.DISPATCH,
-                    params={"kind": DispatchKind.RAY_CALL.value, "num_bytes": num_bytes},
-                    median_s=t.median_s,
-                    p10_s=t.p10_s,
-                    p90_s=t.p90_s,
-                    repeats=t.repeats,
-                    source=Source.MEASURED,
+        for kind in kinds:
+            for num_bytes in sizes:
+                samples = _samples(worker, kind, num_bytes, warmup + repeats)[warmup:]
+                t = summarize(samples, 1)
+                entries.append(
+                    Entry(
+                        op=Op.DISPATCH,
+                        params={"kind": kind.value, "num_bytes": num_bytes},
+                        median_s=t.median_s,
+                        p10_s=t.p10_s,
+                        p90_s=t.p90_s,
+                        repeats=t.repeats,
+                        source=Source.MEASURED,
+                    )
                 )
-            )
-            on_point()
+                on_point()
         ray.kill(worker)
         return entries
     finally:
@@ -108,29 +118,81 @@ def measure_dispatch(
             ray.shutdown()
 
 
+def _samples(worker: Any, kind: DispatchKind, num_bytes: int, count: int) -> list[float]:
+    """`count` driver wall-clock times of `kind` with a payload of `num_bytes`."""
+    import ray
+
+    payload = _payload(num_bytes)
+    out = []
+    for _ in range(count):
+        if kind is DispatchKind.RAY_CALL:
+            t0 = time.perf_counter()
+            ray.get(worker.take.remote(payload))
+            out.append(time.perf_counter() - t0)
+        elif kind is DispatchKind.RAY_LAUNCH:
+            t0 = time.perf_counter()
+            ref = worker.take.remote(payload)
+            out.append(time.perf_counter() - t0)
+            ray.get(ref)  # one call at a time: the next launch finds the worker idle
+        else:
+            ref = worker.give.remote(num_bytes)
+            ray.wait([ref], fetch_local=True)  # ready and local: only the unpickling is left
+            t0 = time.perf_counter()
+            ray.get(ref)
+            out.append(time.perf_counter() - t0)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--add-to", type=Path, required=True, help="a profile JSON file")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=[k.value for k in DispatchKind],
+        default=[k.value for k in DispatchKind],
+        help="the kinds to measure (the file's entries of other kinds are kept)",
+    )
     args = parser.parse_args(argv)
+    kinds = [DispatchKind(k) for k in args.kinds]
     profile = load_profile_file(args.add_to)
     from placeflow.profiles.profiler import cpu_busy_fraction
 
     busy = cpu_busy_fraction()
-    entries = measure_dispatch(DISPATCH_BYTES, repeats=args.repeats)
+    entries = measure_dispatch(DISPATCH_BYTES, repeats=args.repeats, kinds=kinds)
+    kept = [
+        e
+        for e in profile.entries
+        if e.op is Op.DISPATCH and DispatchKind(str(e.params["kind"])) not in kinds
+    ]
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     note = op_note(
         Op.DISPATCH,
-        f", kind ray_call): measured {date} by "
-        f"`python -m placeflow.profiles.ray_roundtrip --add-to {args.add_to}` "
-        f"(Ray call round trips, driver wall clock; CPU busy with other work before: "
-        f"{'?' if busy is None else f'{busy:.0%}'}).",
+        f", kind {', '.join(k.value for k in kinds)}): measured {date} by "
+        f"`python -m placeflow.profiles.ray_roundtrip --add-to {args.add_to} --kinds "
+        f"{' '.join(k.value for k in kinds)}` (driver wall clock; CPU busy with other work "
+        f"before: {'?' if busy is None else f'{busy:.0%}'}).",
     )
-    updated = with_op_entries(profile, Op.DISPATCH, entries, note)
+    if kept:
+        note += " " + _kept_note(profile, sorted({str(e.params["kind"]) for e in kept}))
+    updated = with_op_entries(profile, Op.DISPATCH, [*kept, *entries], note)
     save_profile(updated, args.add_to)
     for e in entries:
-        print(f"ray_call {e.params['num_bytes']:>10} B: {e.median_s * 1e3:.3f} ms")
+        print(f"{e.params['kind']:<10} {e.params['num_bytes']:>10} B: {e.median_s * 1e3:.3f} ms")
     return 0
+
+
+def _kept_note(profile: Profile, kinds: list[str]) -> str:
+    """What the file said of the dispatch entries it keeps (the text after its marker)."""
+    marker = op_note(Op.DISPATCH, "")
+    notes = profile.provenance.notes
+    at = notes.find(marker)
+    if at < 0:
+        return f"Kinds {', '.join(kinds)}: kept from before (no note)."
+    rest = notes[at + len(marker) :]
+    nxt = re.search(r" \w+ entries \(op ", rest)
+    return f"Kept from before (op {Op.DISPATCH.value}{rest[: nxt.start()] if nxt else rest}"
 
 
 if __name__ == "__main__":

@@ -102,6 +102,11 @@ class DispatchKind(StrEnum):
     """Host-side work around a model call (measured by `placeflow.profiles.ray_roundtrip`)."""
 
     RAY_CALL = "ray_call"  # one Ray actor call and its result, carrying num_bytes of tensors
+    # The driver's own serial share of a call to many ranks: pickling and submitting one
+    # rank's arguments of num_bytes (`.remote()` until it returns), and unpickling one
+    # rank's result of num_bytes once it is ready (`ray.get`).
+    RAY_LAUNCH = "ray_launch"
+    RAY_GET = "ray_get"
 
 
 class FrameworkKind(StrEnum):

@@ -10,7 +10,12 @@ the planner, which asks for thousands of parallelisms, prices each key once.
 Every call is also a controller -> worker Ray call whose round trip carries
 the rank's shard of the batch there and its result back (`call_payload_bytes`);
 the profile's `dispatch` entry prices it (`CostModel.dispatch_s`), paid once
-per call before the device work (the ranks' calls travel in parallel).
+per call before the device work. The driver makes the ranks' calls one after
+another, though, and takes their results one after another: a call to R ranks
+also costs it R − 1 launches before the last rank starts and R − 1 gets after
+the first result (`call_driver_work`, the profile's `ray_launch` and `ray_get`
+entries), which the simulator schedules on the controller, where they queue
+behind each other and share the driver's host cores with its workers.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache
 
 from placeflow.dataflow import CallKind, ModelCall, dataflow_calls
@@ -153,20 +159,71 @@ FLOAT_BYTES = 4
 UPDATE_FLOAT_FIELDS = 3
 
 
-def call_payload_bytes(kind: str, samples_per_rank: int, prompt_len: int, seq: int) -> int:
-    """Bytes one rank's call moves there and back, for `samples_per_rank` samples.
+def call_payload_split(
+    kind: str, samples_per_rank: int, prompt_len: int, seq: int
+) -> tuple[int, int]:
+    """(bytes in, bytes out) of one rank's call, for `samples_per_rank` samples.
 
     generate: prompts in, prompt + response tokens with their logprobs out;
     forward: sequences in, one float per token out; update: sequences with
     three float fields in, a few scalars out. `seq` is prompt + mean response.
     """
     if kind == CallKind.GENERATE:
-        per_sample = prompt_len * TOKEN_BYTES + seq * (TOKEN_BYTES + FLOAT_BYTES)
+        into, out = prompt_len * TOKEN_BYTES, seq * (TOKEN_BYTES + FLOAT_BYTES)
     elif kind == CallKind.FORWARD:
-        per_sample = seq * (TOKEN_BYTES + FLOAT_BYTES)
+        into, out = seq * TOKEN_BYTES, seq * FLOAT_BYTES
     else:
-        per_sample = seq * (TOKEN_BYTES + UPDATE_FLOAT_FIELDS * FLOAT_BYTES)
-    return samples_per_rank * per_sample
+        into, out = seq * (TOKEN_BYTES + UPDATE_FLOAT_FIELDS * FLOAT_BYTES), 0
+    return samples_per_rank * into, samples_per_rank * out
+
+
+def call_payload_bytes(kind: str, samples_per_rank: int, prompt_len: int, seq: int) -> int:
+    """Bytes one rank's call moves there and back (`call_payload_split`, summed)."""
+    return sum(call_payload_split(kind, samples_per_rank, prompt_len, seq))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverWork:
+    """The controller's own serial work for one call to `ranks` ranks, beyond the one
+    round trip the call's cost already holds (`with_dispatch`): the driver pickles and
+    submits the other ranks' arguments before the last rank starts (`launch_s`), and
+    unpickles the other ranks' results before it has the call's output (`collect_s`)."""
+
+    launch_s: float
+    collect_s: float
+
+
+def driver_work(cm: CostModel, ranks: int, in_bytes: int, out_bytes: int) -> DriverWork | None:
+    """`DriverWork` of a call sent to `ranks` ranks, each with `in_bytes` of arguments and
+    `out_bytes` of result; None for one rank or where the profile has no `ray_launch`
+    and `ray_get` entries (its driver host was not measured)."""
+    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, in_bytes)
+    get = cm.driver_s(DispatchKind.RAY_GET, out_bytes)
+    if launch is None or get is None or ranks <= 1:
+        return None
+    return DriverWork(launch_s=(ranks - 1) * launch, collect_s=(ranks - 1) * get)
+
+
+def call_driver_work(
+    workload: Workload,
+    call: ModelCall,
+    par: RoleParallelism,
+    cm: CostModel,
+    *,
+    ranks: int,
+    gen: GenLayout | None = None,
+) -> DriverWork | None:
+    """`driver_work` of one model call of `call.role` sent to the `ranks` workers of its
+    set, with the payloads `call_cost`'s round trip carries (a generation needs `gen`)."""
+    if call.kind == CallKind.GENERATE:
+        assert gen is not None, "a generation call is sent to its generation replicas"
+        per_rank = math.ceil(call.num_samples / gen.num_replicas)
+    else:
+        per_rank = math.ceil(call.num_samples / par.train.d)
+    into, out = call_payload_split(
+        call.kind, per_rank, workload.batch.prompt_len, train_seq_len(workload)
+    )
+    return driver_work(cm, ranks, into, out)
 
 
 def with_dispatch(

@@ -32,7 +32,7 @@ import dataclasses
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from placeflow.dataflow import CallKind, dataflow_calls
 from placeflow.layout import GenLayout, gen_shard_bytes
@@ -44,7 +44,10 @@ from placeflow.simulator import callcosts, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
 from placeflow.simulator.lengths import LengthModel, longest_quantiles, tail_left
 from placeflow.simulator.rolecosts import (
+    DriverWork,
+    call_driver_work,
     colocated_generation_bytes,
+    driver_work,
     kv_bytes_per_seq,
     needs_reshard,
     reshard_scope,
@@ -55,7 +58,10 @@ from placeflow.simulator.rolecosts import (
 from placeflow.simulator.schedule import Span, Work, schedule
 from placeflow.workload import Role
 
-CONTROLLER = -1
+CONTROLLER = -1  # the controller's "set": its work runs one piece at a time
+# The driver's serial work around a call (`rolecosts.DriverWork`), as work ids
+# (step, phase, LAUNCH) and (step, phase, COLLECT) beside the call's (step, phase).
+LAUNCH, COLLECT = "launch", "collect"
 
 CostModels = Mapping[str, CostModel]
 
@@ -76,6 +82,7 @@ class _Call:
     sets: tuple[int, ...]
     cost: callcosts.CallCost
     preds: tuple[Phase, ...]
+    driver: DriverWork | None = None  # the controller's launches and gets around it
 
 
 def _resident_bytes(plan: Plan, set_index: int) -> float:
@@ -183,8 +190,23 @@ def _cost_calls(
         set_index, cost = costs[call.phase]
         if call.kind == CallKind.GENERATE:
             set_index = gen_set_index
+        driver = call_driver_work(
+            wl,
+            call,
+            plan.parallelism[call.role],
+            _cm(plan, cms, set_index),
+            ranks=plan.sets[set_index].num_devices,
+            gen=_gen_layout(plan) if call.kind == CallKind.GENERATE else None,
+        )
         out.append(
-            _Call(phase=call.phase, roles=(call.role,), sets=(set_index,), cost=cost, preds=preds)
+            _Call(
+                phase=call.phase,
+                roles=(call.role,),
+                sets=(set_index,),
+                cost=cost,
+                preds=preds,
+                driver=driver,
+            )
         )
     return _with_transitions(plan, cms, out), [problem] if problem else []
 
@@ -289,13 +311,19 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         return costed
     # The transition is one Ray call per rank too; its bytes go over the collectives.
     cost = _contended(plan, actor_set, with_dispatch(cm, cost, 0))
-    transition = _Call(phase=phase, roles=(Role.ACTOR,), sets=sets, cost=cost, preds=())
+    ranks = sum(plan.sets[i].num_devices for i in sets)
+    transition = _Call(
+        phase=phase,
+        roles=(Role.ACTOR,),
+        sets=sets,
+        cost=cost,
+        preds=(),
+        driver=driver_work(cm, ranks, 0, 0),
+    )
     result = [transition]
     for c in costed:
         if c.phase in (Phase.GENERATE, Phase.GENERATE_BASELINE):
-            c = _Call(
-                phase=c.phase, roles=c.roles, sets=c.sets, cost=c.cost, preds=(*c.preds, phase)
-            )
+            c = dataclasses.replace(c, preds=(*c.preds, phase))
         result.append(c)
     return result
 
@@ -323,6 +351,13 @@ def _shared_cores(plan: Plan) -> dict[Hashable, int]:
     }
 
 
+def _driver_hosts(plan: Plan) -> tuple[tuple[Hashable, int], ...]:
+    """Where the controller's own work keeps a core busy: the cluster's head node (node 0
+    of its first pool), where shared cores are declared there (`Work.hosts`)."""
+    head = plan.cluster.pools[0]
+    return (((head.name, 0), 1),) if head.cores_per_node is not None else ()
+
+
 def _tasks(
     plan: Plan,
     costed: list[_Call],
@@ -342,6 +377,8 @@ def _tasks(
     order = {c.phase: i for i, c in enumerate(costed)}
     updates = [c.phase for c in costed if c.phase in (Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE)]
     generation = (Phase.WEIGHT_SYNC, *GENERATION_PHASES)
+    driver = _driver_hosts(plan)
+    collected: dict[Hashable, Hashable] = {}  # a call -> the driver's collection of it
     tasks = []
     for k in range(num_steps):
         drawn = draws[k % len(draws)] if draws else {}
@@ -358,6 +395,32 @@ def _tasks(
                     preds.append((k - 1 - staleness, Phase.ACTOR_UPDATE))
             elif k > 0 and c.phase not in generation:
                 preds.extend((k - 1, u) for u in updates)
+            if c.driver is not None:
+                # The driver's launches come first and its gets after; what waits for
+                # the call waits for its results on the driver (redirected below).
+                launch, collect = (k, c.phase, LAUNCH), (k, c.phase, COLLECT)
+                tasks.append(
+                    Work(
+                        id=launch,
+                        sets=(CONTROLLER,),
+                        duration_s=c.driver.launch_s,
+                        preds=tuple(preds),
+                        priority=priority,
+                        hosts=driver,
+                    )
+                )
+                tasks.append(
+                    Work(
+                        id=collect,
+                        sets=(CONTROLLER,),
+                        duration_s=c.driver.collect_s,
+                        preds=((k, c.phase),),
+                        priority=priority,
+                        hosts=driver,
+                    )
+                )
+                collected[k, c.phase] = collect
+                preds.append(launch)
             tasks.append(
                 Work(
                     id=(k, c.phase),
@@ -368,7 +431,12 @@ def _tasks(
                     hosts=_hosts(plan, sets),
                 )
             )
-    return tasks
+    return [
+        dataclasses.replace(
+            t, preds=tuple(p if collected.get(p) == t.id else collected.get(p, p) for p in t.preds)
+        )
+        for t in tasks
+    ]
 
 
 def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
@@ -408,10 +476,9 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
     num_steps = warm_up + window + (1 if staleness else 0)
     tasks = _tasks(plan, costed, num_steps, staleness, draws)
     raw_slots = schedule(tasks, _shared_cores(plan))
-    # Work ids are (step, phase) pairs (see _tasks).
-    slots = cast(dict[tuple[int, Phase], Span], raw_slots)
-    by_phase = {c.phase: c for c in costed}
     sets_of = {t.id: t.sets for t in tasks}  # a k-step-off sync holds the generator only
+    slots = _call_intervals(cast(dict[tuple[Any, ...], Span], raw_slots), sets_of)
+    by_phase = {c.phase: c for c in costed}
     phases = tuple(
         PhaseInterval(
             name=phase,
@@ -428,7 +495,10 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
         for (step, phase), slot in sorted(slots.items(), key=lambda kv: (kv[1].start_s, kv[0][0]))
         if step < warm_up + window  # the step after the window is not shown
     )
-    step_end = [max(s.end_s for (k, _), s in slots.items() if k == i) for i in range(num_steps)]
+    step_end = [
+        max(s.end_s for key, s in raw_slots.items() if cast(tuple[Any, ...], key)[0] == i)
+        for i in range(num_steps)
+    ]
     last = warm_up + window - 1
     iteration_s = (step_end[last] - step_end[warm_up - 1]) / window if staleness else step_end[0]
     sets, mem_problems = _set_estimates(plan, costed, resident, iteration_s)
@@ -451,6 +521,29 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
         notes=tuple(notes),
         window=window,
     )
+
+
+def _call_intervals(
+    raw: Mapping[tuple[Any, ...], Span], sets_of: Mapping[Hashable, tuple[int, ...]]
+) -> dict[tuple[int, Phase], Span]:
+    """Each call's interval as the executor's clock draws it (`executor.timeline`).
+
+    A call's work id is its (step, phase) pair; the driver's launches and gets around
+    it add a third element (see _tasks). The interval runs from the call's start (after
+    its launches) to the driver's last get of its results, and a call starts no earlier
+    than the previous call on its sets ended that way: the next call may already run
+    while the driver still takes the previous one's results."""
+    out: dict[tuple[int, Phase], Span] = {}
+    free: dict[int, float] = {}
+    calls = sorted((k for k in raw if len(k) == 2), key=lambda k: (raw[k].start_s, k[0]))
+    for key in calls:
+        span = raw[key]
+        end = raw.get((*key, COLLECT), span).end_s
+        start = max([span.start_s, *(free.get(s, 0.0) for s in sets_of[key])])
+        out[key[0], key[1]] = Span(id=key, start_s=min(start, end), end_s=end)
+        for s in sets_of[key]:
+            free[s] = end
+    return out
 
 
 def _set_estimates(

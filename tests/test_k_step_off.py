@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 import torch
+from test_simulator import without_driver
 
 from placeflow.errors import SpecError
 from placeflow.executor.run import RunConfig, run_plan
 from placeflow.phases import Phase
 from placeflow.plan import Plan, load_plan
 from placeflow.planner.search import STALENESS_TOLERANCE, least_staleness
+from placeflow.profiles.costmodel import CostModel
 from placeflow.reshard_plan import TinyLlama
 from placeflow.simulator import simulate
 from placeflow.simulator.estimate import StepEstimate
@@ -101,6 +103,12 @@ def _long_tail(k: int) -> Plan:
                  response_len_sigma=1.0, prompts_per_step=4, ppo_epochs=8)  # fmt: skip
 
 
+def _cms(plan: Plan) -> dict[str, CostModel]:
+    """The `cpu` cost model without the controller's own launches and gets: the
+    schedules here are the sets' alone, as the recurrences write them."""
+    return {"*": without_driver(cost_models_for(plan, "cpu")["*"])}
+
+
 def _durations(est: StepEstimate, phase: Phase) -> dict[int, float]:
     return {p.step: p.duration_s for p in est.phases if p.name is phase}
 
@@ -134,7 +142,7 @@ def test_unrolled_schedule_matches_hand_recurrence(k: int) -> None:
     # window is eight steps after k + 2 warm-up steps.
     plan = _tiny(k, response_len=256, response_len_dist="lognormal", response_len_median=32,
                  response_len_sigma=1.0)  # fmt: skip
-    cms = cost_models_for(plan, "cpu")
+    cms = _cms(plan)
     est = simulate(plan, cms)
     assert est.window == 8 and est.steady_step == k + 2 + 8 - 1
     gen = _durations(est, Phase.GENERATE)
@@ -156,7 +164,7 @@ def test_unrolled_schedule_matches_hand_recurrence(k: int) -> None:
 def test_draws_are_centred_on_the_synchronous_generation() -> None:
     plan = _tiny(2, response_len=256, response_len_dist="lognormal", response_len_median=32,
                  response_len_sigma=1.0)  # fmt: skip
-    cms = cost_models_for(plan, "cpu")
+    cms = _cms(plan)
     est = simulate(plan, cms)
     sync = simulate(_with_staleness(plan, 0), cms)
     [expected] = _durations(sync, Phase.GENERATE).values()
@@ -188,7 +196,7 @@ def test_longest_quantiles_follow_the_order_statistics() -> None:
 
 def test_fixed_lengths_unroll_a_two_step_window_and_deeper_buffers_never_lose() -> None:
     plan = _tiny(1)
-    cms = cost_models_for(plan, "cpu")
+    cms = _cms(plan)
     times = {k: simulate(_with_staleness(plan, k), cms) for k in (1, 2, 4)}
     assert all(e.window == 2 for e in times.values())
     assert times[2].iteration_s <= times[1].iteration_s + 1e-12
@@ -199,7 +207,7 @@ def test_long_tails_make_a_deeper_buffer_pay() -> None:
     # Generation and update about equal, with a long tail: one-step-off waits on every
     # long batch; a deeper buffer absorbs them, down to the mean of the two sides.
     plan = _long_tail(1)
-    cms = cost_models_for(plan, "cpu")
+    cms = _cms(plan)
     t = {k: simulate(_with_staleness(plan, k), cms).iteration_s for k in (1, 2, 3, 4, 8)}
     eps = 1e-12
     assert t[1] > 1.1 * t[2] and t[2] > 1.02 * t[3]
@@ -215,7 +223,7 @@ def test_long_tails_make_a_deeper_buffer_pay() -> None:
 
 def test_snapshots_are_booked_on_the_trainer() -> None:
     plan = _tiny(1)
-    cms = cost_models_for(plan, "cpu")
+    cms = _cms(plan)
     base = simulate(plan, cms).sets[0].resident_bytes
     actor = plan.workload.models[next(iter(plan.workload.models))]
     for k in (2, 4):
@@ -229,7 +237,7 @@ def test_snapshots_are_booked_on_the_trainer() -> None:
 
 
 def test_planner_keeps_the_least_staleness_that_pays() -> None:
-    cms = cost_models_for(_tiny(1), "cpu")
+    cms = _cms(_tiny(1))
     # Fixed lengths: a deeper buffer buys at most the sync's seconds: the least wins.
     fixed, est = least_staleness(_tiny(4), cms)
     assert fixed.workload.max_staleness in (1, 2)

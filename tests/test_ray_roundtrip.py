@@ -1,26 +1,40 @@
-"""Per-call dispatch: the Ray round trip every model call pays, measured and priced.
+"""Per-call dispatch: the Ray round trip every model call pays, measured and priced,
+and the driver's serial launches and gets of a call to many ranks.
 
 Oracles: payload bytes counted by hand from the Batch fields a call carries;
 a call's cost is the same call without dispatch plus the profile's entry at
-that payload; the measurement runs real Ray calls on the session's Ray.
+that payload; a step with the driver's work is the step without it plus the
+launches and gets that lie on its critical path, worked out by hand; the
+measurement runs real Ray calls on the session's Ray.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
+from test_simulator import FAKE, GemmOnlyCosts, tiny_plan
 
 from placeflow.dataflow import CallKind
 from placeflow.layout import TrainLayout
 from placeflow.phases import Phase
-from placeflow.plan import RoleParallelism
+from placeflow.plan import DeviceSet, RoleParallelism
 from placeflow.profiles.ray_roundtrip import measure_dispatch
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import DispatchKind, Op, Source
-from placeflow.simulator import callcosts
-from placeflow.simulator.rolecosts import call_payload_bytes, role_call_costs, train_seq_len
+from placeflow.simulator import callcosts, simulate
+from placeflow.simulator.rolecosts import (
+    DriverWork,
+    call_driver_work,
+    call_payload_bytes,
+    call_payload_split,
+    driver_work,
+    role_call_costs,
+    role_calls,
+    train_seq_len,
+)
 from placeflow.workload import Role, load_workload
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "examples" / "workloads"
@@ -42,11 +56,20 @@ def test_cost_model_answers_the_measured_dispatch_entries() -> None:
     assert len(entries) >= 5 and {e.source for e in entries} == {Source.MEASURED}
     cm = fitted_cost_model("cpu")
     for e in entries:  # exact at every profiled point
-        assert cm.dispatch_s(DispatchKind.RAY_CALL, int(e.params["num_bytes"])) == e.median_s
-    # GPU profiles carry the same host's entries, imported.
+        if e.params["kind"] == DispatchKind.RAY_CALL:
+            assert cm.dispatch_s(DispatchKind.RAY_CALL, int(e.params["num_bytes"])) == e.median_s
+    # GPU profiles carry the same host's round trips, imported, and not its driver's
+    # per-rank launches and gets (their head node's CPU was not measured).
     gpu = load_profile("h100-sxm").entries_for(Op.DISPATCH)
     assert {e.source for e in gpu} == {Source.IMPORTED}
-    assert sorted(e.median_s for e in gpu) == sorted(e.median_s for e in entries)
+    round_trips = [e for e in entries if e.params["kind"] == DispatchKind.RAY_CALL]
+    assert sorted(e.median_s for e in gpu) == sorted(e.median_s for e in round_trips)
+    for kind in (DispatchKind.RAY_LAUNCH, DispatchKind.RAY_GET):
+        measured = [e for e in entries if e.params["kind"] == kind]
+        assert len(measured) >= 5
+        for e in measured:
+            assert cm.driver_s(kind, int(e.params["num_bytes"])) == e.median_s
+        assert fitted_cost_model("h100-sxm").driver_s(kind, 1024) is None
 
 
 def test_every_call_pays_its_round_trip_once() -> None:
@@ -64,6 +87,86 @@ def test_every_call_pays_its_round_trip_once() -> None:
     assert cost.detail["payload_bytes"] == payload
 
 
+def test_driver_work_counts_the_other_ranks() -> None:
+    cm = fitted_cost_model("cpu")
+    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, 4096)
+    get = cm.driver_s(DispatchKind.RAY_GET, 1024)
+    assert launch is not None and get is not None
+    # One round trip is in the call's cost already: 4 ranks add 3 launches and 3 gets.
+    assert driver_work(cm, 4, 4096, 1024) == DriverWork(launch_s=3 * launch, collect_s=3 * get)
+    assert driver_work(cm, 1, 4096, 1024) is None
+    assert driver_work(fitted_cost_model("h100-sxm"), 8, 4096, 1024) is None
+
+
+def test_call_driver_work_payloads_by_hand() -> None:
+    wl = load_workload(WORKLOADS / "grpo-tiny-cpu.toml")
+    cm = fitted_cost_model("cpu")
+    par = RoleParallelism(train=TrainLayout(d=2), micro_batch=8)
+    seq = train_seq_len(wl)
+    ref = next(c for c in role_calls(wl, Role.REF) if c.phase is Phase.REF_LOGPROB)
+    per_rank = math.ceil(wl.batch.num_samples / 2)
+    # In: ids and mask (9 bytes a token); out: one float32 a token.
+    assert call_payload_split(CallKind.FORWARD, per_rank, 16, seq) == (
+        per_rank * seq * 9,
+        per_rank * seq * 4,
+    )
+    got = call_driver_work(wl, ref, par, cm, ranks=4)
+    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, per_rank * seq * 9)
+    get = cm.driver_s(DispatchKind.RAY_GET, per_rank * seq * 4)
+    assert launch is not None and get is not None
+    assert got == DriverWork(launch_s=3 * launch, collect_s=3 * get)
+
+
+LAUNCH_S, GET_S = 2e-3, 1e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DriverCosts(GemmOnlyCosts):
+    """GemmOnlyCosts with a driver that takes 2 ms to launch a rank's call, 1 ms to get one
+    rank's result."""
+
+    def driver_s(self, kind, num_bytes):
+        return LAUNCH_S if kind == DispatchKind.RAY_LAUNCH else GET_S
+
+
+def test_driver_launches_and_gets_on_the_critical_path_by_hand() -> None:
+    two = RoleParallelism(train=TrainLayout(d=2), micro_batch=4, recompute=False)
+    plan = tiny_plan(
+        [DeviceSet(roles=(Role.ACTOR, Role.REF), pool="cpu", first_device=0, num_devices=2)],
+        {Role.ACTOR: two, Role.REF: two},
+    )
+    base = simulate(plan, FAKE)
+    driven = simulate(plan, DriverCosts(profile_name="d", dtype_bytes=4, rooflines={}, series={}))
+    before = {p.name: p.duration_s for p in base.phases}
+    after = {p.name: p.duration_s for p in driven.phases}
+    # Two ranks: one more launch before each call, one more get after it. The calls run
+    # one after another on the set; ref and old are launched together after the rollout
+    # is collected, so old's launch hides behind ref's run and ref's get behind old's.
+    # Critical path: generate (launch, get), ref (launch), old (get), update (launch, get).
+    added = (LAUNCH_S + GET_S) + LAUNCH_S + GET_S + (LAUNCH_S + GET_S)
+    assert driven.iteration_s == pytest.approx(base.iteration_s + added)
+    # A call's interval ends at its last get and starts after its launches, or where the
+    # previous call on its set ended, as the executor's clock stamps it: old starts
+    # after ref's get (while the driver took it, old already ran).
+    for phase in (Phase.GENERATE, Phase.REF_LOGPROB, Phase.ACTOR_UPDATE):
+        assert after[phase] == pytest.approx(before[phase] + GET_S)
+    assert after[Phase.OLD_LOGPROB] == pytest.approx(before[Phase.OLD_LOGPROB])
+    # One rank per set: no driver work at all.
+    one = tiny_plan(
+        [DeviceSet(roles=(Role.ACTOR, Role.REF), pool="cpu", first_device=0, num_devices=1)],
+        {Role.ACTOR: dataclasses.replace(two, train=TrainLayout()), Role.REF: one_rank(two)},
+    )
+    assert simulate(one, FAKE).iteration_s == pytest.approx(
+        simulate(
+            one, DriverCosts(profile_name="d", dtype_bytes=4, rooflines={}, series={})
+        ).iteration_s
+    )
+
+
+def one_rank(par: RoleParallelism) -> RoleParallelism:
+    return dataclasses.replace(par, train=TrainLayout())
+
+
 def test_measure_dispatch_times_real_ray_calls(ray_session: None) -> None:
     entries = measure_dispatch([1024, 1 << 20], warmup=1, repeats=5)
     assert [e.params for e in entries] == [
@@ -73,3 +176,8 @@ def test_measure_dispatch_times_real_ray_calls(ray_session: None) -> None:
     for e in entries:
         assert e.source is Source.MEASURED and e.repeats == 5
         assert 0 < e.p10_s <= e.median_s <= e.p90_s < 10.0
+    kinds = (DispatchKind.RAY_LAUNCH, DispatchKind.RAY_GET)
+    driver = measure_dispatch([1024], warmup=1, repeats=5, kinds=kinds)
+    assert [e.params["kind"] for e in driver] == ["ray_launch", "ray_get"]
+    # The driver's share of a call is part of its round trip.
+    assert all(0 < e.median_s < entries[0].p90_s * 5 for e in driver)
