@@ -195,6 +195,9 @@ class CostModel:
     # this model: 1 for the profile's dtype, 1/speedup in the view `fp8()` returns.
     fp8_gemm_speedup: float = 0.0
     gemm_scale: float = 1.0
+    # Seconds added to every collective within a host by ranks that share its cores with
+    # other busy ranks: 0 here, the measured wait in the view `shared_cores()` returns.
+    shared_wait_s: float = 0.0
     # Per op: exact key parts, log numeric key parts and the series, for nearest lookups.
     series_index: Mapping[Op, tuple[list[tuple[int | str, ...]], np.ndarray, list[Series]]] = field(
         default_factory=dict, hash=False, compare=False, repr=False
@@ -345,6 +348,27 @@ class CostModel:
             )
         return view
 
+    def shared_cores(self, contention: float) -> CostModel:
+        """This model for ranks whose host runs `contention` (> 1) busy ranks per core.
+
+        Compute is stretched by the simulator's rate (`PoolSpec.contention`); a
+        collective also waits for its partners to be scheduled, which the profile's
+        `shared_collective` entry measured (2 ranks per core, `profiles.shared_cores`):
+        the view adds it to every collective within a host, divided by `contention`
+        because the simulator stretches the call's whole time by it afterwards. The
+        model itself where it does not apply (no oversubscription, no such entry)."""
+        kind = FrameworkKind.SHARED_COLLECTIVE
+        if contention <= 1.0 or (Op.FRAMEWORK, (kind.value,)) not in self.series:
+            return self
+        key = ("shared view", contention)
+        view = self._memo.get(key)
+        if view is None:
+            wait = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
+            view = self._memo[key] = dataclasses.replace(
+                self, shared_wait_s=wait / contention, _memo={}
+            )
+        return view
+
     def attn_prefill_s(
         self,
         batch: int,
@@ -450,7 +474,8 @@ class CostModel:
             scope = Scope.INTRA
         if scope is Scope.INTER and ranks_per_node > 1:
             return self._spanning_collective_s(kind, int(num_bytes), world_size, ranks_per_node)
-        return self._flat_collective_s(kind, int(num_bytes), world_size, scope)
+        flat = self._flat_collective_s(kind, int(num_bytes), world_size, scope)
+        return flat + self.shared_wait_s if scope is Scope.INTRA else flat
 
     def _flat_collective_s(
         self, kind: CollectiveKind, num_bytes: int, world_size: int, scope: Scope

@@ -58,6 +58,7 @@ from placeflow.profiles.schema import (
     save_profile,
     with_op_entries,
 )
+from placeflow.profiles.shared_cores import shared_collective_note
 from placeflow.profiles.timing import summarize
 
 REFERENCE_MODEL = "tiny-llama"
@@ -65,6 +66,8 @@ REFERENCE_BATCH = 1
 REFERENCE_SEQ = 4  # tokens per sequence of the forward and backward
 REFERENCE_PROMPT = 3  # prompt tokens of the decode steps
 LAYER_COUNTS = (2, 6)
+# The kinds this module measures (the shared-cores entry is `profiles.shared_cores`').
+_ENGINE_KINDS = tuple(k for k in FrameworkKind if k is not FrameworkKind.SHARED_COLLECTIVE)
 DECODE_STEPS = (4, 20)
 # The KV length of the reference decode steps' middle step (prompt + mean generated).
 REFERENCE_DECODE_KV = REFERENCE_PROMPT + (DECODE_STEPS[0] + DECODE_STEPS[1]) // 2
@@ -192,7 +195,7 @@ def measure_framework(*, repeats: int = 15, warmup: int = 2) -> list[Entry]:
 
     quantiles = [per_q(q) for q in range(3)]
     entries = []
-    for kind in FrameworkKind:
+    for kind in _ENGINE_KINDS:
         p10, median, p90 = sorted(qs[kind] for qs in quantiles)
         if p10 <= 0:
             raise RuntimeError(
@@ -233,7 +236,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"1 torch thread; CPU busy with other work before: "
         f"{'?' if busy is None else f'{busy:.0%}'}).",
     )
-    updated = with_op_entries(profile, Op.FRAMEWORK, entries, note)
+    # (the shared-cores entry is another module's measurement: kept, its note with it)
+    shared = [
+        e
+        for e in profile.entries
+        if e.op is Op.FRAMEWORK and e.params["kind"] == FrameworkKind.SHARED_COLLECTIVE.value
+    ]
+    if shared:
+        note += shared_collective_note(profile)
+    updated = with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared], note)
     save_profile(updated, args.add_to)
     for e in entries:
         print(f"{e.params['kind']:>16}: {e.median_s * 1e6:8.1f} us (p10 {e.p10_s * 1e6:.1f})")

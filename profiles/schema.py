@@ -121,6 +121,9 @@ class FrameworkKind(StrEnum):
     DECODE_STEP = "decode_step"  # per decode step outside the layers: head, sampling, stops
     OPTIMIZER_LAYER = "optimizer_layer"  # the optimizer step and clipping, per layer's tensors
     OPTIMIZER_CALL = "optimizer_call"  # the same for the tensors outside the layers
+    # Not the engine's: the wall time one collective adds to each rank of a host that
+    # runs two busy ranks per core (measured by `placeflow.profiles.shared_cores`).
+    SHARED_COLLECTIVE = "shared_collective"
 
 
 class CopyDirection(StrEnum):

@@ -150,7 +150,7 @@ def _role_costs_on(
         plan.workload,
         role,
         plan.parallelism[role],
-        _cm(plan, cms, set_index),
+        _set_cm(plan, cms, set_index),
         first_device=plan.sets[set_index].first_device,
         gpus_per_node=plan.pool_of(set_index).gpus_per_node,
         gen=gen,
@@ -253,6 +253,21 @@ def _snapshot_bytes(plan: Plan) -> float:
     return total / (lay.t * lay.p)
 
 
+def _contention(plan: Plan, set_index: int) -> float:
+    """How much slower each worker of the set runs when all of them are busy (>= 1;
+    `PoolSpec.contention` of its most crowded node)."""
+    s, pool = plan.sets[set_index], plan.pool_of(set_index)
+    nodes = {d // pool.gpus_per_node for d in s.devices()}
+    per_node = max(sum(1 for d in s.devices() if d // pool.gpus_per_node == n) for n in nodes)
+    return pool.contention(per_node)
+
+
+def _set_cm(plan: Plan, cms: CostModels, set_index: int) -> CostModel:
+    """The cost model of a set's calls: its pool's, with the collectives of ranks that
+    share their cores (`CostModel.shared_cores`) where the set oversubscribes them."""
+    return _cm(plan, cms, set_index).shared_cores(_contention(plan, set_index))
+
+
 def _contended(plan: Plan, set_index: int, cost: callcosts.CallCost) -> callcosts.CallCost:
     """Stretch a call on CPU workers that share fewer cores than the set keeps busy.
 
@@ -260,10 +275,7 @@ def _contended(plan: Plan, set_index: int, cost: callcosts.CallCost) -> callcost
     physical cores than that (PoolSpec.cores_per_node) each worker gets
     cores / workers of a core. GPU pools are never stretched.
     """
-    s, pool = plan.sets[set_index], plan.pool_of(set_index)
-    nodes = {d // pool.gpus_per_node for d in s.devices()}
-    per_node = max(sum(1 for d in s.devices() if d // pool.gpus_per_node == n) for n in nodes)
-    factor = pool.contention(per_node)
+    factor = _contention(plan, set_index)
     if factor == 1.0:
         return cost
     return dataclasses.replace(cost, time_s=cost.time_s * factor, busy_s=cost.busy_s * factor)
@@ -274,7 +286,7 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
     actor = plan.workload.models[Role.ACTOR]
     actor_set, gen_set = plan.set_of(Role.ACTOR), plan.generator_set()
     gen = _gen_layout(plan)
-    cm = _cm(plan, cms, actor_set)
+    cm = _set_cm(plan, cms, actor_set)
     par = plan.parallelism[Role.ACTOR]
     sets: tuple[int, ...]
     if gen_set is not None:

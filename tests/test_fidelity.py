@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_simulator import without_driver
+from test_simulator import without_host_waits
 
 from placeflow.cli import main
 from placeflow.errors import SpecError
@@ -227,7 +227,7 @@ def test_compare_prices_one_step_of_a_one_step_off_plan() -> None:
     # per-phase times are one step's worth, and a run measuring exactly those scores 0 %.
     plan = load_plan(PLANS / "grpo-tiny-cpu2-async.toml")
     # (the one-step-off pipeline alone: the controller's launches and gets left out)
-    cms = {"*": without_driver(cost_models_for(plan, "cpu")["*"])}
+    cms = {"*": without_host_waits(cost_models_for(plan, "cpu")["*"])}
     est = simulate(plan, cms)
     # Three warm-up steps, then a window of two (fixed lengths: generation does not vary).
     assert est.steady_step == 4 and est.window == 2

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_simulator import without_driver
+from test_simulator import without_host_waits
 
 from placeflow.errors import SpecError
 from placeflow.executor.run import RunConfig, run_plan
@@ -106,7 +106,7 @@ def _long_tail(k: int) -> Plan:
 def _cms(plan: Plan) -> dict[str, CostModel]:
     """The `cpu` cost model without the controller's own launches and gets: the
     schedules here are the sets' alone, as the recurrences write them."""
-    return {"*": without_driver(cost_models_for(plan, "cpu")["*"])}
+    return {"*": without_host_waits(cost_models_for(plan, "cpu")["*"])}
 
 
 def _durations(est: StepEstimate, phase: Phase) -> dict[int, float]:

@@ -1,0 +1,231 @@
+"""What a collective costs ranks that share their host's cores with other busy ranks.
+
+A CPU pool whose workers outnumber its cores (`PoolSpec.cores_per_node`) runs them
+in time slices. Compute then stretches by workers / cores, which the simulator
+prices as a rate (`PoolSpec.contention`, `simulator.schedule`). A collective
+stretches far more: it cannot finish until every rank of its group has reached
+it, and a rank that arrives first waits, idle, until the kernel next schedules
+its partner, which may be running another worker's slice. On this 2-core
+machine that is milliseconds per collective against tens of microseconds for
+the same all-reduce between two ranks on cores of their own: the tensor-parallel
+calls of a colocated CPU plan, a few dozen all-reduces a micro-batch, were
+priced 2-2.5x too fast before this was measured.
+
+`measure_shared_collective` measures it as the executor meets it: 2·c ranks on
+the c cores of this host (one torch thread each, gloo), in pairs, each rank
+running the same fixed compute chunk (small matmuls, about a millisecond of one
+core) and then, in the second loop, an all-reduce of `PROBE_BYTES` within its
+pair after every chunk. The entry (op `framework`, kind `shared_collective`,
+source measured) is the wall time per iteration of the second loop less the
+first's, the slowest rank's: what one collective adds to each rank's time when
+the host runs two busy ranks per core. `CostModel.shared_cores` prices a
+collective of such ranks with it.
+
+    python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json
+
+measures it and replaces the file's entry of that kind (its other framework
+entries are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from placeflow.procs import free_port, report_rank, run_ranks
+from placeflow.profiles.schema import (
+    Entry,
+    FrameworkKind,
+    Op,
+    Profile,
+    Source,
+    load_profile_file,
+    op_note,
+    save_profile,
+    with_op_entries,
+)
+
+PROBE_BYTES = 4096  # a small all-reduce: the wait, not the bandwidth, is measured
+CHUNK_MATMULS = 40  # 64 x 64 fp32 matmuls per compute chunk (about 1 ms of one core here)
+RANKS_PER_CORE = 2  # the oversubscription the entry is measured at
+
+
+class SharedCoresError(RuntimeError):
+    """A rank of the measurement failed, died or hung; the message carries its traceback."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedJob:
+    world_size: int
+    port: int
+    iterations: int
+    repeats: int
+    init_timeout_s: float = 60.0
+
+
+def _chunk(a: torch.Tensor) -> None:
+    for _ in range(CHUNK_MATMULS):
+        torch.mm(a, a)
+
+
+def _loop_s(iterations: int, a: torch.Tensor, pair: Any, buf: torch.Tensor | None) -> float:
+    """Seconds per iteration of `iterations` chunks (each followed by a pair all-reduce
+    when `buf` is given), the slowest rank's."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        _chunk(a)
+        if buf is not None:
+            dist.all_reduce(buf, group=pair)
+    per = torch.tensor([(time.perf_counter() - t0) / iterations], dtype=torch.float64)
+    dist.all_reduce(per, op=dist.ReduceOp.MAX)
+    return float(per.item())
+
+
+def _rank(rank: int, job: SharedJob, results: Any) -> None:
+    def body() -> None:
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{job.port}",
+            rank=rank,
+            world_size=job.world_size,
+            timeout=timedelta(seconds=job.init_timeout_s),
+        )
+        # Every rank creates every pair's group, in the same order (torch.distributed).
+        pairs = [dist.new_group([r, r + 1]) for r in range(0, job.world_size, 2)]
+        pair = pairs[rank // 2]
+        a = torch.randn(64, 64)
+        buf = torch.zeros(PROBE_BYTES // 4)
+        _loop_s(2, a, pair, buf)  # warm-up: both paths, the groups' first use
+        _loop_s(2, a, pair, None)
+        for _ in range(job.repeats):
+            alone = _loop_s(job.iterations, a, pair, None)
+            paired = _loop_s(job.iterations, a, pair, buf)
+            if rank == 0:
+                results.put(("sample", alone, paired))
+        dist.destroy_process_group()
+
+    report_rank(rank, results, body)
+
+
+def measure_shared_collective(
+    *,
+    cores: int | None = None,
+    iterations: int = 100,
+    repeats: int = 7,
+    stall_timeout_s: float = 180.0,
+) -> Entry:
+    """The `shared_collective` entry, measured with RANKS_PER_CORE ranks per core of this
+    host (`cores`: os.cpu_count()); see the module docstring."""
+    cores = cores or os.cpu_count() or 1
+    job = SharedJob(
+        world_size=RANKS_PER_CORE * cores, port=free_port(), iterations=iterations, repeats=repeats
+    )
+    extra: list[float] = []
+
+    def on_message(msg: tuple[Any, ...]) -> None:
+        _, alone, paired = msg
+        extra.append(paired - alone)
+
+    run_ranks(
+        _rank,
+        job,
+        job.world_size,
+        label="shared-cores rank",
+        error=SharedCoresError,
+        on_message=on_message,
+        stall_timeout_s=stall_timeout_s,
+    )
+    qs = statistics.quantiles(extra, n=10, method="inclusive") if len(extra) > 1 else extra * 9
+    median = statistics.median(extra)
+    if median <= 0:
+        raise SharedCoresError(
+            f"a collective added {median:.2e} s per iteration (no wait measured): the host "
+            "has more cores than it reports, or the run was too noisy; measure again"
+        )
+    return Entry(
+        op=Op.FRAMEWORK,
+        params={"kind": FrameworkKind.SHARED_COLLECTIVE.value, "num_units": 1},
+        median_s=median,
+        p10_s=min(qs[0], median),
+        p90_s=max(qs[-1], median),
+        repeats=len(extra),
+        source=Source.MEASURED,
+    )
+
+
+SENTENCE = " Kind shared_collective:"  # where its part of the framework note starts
+
+
+def shared_collective_note(profile: Profile) -> str:
+    """The framework note's sentence about the `shared_collective` entry ("" if none)."""
+    notes = profile.provenance.notes
+    at = notes.find(SENTENCE)
+    if at < 0:
+        return ""
+    rest = notes[at:]
+    nxt = re.search(r" \w+ entries \(op ", rest)
+    return rest[: nxt.start()] if nxt else rest
+
+
+def with_shared_collective(profile: Profile, entry: Entry, note: str) -> Profile:
+    """`profile` with `entry` as its only `shared_collective` entry; the other framework
+    entries and their note kept, `note` (a SENTENCE) in place of the old one."""
+    kept = [
+        e
+        for e in profile.entries
+        if e.op is Op.FRAMEWORK and e.params["kind"] != FrameworkKind.SHARED_COLLECTIVE.value
+    ]
+    marker = op_note(Op.FRAMEWORK, "")
+    notes = profile.provenance.notes.replace(shared_collective_note(profile), "")
+    at = notes.find(marker)
+    if at >= 0:
+        rest = notes[at + len(marker) :]
+        nxt = re.search(r" \w+ entries \(op ", rest)
+        body = op_note(Op.FRAMEWORK, rest[: nxt.start()] if nxt else rest)
+    else:
+        body = op_note(Op.FRAMEWORK, "):")
+    return with_op_entries(profile, Op.FRAMEWORK, [*kept, entry], f"{body}{note}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--add-to", type=Path, required=True, help="a CPU profile JSON file")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+    profile = load_profile_file(args.add_to)
+    from placeflow.profiles.profiler import cpu_busy_fraction
+
+    busy = cpu_busy_fraction()
+    entry = measure_shared_collective(repeats=args.repeats)
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    note = (
+        f"{SENTENCE} measured {date} by "
+        f"`python -m placeflow.profiles.shared_cores --add-to {args.add_to}` "
+        f"({RANKS_PER_CORE * (os.cpu_count() or 1)} gloo ranks on {os.cpu_count()} cores in "
+        f"pairs, a {PROBE_BYTES}-byte all-reduce after each compute chunk, less the chunks "
+        f"alone; CPU busy with other work before: {'?' if busy is None else f'{busy:.0%}'})."
+    )
+    save_profile(with_shared_collective(profile, entry, note), args.add_to)
+    print(
+        f"shared_collective: {entry.median_s * 1e3:.3f} ms per collective "
+        f"(p10 {entry.p10_s * 1e3:.3f}, p90 {entry.p90_s * 1e3:.3f})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
