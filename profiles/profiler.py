@@ -36,7 +36,8 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
 - framework (CPU only): the engine's own host time per layer forward,
   backward and decode step, per call and per optimizer step, timed through
   its Transformer, Sampler and TrainEngine on a tiny model
-  (`placeflow.profiles.framework`), thread CPU time.
+  (`placeflow.profiles.framework`), thread CPU time; and what a collective adds
+  when two busy ranks share each core (`placeflow.profiles.shared_cores`).
 
 Inputs of GEMMs, decode and elementwise ops are views into one scratch buffer
 filled once with uniform(-1, 1) values (no denormals, no per-point allocation
@@ -84,6 +85,7 @@ from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
 from placeflow.profiles.framework import measure_framework
+from placeflow.profiles.shared_cores import measure_shared_collective
 from placeflow.profiles.grid import CPU_COPY_BYTES, DTYPE_BYTES, GridPoint, ProfilerGrid
 from placeflow.profiles.ray_roundtrip import measure_dispatch
 from placeflow.profiles.schema import (
@@ -568,6 +570,8 @@ def profile_device(
             )
             # The engine's host overhead is measured where the engine runs: on CPU here.
             overhead = measure_framework() if framework and device == "cpu" else []
+            if framework and device == "cpu":  # and the wait of collectives on shared cores
+                overhead.append(measure_shared_collective())
         provenance = _provenance(device, grid, measured, load)
     finally:
         torch.set_num_threads(previous_threads)

@@ -6,6 +6,15 @@ capacity left for generation; (4) the transitions the placement needs
 (`reshard` for a colocated actor, `weight_sync` for a generator apart); (5) the
 discrete-event schedule; (6) memory feasibility per set and phase.
 
+The controller is a resource of the schedule too (set CONTROLLER): a call to R
+ranks costs it R − 1 launches before the call and R − 1 gets after it
+(`rolecosts.DriverWork`, from the profile's `ray_launch` and `ray_get`
+entries; none where a profile lacks them, as GPU profiles do), one piece at a
+time, on the head node's cores where a CPU pool shares them; what waits for a
+call waits for its results on the driver. On a CPU set with more busy workers
+than cores, collectives also wait for their partners to be scheduled
+(`CostModel.shared_cores`).
+
 Asynchronous steps (workload `max_staleness` = s >= 1, with a generator set
 apart from the trainer) unroll the graph over several steps in which step k's
 generation waits only for the weights of update k−1−s, so the generator runs up

@@ -1,0 +1,113 @@
+"""Collectives of ranks that share their host's cores: measured, priced, simulated.
+
+Oracles: the view adds the profile's entry divided by the contention to every
+collective within a host and nothing else (hand-computed from the entry); a
+data-parallel update on an oversubscribed CPU set pays exactly its collectives'
+count times that wait more than on free cores, counted by hand from the
+layout (per optimizer step: one gradient reduce-scatter and one parameter
+all-gather for ZeRO-1); the measurement spawns real gloo ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from placeflow.plan import load_plan
+from placeflow.profiles.registry import fitted_cost_model, load_profile
+from placeflow.profiles.schema import CollectiveKind, FrameworkKind, Op, Scope, Source
+from placeflow.profiles.shared_cores import (
+    SENTENCE,
+    measure_shared_collective,
+    shared_collective_note,
+    with_shared_collective,
+)
+from placeflow.simulator import simulate
+from placeflow.simulator.simulate import cost_models_for
+from placeflow.workload import Role
+
+PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"
+
+
+def _entry_s() -> float:
+    [entry] = [
+        e
+        for e in load_profile("cpu").entries_for(Op.FRAMEWORK)
+        if e.params["kind"] == FrameworkKind.SHARED_COLLECTIVE.value
+    ]
+    assert entry.source is Source.MEASURED
+    return entry.median_s
+
+
+def test_the_view_adds_the_measured_wait_to_collectives_within_a_host() -> None:
+    cm = fitted_cost_model("cpu")
+    wait = _entry_s()
+    assert cm.shared_cores(1.0) is cm  # free cores: nothing changes
+    view = cm.shared_cores(2.0)
+    assert view.shared_wait_s == pytest.approx(wait / 2)
+    for kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER):
+        for size in (4096, 1 << 20):
+            base = cm.collective_s(kind, size, 2, Scope.INTRA)
+            assert view.collective_s(kind, size, 2, Scope.INTRA) == pytest.approx(base + wait / 2)
+    # No collective, no wait: one rank, or no bytes.
+    assert view.collective_s(CollectiveKind.ALL_REDUCE, 4096, 1, Scope.INTRA) == 0.0
+    assert view.collective_s(CollectiveKind.ALL_REDUCE, 0, 2, Scope.INTRA) == 0.0
+    # The rest of the model is the same; GPU profiles have no such entry.
+    assert view.gemm_s(64, 64, 64) == cm.gemm_s(64, 64, 64)
+    assert cm.shared_cores(3.0).shared_wait_s == pytest.approx(wait / 3)
+    gpu = fitted_cost_model("h100-sxm")
+    assert gpu.shared_cores(2.0) is gpu
+
+
+def test_an_oversubscribed_dp_update_pays_its_collectives_waits_by_hand() -> None:
+    # grpo-tiny-cpu4-colocate: actor d4 (ZeRO-1) on a pool of 4 workers on 2 cores.
+    plan = load_plan(PLANS / "grpo-tiny-cpu4-colocate.toml")
+    pool = plan.cluster.pools[0]
+    assert pool.cores_per_node == 2 and plan.parallelism[Role.ACTOR].zero == 1
+    cms = cost_models_for(plan, "cpu")
+    shared = simulate(plan, cms)
+    # The same plan with the entry left out of the profile: rates only.
+    cm = cms["*"]
+    kept = {k: v for k, v in cm.series.items() if k != (Op.FRAMEWORK, ("shared_collective",))}
+    bare = simulate(plan, {"*": dataclasses.replace(cm, series=kept, _memo={})})
+    steps = plan.workload.batch.ppo_epochs * plan.workload.batch.mini_batches
+    update = {p.name.value: p.duration_s for p in shared.phases}["actor_update"]
+    update_bare = {p.name.value: p.duration_s for p in bare.phases}["actor_update"]
+    # Per optimizer step a reduce-scatter and an all-gather over d = 4: 2 collectives,
+    # each wait/2 before the call is stretched 2x by 4 workers on 2 cores.
+    assert update - update_bare == pytest.approx(steps * 2 * _entry_s(), rel=1e-9)
+    # Forwards over d only make no collective: the same.
+    for phase in ("ref_logprob", "old_logprob", "generate"):
+        a = {p.name.value: p.duration_s for p in shared.phases}[phase]
+        b = {p.name.value: p.duration_s for p in bare.phases}[phase]
+        assert a == pytest.approx(b, rel=1e-9), phase
+
+
+def test_the_note_is_kept_and_replaced() -> None:
+    profile = load_profile("cpu")
+    sentence = shared_collective_note(profile)
+    assert sentence.startswith(SENTENCE) and "profiles.shared_cores" in sentence
+    entry = next(
+        e
+        for e in profile.entries_for(Op.FRAMEWORK)
+        if e.params["kind"] == FrameworkKind.SHARED_COLLECTIVE.value
+    )
+    again = with_shared_collective(
+        profile, dataclasses.replace(entry, median_s=1e-3), f"{SENTENCE} re-measured."
+    )
+    assert shared_collective_note(again) == f"{SENTENCE} re-measured."
+    notes = again.provenance.notes
+    assert notes.count(SENTENCE) == 1 and "Framework entries (op framework)" in notes
+    framework = again.entries_for(Op.FRAMEWORK)
+    assert len(framework) == len(profile.entries_for(Op.FRAMEWORK))
+    assert [e.median_s for e in framework if e.params["kind"] == "shared_collective"] == [1e-3]
+
+
+@pytest.mark.slow
+def test_measure_shared_collective_spawns_ranks_that_wait() -> None:
+    entry = measure_shared_collective(iterations=20, repeats=3)
+    assert entry.op is Op.FRAMEWORK and entry.params["kind"] == "shared_collective"
+    assert entry.source is Source.MEASURED and entry.repeats == 3
+    assert 0 < entry.p10_s <= entry.median_s <= entry.p90_s < 1.0
