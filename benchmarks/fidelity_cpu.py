@@ -133,6 +133,18 @@ def generator_sync(plan: Plan) -> Plan:
     return dataclasses.replace(plan, name="grpo-tiny-cpu2-generator", workload=workload)
 
 
+def fixed_lengths(plan: Plan) -> Plan:
+    """`plan` with responses of exactly response_len tokens (`ignore_stop`): the length
+    the simulator assumes for a fixed length distribution. A policy that learns to
+    answer early (the arithmetic reward teaches it within a few steps at these learning
+    rates) would otherwise generate less each step than the step that is simulated."""
+    wl = plan.workload
+    if wl.batch.response_len_dist != "fixed":
+        return plan
+    rl = dataclasses.replace(wl.rl, ignore_stop=True)
+    return dataclasses.replace(plan, workload=dataclasses.replace(wl, rl=rl))
+
+
 def plans() -> list[tuple[str, Plan]]:
     out = [
         (placement, make_plan(placement, model, prompts))
@@ -143,7 +155,7 @@ def plans() -> list[tuple[str, Plan]]:
     for file, label in EXAMPLES:
         out.append((label, load_plan(PLANS / file)))
     out.append(("generator", generator_sync(load_plan(PLANS / "grpo-tiny-cpu2-async.toml"))))
-    return out
+    return [(label, fixed_lengths(plan)) for label, plan in out]
 
 
 def main() -> None:

@@ -11,11 +11,10 @@ all-gather for ZeRO-1); the measurement spawns real gloo ranks.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
+from fidelity_cpu import make_plan
 
-from placeflow.plan import load_plan
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import CollectiveKind, FrameworkKind, Op, Scope, Source
 from placeflow.profiles.shared_cores import (
@@ -27,8 +26,6 @@ from placeflow.profiles.shared_cores import (
 from placeflow.simulator import simulate
 from placeflow.simulator.simulate import cost_models_for
 from placeflow.workload import Role
-
-PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"
 
 
 def _entry_s() -> float:
@@ -62,10 +59,12 @@ def test_the_view_adds_the_measured_wait_to_collectives_within_a_host() -> None:
 
 
 def test_an_oversubscribed_dp_update_pays_its_collectives_waits_by_hand() -> None:
-    # grpo-tiny-cpu4-colocate: actor d4 (ZeRO-1) on a pool of 4 workers on 2 cores.
-    plan = load_plan(PLANS / "grpo-tiny-cpu4-colocate.toml")
+    # The fidelity benchmark's colocated plan: actor and reference d4 (ZeRO-1, no TP) on a
+    # pool of 4 workers on 2 cores.
+    plan = make_plan("colocate", "tiny-llama", 8)
     pool = plan.cluster.pools[0]
-    assert pool.cores_per_node == 2 and plan.parallelism[Role.ACTOR].zero == 1
+    par = plan.parallelism[Role.ACTOR]
+    assert pool.cores_per_node == 2 and par.zero == 1 and par.train.t == par.train.p == 1
     cms = cost_models_for(plan, "cpu")
     shared = simulate(plan, cms)
     # The same plan with the entry left out of the profile: rates only.
