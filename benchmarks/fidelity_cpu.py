@@ -9,10 +9,11 @@ workers (as `placeflow validate` does), simulates the same plan with the
 shipped `cpu` profile, and compares per phase and per step (median over the
 steps after the first `--warmup`: the executor's steps on this CPU take several
 steps to settle, 200 ms falling to 135 ms over the first seven steps of the
-split plan, so the default measures 16 steps and scores the last 8). Writes benchmarks/results/fidelity_cpu.json with
-every row, the machine's load average around each run, and the summary
-(median and worst absolute error over all phases, and over steps), and
-prints a markdown table.
+split plan, so the default measures 16 steps and scores the last 8). Every plan
+generates exactly response_len tokens (`fixed_lengths`). Writes
+benchmarks/results/fidelity_cpu.json with every row, the machine's load
+average around each run, and the summary (median and worst absolute error over
+all phases, and over steps), and prints a markdown table.
 
     python benchmarks/fidelity_cpu.py [--steps 16] [--warmup 8] [--profile cpu] [--only NAME ...]
 

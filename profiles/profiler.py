@@ -85,7 +85,6 @@ from placeflow.errors import SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
 from placeflow.profiles.framework import measure_framework
-from placeflow.profiles.shared_cores import measure_shared_collective
 from placeflow.profiles.grid import CPU_COPY_BYTES, DTYPE_BYTES, GridPoint, ProfilerGrid
 from placeflow.profiles.ray_roundtrip import measure_dispatch
 from placeflow.profiles.schema import (
@@ -100,6 +99,7 @@ from placeflow.profiles.schema import (
     op_note,
     with_op_entries,
 )
+from placeflow.profiles.shared_cores import measure_shared_collective
 from placeflow.profiles.timing import Clock, Timing, make_clock, time_fn
 
 Bench = Callable[[], object]
