@@ -13,11 +13,12 @@ wall clock on the driver (median, p10, p90 over repeats after warm-up).
 
 A call to a set of R ranks is R such calls, and the driver makes them one after
 another: it pickles and submits every rank's arguments before the last rank starts,
-and unpickles every rank's result before it has the call's output. `measure_launches`
-times the driver's own share of each (kinds `ray_launch`: `.remote()` until it returns,
+and unpickles every rank's result before it has the call's output. Two more kinds
+time the driver's own share of each (kinds `ray_launch`: `.remote()` until it returns,
 with the arguments of `num_bytes`; `ray_get`: `ray.get` of a result of `num_bytes` that
 is already in the driver's object store), so that the simulator can price the R − 1
-launches and gets that one round trip does not cover.
+launches and gets that one round trip does not cover. `measure_dispatch(kinds=...)`
+measures any of the three kinds.
 
 It starts a local Ray instance of one CPU unless Ray is already up (then it uses that one
 and leaves it running). The entries are op `dispatch`, source measured.
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,6 +49,7 @@ from placeflow.profiles.schema import (
     Source,
     load_profile_file,
     op_note,
+    op_note_text,
     save_profile,
     with_op_entries,
 )
@@ -185,14 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _kept_note(profile: Profile, kinds: list[str]) -> str:
     """What the file said of the dispatch entries it keeps (the text after its marker)."""
-    marker = op_note(Op.DISPATCH, "")
-    notes = profile.provenance.notes
-    at = notes.find(marker)
-    if at < 0:
+    text = op_note_text(profile.provenance.notes, Op.DISPATCH)
+    if text is None:
         return f"Kinds {', '.join(kinds)}: kept from before (no note)."
-    rest = notes[at + len(marker) :]
-    nxt = re.search(r" \w+ entries \(op ", rest)
-    return f"Kept from before (op {Op.DISPATCH.value}{rest[: nxt.start()] if nxt else rest}"
+    return f"Kept from before (op {Op.DISPATCH.value}{text}"
 
 
 if __name__ == "__main__":

@@ -315,13 +315,23 @@ def op_note(op: Op, text: str) -> str:
     return f" {op.value.capitalize()} entries (op {op.value}{text}"
 
 
+# Where one op's note ends: at the next op's marker (`op_note`) or the end of the notes.
+_NOTE_END = r"(?= \w+ entries \(op |\Z)"
+
+
+def op_note_text(notes: str, op: Op) -> str | None:
+    """The text of `op`'s note in `notes` after its marker (`op_note(op, "")`), up to
+    the next op's note; None where `notes` has no note about `op`."""
+    found = re.search(rf"{re.escape(op_note(op, ''))}(.*?){_NOTE_END}", notes, re.S)
+    return found.group(1) if found else None
+
+
 def with_op_entries(profile: Profile, op: Op, entries: Sequence[Entry], note: str) -> Profile:
     """`profile` with its entries of `op` replaced by `entries` and the provenance note
     about them (`op_note`) replaced by `note`; the other ops' entries and notes kept."""
     kept = tuple(e for e in profile.entries if e.op is not op)
-    # One op's note runs from its marker to the next op's marker or the end.
     marker = re.escape(op_note(op, ""))
-    others = re.sub(rf"{marker}.*?(?= \w+ entries \(op |\Z)", "", profile.provenance.notes)
+    others = re.sub(rf"{marker}.*?{_NOTE_END}", "", profile.provenance.notes)
     return dataclasses.replace(
         profile,
         entries=(*kept, *entries),

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -53,6 +52,7 @@ from placeflow.profiles.schema import (
     Source,
     load_profile_file,
     op_note,
+    op_note_text,
     save_profile,
     with_op_entries,
 )
@@ -172,13 +172,9 @@ SENTENCE = " Kind shared_collective:"  # where its part of the framework note st
 
 def shared_collective_note(profile: Profile) -> str:
     """The framework note's sentence about the `shared_collective` entry ("" if none)."""
-    notes = profile.provenance.notes
-    at = notes.find(SENTENCE)
-    if at < 0:
-        return ""
-    rest = notes[at:]
-    nxt = re.search(r" \w+ entries \(op ", rest)
-    return rest[: nxt.start()] if nxt else rest
+    text = op_note_text(profile.provenance.notes, Op.FRAMEWORK) or ""
+    at = text.find(SENTENCE)
+    return text[at:] if at >= 0 else ""
 
 
 def with_shared_collective(profile: Profile, entry: Entry, note: str) -> Profile:
@@ -189,15 +185,11 @@ def with_shared_collective(profile: Profile, entry: Entry, note: str) -> Profile
         for e in profile.entries
         if e.op is Op.FRAMEWORK and e.params["kind"] != FrameworkKind.SHARED_COLLECTIVE.value
     ]
-    marker = op_note(Op.FRAMEWORK, "")
-    notes = profile.provenance.notes.replace(shared_collective_note(profile), "")
-    at = notes.find(marker)
-    if at >= 0:
-        rest = notes[at + len(marker) :]
-        nxt = re.search(r" \w+ entries \(op ", rest)
-        body = op_note(Op.FRAMEWORK, rest[: nxt.start()] if nxt else rest)
-    else:
+    text = op_note_text(profile.provenance.notes, Op.FRAMEWORK)
+    if text is None:
         body = op_note(Op.FRAMEWORK, "):")
+    else:
+        body = op_note(Op.FRAMEWORK, text.replace(shared_collective_note(profile), ""))
     return with_op_entries(profile, Op.FRAMEWORK, [*kept, entry], f"{body}{note}")
 
 

@@ -215,15 +215,22 @@ def call_driver_work(
 ) -> DriverWork | None:
     """`driver_work` of one model call of `call.role` sent to the `ranks` workers of its
     set, with the payloads `call_cost`'s round trip carries (a generation needs `gen`)."""
-    if call.kind == CallKind.GENERATE:
-        assert gen is not None, "a generation call is sent to its generation replicas"
-        per_rank = math.ceil(call.num_samples / gen.num_replicas)
-    else:
-        per_rank = math.ceil(call.num_samples / par.train.d)
     into, out = call_payload_split(
-        call.kind, per_rank, workload.batch.prompt_len, train_seq_len(workload)
+        call.kind,
+        rank_samples(call, par, gen),
+        workload.batch.prompt_len,
+        train_seq_len(workload),
     )
     return driver_work(cm, ranks, into, out)
+
+
+def rank_samples(call: ModelCall, par: RoleParallelism, gen: GenLayout | None) -> int:
+    """Samples one rank of `call` works on: a generation replica's share (a generation
+    needs `gen`), else a DP rank's."""
+    if call.kind == CallKind.GENERATE:
+        assert gen is not None, "a generation call is sent to its generation replicas"
+        return math.ceil(call.num_samples / gen.num_replicas)
+    return math.ceil(call.num_samples / par.train.d)
 
 
 def with_dispatch(
@@ -308,7 +315,7 @@ def call_cost(
     if call.kind == CallKind.GENERATE:
         assert gen is not None and kv_seqs >= 1, "callers check the KV capacity first"
         shape = callcosts.GenerationShape(
-            num_seqs=math.ceil(call.num_samples / gen.num_replicas),
+            num_seqs=rank_samples(call, par, gen),
             prompt_len=workload.batch.prompt_len,
             lengths=LengthModel.of(workload.batch),  # a greedy baseline: same in expectation
             kv_capacity_seqs=kv_seqs,
@@ -317,7 +324,6 @@ def call_cost(
             tail_left=tail_left,
         )
         cost = callcosts.generation_cost(gemm_model(workload, call, cm), model, gen, shape)
-        per_rank = shape.num_seqs
     elif call.kind == CallKind.FORWARD:
         dp, ep, dp_rpn, _ = train_scopes(first_device, gpus_per_node, par.train)
         cost = callcosts.forward_cost(
@@ -333,7 +339,6 @@ def call_cost(
             cp_scope=cp_scope,
             cp_ranks_per_node=cp_rpn,
         )
-        per_rank = math.ceil(call.num_samples / par.train.d)
     else:
         dp, ep, dp_rpn, expert_dp_rpn = train_scopes(first_device, gpus_per_node, par.train)
         cost = callcosts.train_cost(
@@ -353,10 +358,11 @@ def call_cost(
             cp_scope=cp_scope,
             cp_ranks_per_node=cp_rpn,
         )
-        per_rank = math.ceil(call.num_samples / par.train.d)
     if training_devices:
         cost = with_param_reload(cm, workload, call, par, cost)
-    payload = call_payload_bytes(call.kind, per_rank, workload.batch.prompt_len, seq)
+    payload = call_payload_bytes(
+        call.kind, rank_samples(call, par, gen), workload.batch.prompt_len, seq
+    )
     return with_dispatch(cm, cost, payload)
 
 
