@@ -21,6 +21,7 @@ needs `[data]`: the ground truths it checks come from there.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Sequence
@@ -206,15 +207,14 @@ class PromptSchedule:
     seed: int
     shuffle: bool = True
 
-    def order(self, epoch: int) -> list[int]:
-        ix = list(range(len(self.examples)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(ix)
-        return ix
+    def order(self, epoch: int) -> Sequence[int]:
+        if not self.shuffle:
+            return range(len(self.examples))
+        return _shuffled(len(self.examples), self.seed * 1_000_003 + epoch)
 
     def rows(self, step: int) -> list[Example]:
         n, size = self.prompts_per_step, len(self.examples)
-        orders: dict[int, list[int]] = {}  # the (one or two) epochs this step spans
+        orders: dict[int, Sequence[int]] = {}  # the (one or two) epochs this step spans
         out = []
         for i in range(step * n, step * n + n):
             epoch, pos = divmod(i, size)
@@ -225,6 +225,16 @@ class PromptSchedule:
 
     def epoch_of(self, step: int) -> int:
         return step * self.prompts_per_step // len(self.examples)
+
+
+@functools.lru_cache(maxsize=4)
+def _shuffled(size: int, seed: int) -> tuple[int, ...]:
+    """0..size-1 shuffled by `random.Random(seed)`. Kept: the controller asks for a step's
+    rows twice a step (its prompts, then its ground truths), and shuffling a dataset of a
+    few thousand rows in Python costs milliseconds of the driver's time each time."""
+    ix = list(range(size))
+    random.Random(seed).shuffle(ix)
+    return tuple(ix)
 
 
 def prompt_text(example: Example, tokenizer: Any, chat_template: bool) -> str:

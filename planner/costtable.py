@@ -68,11 +68,11 @@ from placeflow.simulator.rolecosts import (
     call_key,
     colocated_generation_bytes,
     kv_bytes_per_seq,
-    needs_reshard,
     reshard_scope,
     resident_bytes,
     resident_key,
     role_calls,
+    rollout_sync_cost,
 )
 from placeflow.workload import Role, Workload
 
@@ -214,8 +214,7 @@ class _Prices:
         if hit is None:
             gen = par.gen_layout()
             hit = self._generate_s(par, gen, kv_seqs)
-            if needs_reshard(gen, par.zero):
-                hit += self._reshard(par, gen).time_s
+            hit += self._reshard(par, gen).time_s
             self._generation[key] = hit
         return hit
 
@@ -245,7 +244,7 @@ class _Prices:
         hit = self._reshards.get(key)
         if hit is None:
             scope = reshard_scope(0, self.pool.gpus_per_node, gen)
-            hit = self._reshards[key] = callcosts.reshard_cost(
+            hit = self._reshards[key] = rollout_sync_cost(
                 self.cm, self.wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
             )
         return hit

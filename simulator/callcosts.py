@@ -57,7 +57,7 @@ from placeflow.lora import adapted_shapes
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
-from placeflow.profiles.schema import CollectiveKind, Scope
+from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, Scope
 from placeflow.reshard_plan import (
     WEIGHT_SYNC_BUCKET_BYTES,
     GeneratorLayout,
@@ -571,6 +571,23 @@ def colocated_transfer(
         slots=slots,
         peak_extra_bytes=max(r.peak_extra_bytes for r in plan.ranks),
     )
+
+
+def rollout_load_s(cm: CostModel, num_bytes: float) -> float:
+    """A rank's copy of `num_bytes` of generation weights into its rollout engine, which
+    keeps weights of its own (placeflow's engine copies them in with `load_shards`, vLLM
+    with `load_weights`): the bytes read and written once in the device's memory.
+
+    On a CPU device that is a host-to-host copy, the CPU profile's copy entry (timed
+    between two host buffers). On a GPU it is a pass over device memory, priced as the
+    elementwise add that moves the same bytes: an add of B input bytes reads 2B and
+    writes B, a copy of C bytes reads C and writes C, so C = 2B/3 of add input.
+    """
+    if num_bytes <= 0:
+        return 0.0
+    if cm.device_kind == "cpu":
+        return cm.copy_s("h2d", int(num_bytes))
+    return cm.elementwise_s(ElementwiseKind.ADD, math.ceil(2 * num_bytes / 3))
 
 
 def reshard_cost(

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from placeflow.dataflow import CallKind, ModelCall, dataflow_calls
-from placeflow.layout import GenLayout, TrainLayout
+from placeflow.layout import GenLayout, TrainLayout, generation_shard_bytes
 from placeflow.models import ModelSpec
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
@@ -141,6 +141,30 @@ def kv_bytes_per_seq(workload: Workload, gen: GenLayout) -> float:
     batch = workload.batch
     return (batch.prompt_len + batch.response_len) * memory.kv_bytes_per_token_per_gpu(
         actor, gen.tg, gen.pg, workload.kv_cache_dtype
+    )
+
+
+def rollout_sync_cost(
+    cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope, *, train_zero: int = 1
+) -> callcosts.CallCost:
+    """A colocated actor's sync of its rollout engine before it generates: the reshard
+    where the layouts call for one (`callcosts.reshard_cost`), then each rank's load of
+    its generation shard into the engine (`callcosts.rollout_load_s`). Where no reshard
+    is needed the load is all there is, but it is still a call to every rank and a copy
+    of the weights, as the executor's `sync_rollout` makes it."""
+    shard = generation_shard_bytes(model.num_bytes(), gen)
+    load_s = callcosts.rollout_load_s(cm, shard)
+    if needs_reshard(gen, train_zero):
+        base = callcosts.reshard_cost(cm, model, gen, scope, train_zero=train_zero)
+    else:
+        base = callcosts.CallCost(
+            time_s=0.0, transient_bytes=0.0, busy_s=0.0, detail={"buckets": 0}
+        )
+    return callcosts.CallCost(
+        time_s=base.time_s + load_s,
+        transient_bytes=base.transient_bytes,
+        busy_s=base.busy_s + load_s,
+        detail={**base.detail, "load_s": load_s},
     )
 
 

@@ -58,10 +58,10 @@ from placeflow.simulator.rolecosts import (
     colocated_generation_bytes,
     driver_work,
     kv_bytes_per_seq,
-    needs_reshard,
     reshard_scope,
     resident_bytes,
     role_call_costs,
+    rollout_sync_cost,
     with_dispatch,
 )
 from placeflow.simulator.schedule import Span, Work, schedule
@@ -322,14 +322,12 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
                 detail={**cost.detail, "param_reload_s": reload_s},
             )
         phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
-    elif needs_reshard(gen, par.zero):
+    else:
         scope = reshard_scope(
             plan.sets[actor_set].first_device, plan.pool_of(actor_set).gpus_per_node, gen
         )
-        cost = callcosts.reshard_cost(cm, actor, gen, scope, train_zero=par.zero)
+        cost = rollout_sync_cost(cm, actor, gen, scope, train_zero=par.zero)
         phase, sets = Phase.RESHARD, (actor_set,)
-    else:
-        return costed
     # The transition is one Ray call per rank too; its bytes go over the collectives.
     cost = _contended(plan, actor_set, with_dispatch(cm, cost, 0))
     ranks = sum(plan.sets[i].num_devices for i in sets)

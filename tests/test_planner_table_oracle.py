@@ -41,10 +41,10 @@ from placeflow.profiles.registry import fitted_cost_model
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.rolecosts import (
     kv_bytes_per_seq,
-    needs_reshard,
     reshard_scope,
     resident_bytes,
     role_call_costs,
+    rollout_sync_cost,
 )
 from placeflow.workload import Role, Workload, load_workload
 
@@ -102,11 +102,11 @@ def _actor_variants(wl: Workload, par, pool: PoolSpec, cm: CostModel):
         )
         rest = {p: c for p, c in costs.items() if p not in GENERATION_STAGE}
         generation = {p: c for p, c in costs.items() if p in GENERATION_STAGE}
-        if needs_reshard(gen, par.zero):
-            scope = reshard_scope(0, pool.gpus_per_node, gen)
-            generation[Phase.RESHARD] = callcosts.reshard_cost(
-                cm, wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
-            )
+        # The rollout's sync: a reshard where the layouts call for one, a load always.
+        scope = reshard_scope(0, pool.gpus_per_node, gen)
+        generation[Phase.RESHARD] = rollout_sync_cost(
+            cm, wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
+        )
         yield kv_seqs, {**rest, **generation}, extra + kv_seqs * per_seq / wl.gpu_memory_utilization
 
 

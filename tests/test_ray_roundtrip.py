@@ -142,8 +142,10 @@ def test_driver_launches_and_gets_on_the_critical_path_by_hand() -> None:
     # Two ranks: one more launch before each call, one more get after it. The calls run
     # one after another on the set; ref and old are launched together after the rollout
     # is collected, so old's launch hides behind ref's run and ref's get behind old's.
-    # Critical path: generate (launch, get), ref (launch), old (get), update (launch, get).
-    added = (LAUNCH_S + GET_S) + LAUNCH_S + GET_S + (LAUNCH_S + GET_S)
+    # Critical path: the rollout's sync (launch, get: a call to both ranks even with
+    # nothing to reshard), generate (launch, get), ref (launch), old (get), update
+    # (launch, get).
+    added = 2 * (LAUNCH_S + GET_S) + LAUNCH_S + GET_S + (LAUNCH_S + GET_S)
     assert driven.iteration_s == pytest.approx(base.iteration_s + added)
     # A call's interval ends at its last get and starts after its launches, or where the
     # previous call on its set ended, as the executor's clock stamps it: old starts
