@@ -85,8 +85,9 @@ class PoolSpec:
                     f"got {self.cores_per_node}"
                 )
 
-    def contention(self, busy_devices_per_node: int) -> float:
-        """How much slower each of that many busy devices of one node runs (>= 1)."""
+    def contention(self, busy_devices_per_node: float) -> float:
+        """How much slower each of that many busy devices of one node runs (>= 1; a
+        fraction where devices are busy part of the time, on average)."""
         if self.cores_per_node is None:
             return 1.0
         return max(1.0, min(busy_devices_per_node, self.gpus_per_node) / self.cores_per_node)

@@ -42,7 +42,7 @@ class Work:
     preds: tuple[Hashable, ...] = ()
     priority: int = 0
     # (host, workers this work keeps busy there), for hosts whose cores are shared.
-    hosts: tuple[tuple[Hashable, int], ...] = ()
+    hosts: tuple[tuple[Hashable, float], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +92,7 @@ def schedule(
 
 def _rates(running: Sequence[Work], cores: Mapping[Hashable, int]) -> list[float]:
     """Each running task's progress per second (module docstring)."""
-    busy: dict[Hashable, int] = {}
+    busy: dict[Hashable, float] = {}
     for t in running:
         for h, w in t.hosts:
             busy[h] = busy.get(h, 0) + w

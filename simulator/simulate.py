@@ -262,13 +262,21 @@ def _snapshot_bytes(plan: Plan) -> float:
     return total / (lay.t * lay.p)
 
 
-def _contention(plan: Plan, set_index: int) -> float:
-    """How much slower each worker of the set runs when all of them are busy (>= 1;
-    `PoolSpec.contention` of its most crowded node)."""
+def _contention(plan: Plan, set_index: int, busy_fraction: float = 1.0) -> float:
+    """How much slower each worker of the set runs when `busy_fraction` of them are busy
+    on average (>= 1; `PoolSpec.contention` of its most crowded node)."""
     s, pool = plan.sets[set_index], plan.pool_of(set_index)
     nodes = {d // pool.gpus_per_node for d in s.devices()}
     per_node = max(sum(1 for d in s.devices() if d // pool.gpus_per_node == n) for n in nodes)
-    return pool.contention(per_node)
+    return pool.contention(per_node * busy_fraction)
+
+
+def busy_fraction(cost: callcosts.CallCost) -> float:
+    """The share of a call's ranks busy at a time, on average: its busy time over its
+    duration (`CallCost.busy_s` leaves out pipeline bubbles, in which a stage waits)."""
+    if cost.time_s <= 0:
+        return 1.0
+    return min(1.0, cost.busy_s / cost.time_s)
 
 
 def _set_cm(plan: Plan, cms: CostModels, set_index: int) -> CostModel:
@@ -278,13 +286,15 @@ def _set_cm(plan: Plan, cms: CostModels, set_index: int) -> CostModel:
 
 
 def _contended(plan: Plan, set_index: int, cost: callcosts.CallCost) -> callcosts.CallCost:
-    """Stretch a call on CPU workers that share fewer cores than the set keeps busy.
+    """Stretch a call on CPU workers that share fewer cores than the call keeps busy.
 
-    A phase of a set keeps all the set's devices busy; on a node with fewer
-    physical cores than that (PoolSpec.cores_per_node) each worker gets
-    cores / workers of a core. GPU pools are never stretched.
+    A call keeps `busy_fraction` of the set's devices busy on average (all of them
+    but for a pipeline's bubbles: with m micro-batches over p stages each stage
+    works m of every m + p − 1 slots); on a node with fewer physical cores than that
+    (PoolSpec.cores_per_node) each busy worker gets cores / busy workers of a core.
+    GPU pools are never stretched.
     """
-    factor = _contention(plan, set_index)
+    factor = _contention(plan, set_index, busy_fraction(cost))
     if factor == 1.0:
         return cost
     return dataclasses.replace(cost, time_s=cost.time_s * factor, busy_s=cost.busy_s * factor)
@@ -347,17 +357,20 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
     return result
 
 
-def _hosts(plan: Plan, sets: tuple[int, ...]) -> tuple[tuple[Hashable, int], ...]:
-    """(pool, node) -> devices of `sets` there, on pools whose cores are shared."""
-    busy: dict[Hashable, int] = {}
+def _hosts(
+    plan: Plan, sets: tuple[int, ...], busy: float = 1.0
+) -> tuple[tuple[Hashable, float], ...]:
+    """(pool, node) -> devices of `sets` there that a call keeps busy (`busy` of them on
+    average, `busy_fraction`), on pools whose cores are shared."""
+    count: dict[Hashable, float] = {}
     for i in sets:
         pool = plan.pool_of(i)
         if pool.cores_per_node is None:
             continue
         for d in plan.sets[i].devices():
             host = (pool.name, d // pool.gpus_per_node)
-            busy[host] = busy.get(host, 0) + 1
-    return tuple(busy.items())
+            count[host] = count.get(host, 0.0) + busy
+    return tuple(count.items())
 
 
 def _shared_cores(plan: Plan) -> dict[Hashable, int]:
@@ -370,11 +383,11 @@ def _shared_cores(plan: Plan) -> dict[Hashable, int]:
     }
 
 
-def _driver_hosts(plan: Plan) -> tuple[tuple[Hashable, int], ...]:
+def _driver_hosts(plan: Plan) -> tuple[tuple[Hashable, float], ...]:
     """Where the controller's own work keeps a core busy: the cluster's head node (node 0
     of its first pool), where shared cores are declared there (`Work.hosts`)."""
     head = plan.cluster.pools[0]
-    return (((head.name, 0), 1),) if head.cores_per_node is not None else ()
+    return (((head.name, 0), 1.0),) if head.cores_per_node is not None else ()
 
 
 def _tasks(
@@ -447,7 +460,7 @@ def _tasks(
                     duration_s=drawn.get(c.phase, c.cost.time_s),
                     preds=tuple(preds),
                     priority=priority,
-                    hosts=_hosts(plan, sets),
+                    hosts=_hosts(plan, sets, busy_fraction(c.cost)),
                 )
             )
     return [

@@ -294,6 +294,31 @@ def test_cpu_workers_sharing_cores_are_stretched() -> None:
     )
 
 
+@pytest.mark.parametrize(("micro_batch", "shared_ms"), [(4, 9.0), (2, 18.0)])
+def test_pipeline_bubbles_leave_cores_free(micro_batch: int, shared_ms: float) -> None:
+    """4 workers on 2 cores, the reference in 2 stages x 2 replicas (GEMMs 1 ms each). A
+    stage is 1 layer = 4 GEMMs, the head 1 GEMM. Per rank 4 samples in m micro-batches:
+    m + 1 stage slots and m heads; a stage works m of them, so on average
+    4 * busy / time workers are busy, and only past 2 of them does a worker slow down.
+    m = 1: 2 * 4 + 1 = 9 ms, busy 4 + 1/2 = 4.5 ms, 2 workers busy: not stretched.
+    m = 2: 3 * 4 + 2 = 14 ms, busy 2 * 4.5 = 9 ms, 4 * 9/14 workers busy on 2 cores:
+    14 ms x (36/14)/2 = 18 ms."""
+    pipe = RoleParallelism(train=TrainLayout(p=2, d=2), micro_batch=micro_batch, recompute=False)
+    plan = tiny_plan(
+        [DeviceSet(roles=(Role.ACTOR, Role.REF), pool="cpu", first_device=0, num_devices=4)],
+        {Role.ACTOR: pipe, Role.REF: pipe},
+    )
+    shared_pool = dataclasses.replace(plan.cluster.pools[0], cores_per_node=2)
+    shared = dataclasses.replace(
+        plan, cluster=dataclasses.replace(plan.cluster, pools=(shared_pool,))
+    )
+    free_ms = simulate(plan, FAKE).phase_totals_s()[Phase.REF_LOGPROB] * 1e3
+    assert free_ms == pytest.approx(9.0 if micro_batch == 4 else 14.0)
+    assert simulate(shared, FAKE).phase_totals_s()[Phase.REF_LOGPROB] * 1e3 == pytest.approx(
+        shared_ms
+    )
+
+
 def without_host_waits(cm: CostModel) -> CostModel:
     """`cm` without what the host adds around the sets' work: the driver's per-rank
     launches and gets (the controller's own work, which shares the head node's cores
