@@ -248,14 +248,17 @@ class RLLoop:
         if self.staleness >= 2:
             return self._step_k_off(step)
         rec, clock = StepRecord(step=step), StepClock(serial=not self.overlap)
+        baseline: Batch | _Baseline | None
         if self.one_step_off and self.prefetched is not None and self.prefetched[0] == step:
             _, batch, baseline = self.prefetched  # generated during the last step
             rec.metrics[Metric.STALENESS] = 1.0  # by the policy before the last update
         else:  # synchronous, or the first step of a one-step-off run
             rollout = self._sync_rollout(rec, clock)
-            (batch, baseline), _ = self._collect_rollout(
-                rollout, self._launch_rollout(rollout, step, clock), clock
-            )
+            sampled, *greedy = self._launch_rollout(rollout, step, clock)
+            (batch, _), _ = self._collect_rollout(rollout, [sampled], clock)
+            # ReMax: the forward calls on other sets need only the sampled batch; the
+            # greedy baseline is taken once they are launched (`_forwards`).
+            baseline = _Baseline(rollout, greedy[0]) if greedy else None
             rec.metrics[Metric.STALENESS] = 0.0
         if self.one_step_off:  # the next step's rollout, while this one trains
             generator = self.c.group(Role.ACTOR, generator=True)
@@ -318,7 +321,12 @@ class RLLoop:
         return self._finish(rec, clock, batch)
 
     def _train(
-        self, step: int, batch: Batch, baseline: Batch | None, rec: StepRecord, clock: StepClock
+        self,
+        step: int,
+        batch: Batch,
+        baseline: Batch | _Baseline | None,
+        rec: StepRecord,
+        clock: StepClock,
     ) -> Batch:
         """The step's forward calls, advantages and updates on `batch`; the batch as
         trained on. An asynchronous batch's ratio is against its rollout's policy."""
@@ -429,7 +437,7 @@ class RLLoop:
     def _forwards(
         self,
         batch: Batch,
-        baseline: Batch | None,
+        baseline: Batch | _Baseline | None,
         examples: list[Example],
         partitions: dict[int, Partition],
         rec: StepRecord,
@@ -446,10 +454,15 @@ class RLLoop:
             # A reward or cost model splits by its own work model; the rest share one split.
             cache = {} if call.role in (Role.REWARD, Role.COST) else partitions
             launched.append((call.phase, self._launch(call.role, call.phase, batch, cache, clock)))
-            if call.phase is Phase.REWARD and baseline is not None:
-                # ReMax: the reward model also scores the greedy baseline (its own split).
-                baseline_call = self._launch(Role.REWARD, Phase.REWARD, baseline, {}, clock)
-                launched.append((Phase.REWARD, baseline_call))
+        if isinstance(baseline, _Baseline):
+            # The rollout set generates the baseline while the calls above run elsewhere;
+            # their ends are stamped as they come while this waits.
+            clock.watch.extend(p.call for _, p in launched)
+            (baseline, _), _ = self._collect_rollout(baseline.rollout, [baseline.call], clock)
+        if baseline is not None and Role.REWARD in self.w.models:
+            # ReMax: the reward model also scores the greedy baseline (its own split).
+            baseline_call = self._launch(Role.REWARD, Phase.REWARD, baseline, {}, clock)
+            launched.append((Phase.REWARD, baseline_call))
         if self.reward_fn is not None:  # rule-based: here or in Ray tasks, while they run
             with clock.span(Phase.REWARD):
                 scores = self._rule_scores(batch, examples, spp, rec)
@@ -758,6 +771,14 @@ class _Rollout:
     calls: list[tuple[Launched, Partition]]
     version: int
     receives: list[Launched]
+
+
+@dataclass(frozen=True)
+class _Baseline:
+    """ReMax's greedy baseline rollout, launched on `rollout` and not yet collected."""
+
+    rollout: WorkerGroup
+    call: tuple[Launched, Partition]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -444,13 +444,19 @@ class CostModel:
             return None
         return self._memo_time(Op.DISPATCH, {"kind": kind, "num_bytes": max(1, num_bytes)})
 
-    def framework_s(self, kind: FrameworkKind) -> float | None:
+    def framework_s(self, kind: FrameworkKind, num_units: int = 1) -> float | None:
         """Host seconds of one piece of the engine's work of `kind` (a layer's forward,
-        a decode step's bookkeeping...), as profiled; None where the profile has no
-        such entry (then the simulator prices the engine's extra ops instead)."""
+        a decode step's bookkeeping...) at the size `num_units` it was timed at
+        (`framework_units`), as profiled; None where the profile has no such entry
+        (then the simulator prices the engine's extra ops instead)."""
         if (Op.FRAMEWORK, (kind.value,)) not in self.series:
             return None
-        return self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
+        return self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": num_units})
+
+    def framework_units(self, kind: FrameworkKind) -> tuple[int, ...]:
+        """The sizes (num_units) the profile timed `kind` at, ascending; () without any."""
+        series = self.series.get((Op.FRAMEWORK, (kind.value,)))
+        return () if series is None else tuple(int(u) for u in series.sizes)
 
     def collective_s(
         self,

@@ -5,9 +5,15 @@ dispatcher and autograd bookkeeping, whatever its kernel does; on this CPU that
 is several microseconds per op, far more than a bare elementwise add in a tight
 loop (the old per-op price). This module times it the way the engine executes
 it: the engine's own `Transformer`, `Sampler` and `TrainEngine`, built for the
-catalogue model `REFERENCE_MODEL` at `REFERENCE_BATCH` x `REFERENCE_SEQ`
-tokens, where the kernels are a few microseconds each, with `LAYER_COUNTS`
-layers. For each kind (`schema.FrameworkKind`):
+catalogue model `REFERENCE_MODEL` with `LAYER_COUNTS` layers. The per-layer and
+per-call pieces are timed at three sizes (`FORWARD_SIZES`: 1 x 4 tokens, where
+the kernels are a few microseconds each, 8 x 32 and 32 x 32, the sizes of CPU
+workers' micro-batches; `DECODE_SIZES`: decode steps of 1, 8 and 64 sequences),
+one entry per size with its `num_units` (the size in units of the smallest), because much
+of what the engine does beyond the priced kernels grows with the tokens
+(rotary embeddings, masks, casts and the other elementwise ops that are not in
+the kernel inventory of `placeflow.simulator.compute`). For each kind
+(`schema.FrameworkKind`):
 
 - per layer (layer_forward, layer_backward, layer_decode, optimizer_layer):
   the slope between the two layer counts, (t(L2) − t(L1)) / (L2 − L1);
@@ -23,12 +29,13 @@ the pieces are single-threaded host work, and CPU time leaves out the time the
 thread waits for a core that other processes hold, which on a shared machine
 would otherwise inflate the entries (the simulator prices core sharing
 separately, `PoolSpec.cores_per_node`); on an idle core the two clocks agree.
-The two sizes are measured back to back (A, B, A, B...), so that a slow
+The two layer counts are measured back to back (A, B, A, B...), so that a slow
 stretch of a loaded machine falls on both; a sample is the mean of
 `CALLS_PER_SAMPLE` runs, and an entry applies its formula to the pieces'
 medians (p10 and p90 likewise). The measured time includes the kernels at the
-reference size; `placeflow.simulator.compute` subtracts what the cost model
-prices for those kernels, so that they are not counted twice. The engine's
+size it was timed at (`reference_shape`); `placeflow.simulator.compute`
+subtracts what the cost model prices for those kernels, so that they are not
+counted twice. The engine's
 forward runs in `Arch.compute_dtype` (fp32 on CPU) with one torch thread, as
 the executor's CPU workers do.
 
@@ -62,17 +69,48 @@ from placeflow.profiles.shared_cores import shared_collective_note
 from placeflow.profiles.timing import summarize
 
 REFERENCE_MODEL = "tiny-llama"
-REFERENCE_BATCH = 1
-REFERENCE_SEQ = 4  # tokens per sequence of the forward and backward
+# The sizes the pieces are timed at, keyed by an entry's num_units (its size in units of
+# the smallest): (batch, tokens per sequence) of the forward and backward pieces, and the
+# sequences of a decode step. The per-layer and per-call kinds are timed at each; the
+# simulator interpolates between them in tokens (`simulator.compute.framework_host_s`).
+FORWARD_SIZES: dict[int, tuple[int, int]] = {1: (1, 4), 64: (8, 32), 256: (32, 32)}
+DECODE_SIZES: dict[int, int] = {1: 1, 8: 8, 64: 64}
+REFERENCE_BATCH, REFERENCE_SEQ = FORWARD_SIZES[1]  # the smallest size
 REFERENCE_PROMPT = 3  # prompt tokens of the decode steps
 LAYER_COUNTS = (2, 6)
 # The kinds this module measures (the shared-cores entry is `profiles.shared_cores`').
-_ENGINE_KINDS = tuple(k for k in FrameworkKind if k is not FrameworkKind.SHARED_COLLECTIVE)
 DECODE_STEPS = (4, 20)
 # The KV length of the reference decode steps' middle step (prompt + mean generated).
 REFERENCE_DECODE_KV = REFERENCE_PROMPT + (DECODE_STEPS[0] + DECODE_STEPS[1]) // 2
 
 Sampler = Callable[[int], float]  # layer count -> seconds of one run of a piece
+
+_FORWARD_KINDS = (
+    FrameworkKind.LAYER_FORWARD,
+    FrameworkKind.LAYER_BACKWARD,
+    FrameworkKind.CALL_FORWARD,
+    FrameworkKind.CALL_BACKWARD,
+)
+_DECODE_KINDS = (FrameworkKind.LAYER_DECODE, FrameworkKind.DECODE_STEP)
+
+
+def measured_units(kind: FrameworkKind) -> tuple[int, ...]:
+    """The num_units this module times `kind` at (1 for the optimizer's kinds, whose
+    size is the parameters, priced by the optimizer's kernel entry)."""
+    if kind in _FORWARD_KINDS:
+        return tuple(sorted(FORWARD_SIZES))
+    if kind in _DECODE_KINDS:
+        return tuple(sorted(DECODE_SIZES))
+    return (1,)
+
+
+def reference_shape(kind: FrameworkKind, num_units: int) -> tuple[int, int]:
+    """(batch, tokens per sequence) of `kind`'s piece at `num_units`: a decode step's
+    batch with one new token; the smallest size for a num_units this module does not
+    time (a profile measured before the pieces were timed at several sizes)."""
+    if kind in _DECODE_KINDS:
+        return DECODE_SIZES.get(num_units, DECODE_SIZES[1]), 1
+    return FORWARD_SIZES.get(num_units, FORWARD_SIZES[1])
 
 
 CALLS_PER_SAMPLE = 8  # runs averaged in one sample: a loaded machine's jitter averages out
@@ -89,8 +127,12 @@ def _elapsed(fn: Callable[[], object], prepare: Callable[[], object] = lambda: N
     return total / CALLS_PER_SAMPLE
 
 
-def _pieces(num_layers: int) -> dict[str, Callable[[], float]]:
-    """Timers of one run of each piece for a reference model of `num_layers` layers."""
+def _pieces(
+    num_layers: int, size: int = 1, *, optimizer: bool = True
+) -> dict[str, Callable[[], float]]:
+    """Timers of one run of each piece for a reference model of `num_layers` layers, the
+    forward and decode pieces at the `size`-th of `FORWARD_SIZES` and `DECODE_SIZES`
+    (0: the smallest); the optimizer step's only with `optimizer`."""
     from placeflow.catalogue import get_model
     from placeflow.executor.engines.sampler import Sampler as Decoder
     from placeflow.executor.engines.sampler import SamplingParams
@@ -101,9 +143,10 @@ def _pieces(num_layers: int) -> dict[str, Callable[[], float]]:
     model = Transformer(Arch.of(spec))
     model.load_shards(random_full(model.arch, seed=0))
     trainer = TrainEngine(model, optim=OptimConfig(lr=1e-9))
-    ids = torch.randint(0, spec.vocab_size, (REFERENCE_BATCH, REFERENCE_SEQ))
+    batch, seq = FORWARD_SIZES[sorted(FORWARD_SIZES)[size]]
+    ids = torch.randint(0, spec.vocab_size, (batch, seq))
     mask = torch.ones_like(ids, dtype=torch.bool)
-    prompts = [[1] * REFERENCE_PROMPT] * REFERENCE_BATCH
+    prompts = [[1] * REFERENCE_PROMPT] * DECODE_SIZES[sorted(DECODE_SIZES)[size]]
     decoder = Decoder(model, pad_id=0)
 
     def forward() -> float:
@@ -127,18 +170,21 @@ def _pieces(num_layers: int) -> dict[str, Callable[[], float]]:
     def step() -> float:
         return _elapsed(trainer.step, set_grads)
 
-    return {
+    timers = {
         "forward": forward,
         "train": train,
         "decode_short": lambda: generate(DECODE_STEPS[0]),
         "decode_long": lambda: generate(DECODE_STEPS[1]),
-        "step": step,
     }
+    return {**timers, "step": step} if optimizer else timers
 
 
-def _paired_samples(repeats: int, warmup: int) -> dict[str, tuple[list[float], list[float]]]:
-    """Per piece, the times at the two layer counts, measured back to back."""
-    small, large = (_pieces(n) for n in LAYER_COUNTS)
+def _paired_samples(
+    repeats: int, warmup: int, size: int = 0
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Per piece, the times at the two layer counts, measured back to back, at the
+    `size`-th size (the optimizer step at the smallest only)."""
+    small, large = (_pieces(n, size, optimizer=size == 0) for n in LAYER_COUNTS)
     out: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in small}
     for i in range(warmup + repeats):
         for name in small:
@@ -155,7 +201,8 @@ def _percentiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def measure_framework(*, repeats: int = 15, warmup: int = 2) -> list[Entry]:
-    """One entry per `FrameworkKind` (module docstring), one torch thread.
+    """One entry per `FrameworkKind` and size it is timed at (`measured_units`; module
+    docstring), one torch thread.
 
     A kind's median (p10, p90) is its formula applied to the medians (p10s,
     p90s) of the timed pieces: robust to the outliers of a loaded machine,
@@ -164,56 +211,65 @@ def measure_framework(*, repeats: int = 15, warmup: int = 2) -> list[Entry]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        t = {
-            k: (_percentiles(a), _percentiles(b))
-            for k, (a, b) in _paired_samples(repeats, warmup).items()
-        }
+        timed = [
+            {
+                k: (_percentiles(a), _percentiles(b))
+                for k, (a, b) in _paired_samples(repeats, warmup, size).items()
+            }
+            for size in range(len(FORWARD_SIZES))
+        ]
     finally:
         torch.set_num_threads(threads)
+    entries = []
+    for size, t in enumerate(timed):
+        quantiles = [_kinds_at(t, q) for q in range(3)]
+        for kind in quantiles[0]:
+            p10, median, p90 = sorted(qs[kind] for qs in quantiles)
+            if p10 <= 0:
+                raise RuntimeError(
+                    f"framework {kind}: a non-positive time ({p10:.2e} s) from the timed "
+                    "pieces; the machine was too noisy, measure again with more repeats"
+                )
+            entries.append(
+                Entry(
+                    op=Op.FRAMEWORK,
+                    params={"kind": kind.value, "num_units": measured_units(kind)[size]},
+                    median_s=median,
+                    p10_s=p10,
+                    p90_s=p90,
+                    repeats=repeats,
+                    source=Source.MEASURED,
+                )
+            )
+    return entries
+
+
+def _kinds_at(
+    t: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]], q: int
+) -> dict[FrameworkKind, float]:
+    """Each kind's time from the pieces' (small, large) layer-count percentiles `t` at
+    percentile index q: slopes per layer or decode step, intercepts per call."""
     (l1, l2), (n1, n2) = LAYER_COUNTS, DECODE_STEPS
 
-    def at(piece: str, q: int) -> tuple[float, float]:
-        """(small, large) layer-count times of `piece` at percentile index q."""
+    def at(piece: str) -> tuple[float, float]:
         return t[piece][0][q], t[piece][1][q]
 
-    def per_q(q: int) -> dict[FrameworkKind, float]:
-        fwd = at("forward", q)
-        train = at("train", q)
-        bwd = (train[0] - fwd[0], train[1] - fwd[1])
-        short, long = at("decode_short", q), at("decode_long", q)
-        decode = ((long[0] - short[0]) / (n2 - n1), (long[1] - short[1]) / (n2 - n1))
-        out = {}
-        for (per_layer, per_call), (small, large) in (
-            ((FrameworkKind.LAYER_FORWARD, FrameworkKind.CALL_FORWARD), fwd),
-            ((FrameworkKind.LAYER_BACKWARD, FrameworkKind.CALL_BACKWARD), bwd),
-            ((FrameworkKind.LAYER_DECODE, FrameworkKind.DECODE_STEP), decode),
-            ((FrameworkKind.OPTIMIZER_LAYER, FrameworkKind.OPTIMIZER_CALL), at("step", q)),
-        ):
-            slope = (large - small) / (l2 - l1)
-            out[per_layer], out[per_call] = slope, small - l1 * slope
-        return out
-
-    quantiles = [per_q(q) for q in range(3)]
-    entries = []
-    for kind in _ENGINE_KINDS:
-        p10, median, p90 = sorted(qs[kind] for qs in quantiles)
-        if p10 <= 0:
-            raise RuntimeError(
-                f"framework {kind}: a non-positive time ({p10:.2e} s) from the timed "
-                "pieces; the machine was too noisy, measure again with more repeats"
-            )
-        entries.append(
-            Entry(
-                op=Op.FRAMEWORK,
-                params={"kind": kind.value, "num_units": 1},
-                median_s=median,
-                p10_s=p10,
-                p90_s=p90,
-                repeats=repeats,
-                source=Source.MEASURED,
-            )
-        )
-    return entries
+    fwd, train = at("forward"), at("train")
+    bwd = (train[0] - fwd[0], train[1] - fwd[1])
+    short, long = at("decode_short"), at("decode_long")
+    decode = ((long[0] - short[0]) / (n2 - n1), (long[1] - short[1]) / (n2 - n1))
+    pairs = [
+        ((FrameworkKind.LAYER_FORWARD, FrameworkKind.CALL_FORWARD), fwd),
+        ((FrameworkKind.LAYER_BACKWARD, FrameworkKind.CALL_BACKWARD), bwd),
+        ((FrameworkKind.LAYER_DECODE, FrameworkKind.DECODE_STEP), decode),
+    ]
+    if "step" in t:
+        pairs.append(((FrameworkKind.OPTIMIZER_LAYER, FrameworkKind.OPTIMIZER_CALL), at("step")))
+    out = {}
+    for (per_layer, per_call), (small, large) in pairs:
+        slope = (large - small) / (l2 - l1)
+        out[per_layer], out[per_call] = slope, small - l1 * slope
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -231,8 +287,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         Op.FRAMEWORK,
         f"): measured {date} by "
         f"`python -m placeflow.profiles.framework --add-to {args.add_to}` (the engine's "
-        f"own Transformer, Sampler and TrainEngine on {REFERENCE_MODEL} at "
-        f"{REFERENCE_BATCH}x{REFERENCE_SEQ} tokens, {LAYER_COUNTS} layers, paired samples, "
+        f"own Transformer, Sampler and TrainEngine on {REFERENCE_MODEL}, forward and "
+        f"backward at {' and '.join(f'{b}x{s}' for b, s in FORWARD_SIZES.values())} tokens "
+        f"(num_units {', '.join(map(str, FORWARD_SIZES))}), decode steps of "
+        f"{' and '.join(map(str, DECODE_SIZES.values()))} sequences (num_units "
+        f"{', '.join(map(str, DECODE_SIZES))}), {LAYER_COUNTS} layers, paired samples, "
         f"1 torch thread; CPU busy with other work before: "
         f"{'?' if busy is None else f'{busy:.0%}'}).",
     )
@@ -247,7 +306,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     updated = with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared], note)
     save_profile(updated, args.add_to)
     for e in entries:
-        print(f"{e.params['kind']:>16}: {e.median_s * 1e6:8.1f} us (p10 {e.p10_s * 1e6:.1f})")
+        print(
+            f"{e.params['kind']:>16} x{e.params['num_units']:<3}: "
+            f"{e.median_s * 1e6:8.1f} us (p10 {e.p10_s * 1e6:.1f})"
+        )
     return 0
 
 

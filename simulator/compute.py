@@ -165,29 +165,60 @@ def op_overhead_s(cm: CostModel) -> float:
 PRICED_FEATURES = frozenset({Feature.QK_NORM, Feature.HEAD_DIM, Feature.MOE, Feature.MLA})
 
 
-def framework_host_s(cm: CostModel, kind: FrameworkKind) -> float | None:
+def framework_host_s(cm: CostModel, kind: FrameworkKind, scale: float = 1.0) -> float | None:
     """The engine's host time of one piece of `kind` beyond its kernels, from the
-    profile's framework entry; None where the profile has none.
+    profile's framework entries; None where the profile has none.
 
-    The entry was timed through the engine on the reference model at the
-    reference size (`placeflow.profiles.framework`), kernels included; what the
-    cost model prices for those kernels at that size is taken off (at least 0),
-    so that the kernels, priced at the real size, are not counted twice.
+    Each entry was timed through the engine on the reference model at a reference
+    size (`placeflow.profiles.framework`), kernels included; what the cost model
+    prices for those kernels at that size is taken off (at least 0), so that the
+    kernels, priced at the real size, are not counted twice. `scale` is the piece's
+    size in the entries' units (`num_units`: multiples of the smallest size's tokens,
+    or of its hidden activations for a layer, see `host_scale`): with entries at
+    several sizes the host time is the piecewise-linear curve through them, extended
+    beyond them along its first or last segment (never below 0); with one it is that
+    entry's.
     """
 
-    def compute() -> float | None:
-        measured = cm.framework_s(kind)
-        if measured is None:
+    def residuals() -> tuple[tuple[int, float], ...] | None:
+        units = cm.framework_units(kind)
+        if not units:
             return None
-        return max(0.0, measured - _reference_kernels_s(cm, kind))
+        points = []
+        for u in units:
+            measured = cm.framework_s(kind, u)
+            assert measured is not None
+            points.append((u, max(0.0, measured - _reference_kernels_s(cm, kind, u))))
+        return tuple(points)
 
-    return cm.remember(("framework_host", kind), compute)
+    points = cm.remember(("framework_host", kind), residuals)
+    if points is None:
+        return None
+    if len(points) == 1:
+        return points[0][1]
+    # The segment that holds `scale`, or the first or last one beyond the points.
+    i = next((i for i in range(1, len(points) - 1) if scale < points[i][0]), len(points) - 1)
+    (u0, r0), (u1, r1) = points[i - 1], points[i]
+    return max(0.0, r0 + (r1 - r0) * (scale - u0) / (u1 - u0))
 
 
-def _reference_kernels_s(cm: CostModel, kind: FrameworkKind) -> float:
-    """What the cost model prices for the kernels inside a framework entry's piece."""
+def host_scale(model: ModelSpec, tokens: int, *, per_layer: bool, decode: bool = False) -> float:
+    """A piece's size in framework entries' units (`placeflow.profiles.framework`): its
+    tokens over the smallest reference size's (a decode step: sequences over 1); for a
+    layer's pieces also its hidden size over the reference model's, since the
+    elementwise work a layer adds beyond its priced kernels runs over tokens x hidden."""
+    batch, seq = ref.FORWARD_SIZES[1] if not decode else (ref.DECODE_SIZES[1], 1)
+    scale = tokens / (batch * seq)
+    if per_layer:
+        scale *= model.hidden_size / get_model(ref.REFERENCE_MODEL).hidden_size
+    return scale
+
+
+def _reference_kernels_s(cm: CostModel, kind: FrameworkKind, units: int = 1) -> float:
+    """What the cost model prices for the kernels inside a framework entry's piece timed
+    at `units` (`placeflow.profiles.framework.reference_shape`)."""
     model = get_model(ref.REFERENCE_MODEL)
-    b, s = ref.REFERENCE_BATCH, ref.REFERENCE_SEQ
+    b, s = ref.reference_shape(kind, units)
     if kind is FrameworkKind.LAYER_FORWARD:
         return layer_forward_kernels_s(cm, model, 1, b, s)
     if kind is FrameworkKind.LAYER_BACKWARD:
@@ -219,15 +250,16 @@ def overlapped_s(
     num_kernels: int,
     num_extra_ops: int,
     host: FrameworkKind | None = None,
+    scale: float = 1.0,
 ) -> float:
     """Time of work whose kernels take `device_s` and whose host dispatches
     `num_kernels` kernels plus framework work: the profile's measured framework
-    time of the piece `host` where it has one, else `num_extra_ops` ops at one
-    small op's price (module docstring).
+    time of the piece `host` at `scale` (`framework_host_s`) where it has one, else
+    `num_extra_ops` ops at one small op's price (module docstring).
 
     CPU: device_s + host. GPU: max(device_s, kernels · op + host).
     """
-    host_s = framework_host_s(cm, host) if host is not None else None
+    host_s = framework_host_s(cm, host, scale) if host is not None else None
     if host_s is not None:
         return _combined_s(cm, device_s, num_kernels, host_s)
     op_s = op_overhead_s(cm)
@@ -551,7 +583,10 @@ def layer_forward_s(
     kernels = layer_forward_kernels_s(cm, model, t, batch, seq, e=e, ep_scope=ep_scope, split=split)
     launches = KERNELS_LAYER_FORWARD + _tp_kernels(t) + _moe_kernels(model, backward=False)
     launches += _split_kernels(split)
-    return overlapped_s(cm, kernels, launches, EXTRA_OPS_LAYER_FORWARD, FrameworkKind.LAYER_FORWARD)
+    scale = host_scale(model, split.tokens(batch * seq), per_layer=True)
+    return overlapped_s(
+        cm, kernels, launches, EXTRA_OPS_LAYER_FORWARD, FrameworkKind.LAYER_FORWARD, scale
+    )
 
 
 def layer_backward_kernels_s(
@@ -607,8 +642,9 @@ def layer_backward_s(
     )
     launches = KERNELS_LAYER_BACKWARD + _tp_kernels(t) + _moe_kernels(model, backward=True)
     launches += _split_kernels(split)
+    scale = host_scale(model, split.tokens(batch * seq), per_layer=True)
     return overlapped_s(
-        cm, kernels, launches, EXTRA_OPS_LAYER_BACKWARD, FrameworkKind.LAYER_BACKWARD
+        cm, kernels, launches, EXTRA_OPS_LAYER_BACKWARD, FrameworkKind.LAYER_BACKWARD, scale
     )
 
 
@@ -635,6 +671,7 @@ def head_forward_s(
         KERNELS_HEAD_FORWARD[value_head],
         EXTRA_OPS_CALL_FORWARD,
         FrameworkKind.CALL_FORWARD,
+        host_scale(model, tokens, per_layer=False),
     )
 
 
@@ -659,6 +696,7 @@ def head_backward_s(
         KERNELS_HEAD_BACKWARD[value_head],
         EXTRA_OPS_CALL_BACKWARD,
         FrameworkKind.CALL_BACKWARD,
+        host_scale(model, tokens, per_layer=False),
     )
 
 
@@ -702,8 +740,16 @@ def decode_step_s(
                 KERNELS_LAYER_FORWARD + _tp_kernels(tg) + _moe_kernels(model, backward=False)
             )
             kernels += KERNELS_HEAD_FORWARD[False]
-            layer_host = framework_host_s(cm, FrameworkKind.LAYER_DECODE)
-            step_host = framework_host_s(cm, FrameworkKind.DECODE_STEP)
+            layer_host = framework_host_s(
+                cm,
+                FrameworkKind.LAYER_DECODE,
+                host_scale(model, batch, per_layer=True, decode=True),
+            )
+            step_host = framework_host_s(
+                cm,
+                FrameworkKind.DECODE_STEP,
+                host_scale(model, batch, per_layer=False, decode=True),
+            )
             if layer_host is None or step_host is None:
                 extra = model.num_layers * EXTRA_OPS_LAYER_DECODE + EXTRA_OPS_DECODE_STEP
                 time_s = overlapped_s(cm, device_s, kernels, extra)

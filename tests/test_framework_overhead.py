@@ -83,8 +83,19 @@ class RoundCosts(CostModel):
     ) -> float:
         return 0.0 if world_size <= 1 else 30e-6
 
-    def framework_s(self, kind: FrameworkKind) -> float | None:
-        return None if self.entries is None else self.entries[kind]
+    def framework_s(self, kind: FrameworkKind, num_units: int = 1) -> float | None:
+        if self.entries is None:
+            return None
+        entry = self.entries[kind]
+        # A tuple: the values at each of `framework.measured_units(kind)`.
+        if isinstance(entry, tuple):
+            return entry[framework.measured_units(kind).index(num_units)]
+        return entry
+
+    def framework_units(self, kind: FrameworkKind) -> tuple[int, ...]:
+        if self.entries is None:
+            return ()
+        return framework.measured_units(kind) if isinstance(self.entries[kind], tuple) else (1,)
 
 
 def _costs(device_kind: str = "cpu", entries: Any = FRAMEWORK) -> RoundCosts:
@@ -109,6 +120,45 @@ def test_cpu_pieces_cost_their_kernels_plus_the_measured_host_time() -> None:
     # The optimizer's host time beyond its kernel, per layer and per call.
     assert compute.optimizer_host_s(cm, MODEL, L) == pytest.approx(
         L * (1000e-6 - OPT_S) + (700e-6 - OPT_S)
+    )
+
+
+def test_host_time_is_the_curve_through_the_sizes() -> None:
+    """Entries at three sizes: a layer's forward of 1 x 4 tokens (num_units 1) 500 µs,
+    of 8 x 32 (num_units 64) 1,130 µs and of 32 x 32 (num_units 256) 2,090 µs, the
+    kernels LAYER_FWD_KERNELS at every size (round costs): 10 µs of host time more per
+    unit up to 64 units, 5 µs per unit from there (and beyond, along the last segment).
+    A piece of T tokens of a model of hidden h is T/4 · h/128 units."""
+    entries: dict[FrameworkKind, Any] = dict(FRAMEWORK)
+    entries[FrameworkKind.LAYER_FORWARD] = (500e-6, 1130e-6, 2090e-6)
+    entries[FrameworkKind.CALL_FORWARD] = (300e-6, 300e-6 + 63 * 2e-6, 300e-6 + 255 * 2e-6)
+    entries[FrameworkKind.LAYER_DECODE] = (450e-6, 450e-6 + 7 * 5e-6, 450e-6 + 63 * 5e-6)
+    cm = _costs(entries=entries)
+    host_1 = 500e-6 - LAYER_FWD_KERNELS
+
+    def host(units: float) -> float:
+        return host_1 + min(units - 1, 63) * 10e-6 + max(units - 64, 0) * 5e-6
+
+    for tokens in (4, 128, 256, 512, 1024, 4096):
+        got = compute.layer_forward_s(cm, MODEL, 1, max(1, tokens // 4), 4)
+        assert got == pytest.approx(LAYER_FWD_KERNELS + host(tokens / 4)), tokens
+    # Twice the hidden size: twice the units for the same tokens (a layer's pieces).
+    wide = dataclasses.replace(MODEL, hidden_size=2 * MODEL.hidden_size)
+    got = compute.layer_forward_s(cm, wide, 1, 8, 4)  # 32 tokens: 8 units x 2
+    assert got == pytest.approx(LAYER_FWD_KERNELS + host(16))
+    # The call's own pieces scale with tokens only: 2 µs a unit.
+    head = compute.head_forward_s(cm, wide, 1, 32, value_head=False)
+    assert head == pytest.approx(300e-6 + 7 * 2e-6)
+    # A decode step of 4 sequences: 3 units more than one, 5 µs a unit for each layer.
+    step = compute.decode_step_s(cm, MODEL, 1, 1, 4, 40)
+    assert step == pytest.approx(L * (450e-6 + 3 * 5e-6) + 600e-6)
+    # Never below zero where the curve falls past the last size.
+    falling: dict[FrameworkKind, Any] = dict(FRAMEWORK)
+    falling[FrameworkKind.CALL_FORWARD] = (300e-6, 200e-6, 2 * HEAD_FWD_KERNELS)
+    cm = _costs(entries=falling)
+    assert compute.framework_host_s(cm, FrameworkKind.CALL_FORWARD, 1000) == 0
+    assert compute.framework_host_s(cm, FrameworkKind.CALL_FORWARD, 1) == pytest.approx(
+        300e-6 - HEAD_FWD_KERNELS
     )
 
 
@@ -168,8 +218,17 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         "decode_long": decode(n2),
         "step": times(1000e-6, 700e-6),
     }
-    monkeypatch.setattr(framework, "_paired_samples", lambda repeats, warmup: fake)
-    entries = {FrameworkKind(e.params["kind"]): e for e in framework.measure_framework()}
+    # The same pieces at both sizes; the optimizer step is timed at the smallest only.
+    later = {k: v for k, v in fake.items() if k != "step"}
+    sized = [fake] + [later] * (len(framework.FORWARD_SIZES) - 1)
+    monkeypatch.setattr(framework, "_paired_samples", lambda repeats, warmup, size: sized[size])
+    measured = framework.measure_framework()
+    keys = [(FrameworkKind(e.params["kind"]), e.params["num_units"]) for e in measured]
+    assert sorted(keys) == sorted(
+        (kind, units) for kind in expected_kinds() for units in framework.measured_units(kind)
+    )
+    assert {units for _, units in keys} == {1, 8, 64, 256}
+    entries = {FrameworkKind(e.params["kind"]): e for e in measured}
     expected = {
         FrameworkKind.LAYER_FORWARD: 400e-6,
         FrameworkKind.CALL_FORWARD: 300e-6,
@@ -189,10 +248,17 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         assert e.op is Op.FRAMEWORK and e.source is Source.MEASURED
 
 
+def expected_kinds() -> set[FrameworkKind]:
+    return set(FrameworkKind) - {FrameworkKind.SHARED_COLLECTIVE}
+
+
 def test_the_timers_run_the_engine() -> None:
     pieces = framework._pieces(2)
     assert set(pieces) == {"forward", "train", "decode_short", "decode_long", "step"}
     assert all(timer() > 0 for timer in pieces.values())
+    large = framework._pieces(2, 1, optimizer=False)
+    assert set(large) == {"forward", "train", "decode_short", "decode_long"}
+    assert all(timer() > 0 for timer in large.values())
 
 
 def test_the_cpu_profile_carries_measured_framework_entries_and_gpu_profiles_none() -> None:
@@ -201,7 +267,10 @@ def test_the_cpu_profile_carries_measured_framework_entries_and_gpu_profiles_non
     assert {e.source for e in entries} == {Source.MEASURED}
     cm = fitted_cost_model("cpu")
     for e in entries:  # the fitted model answers each entry exactly
-        assert cm.framework_s(FrameworkKind(e.params["kind"])) == e.median_s
+        kind = FrameworkKind(e.params["kind"])
+        assert cm.framework_s(kind, int(e.params["num_units"])) == e.median_s
+        if kind is not FrameworkKind.SHARED_COLLECTIVE:  # (timed by profiles.shared_cores)
+            assert cm.framework_units(kind) == framework.measured_units(kind)
     for gpu in ("h100-sxm", "a100-80gb"):
         assert not load_profile(gpu).entries_for(Op.FRAMEWORK)
         assert fitted_cost_model(gpu).framework_s(FrameworkKind.LAYER_FORWARD) is None
