@@ -198,6 +198,11 @@ class CostModel:
     # Seconds added to every collective within a host by ranks that share its cores with
     # other busy ranks: 0 here, the measured wait in the view `shared_cores()` returns.
     shared_wait_s: float = 0.0
+    # The cores of the host a CPU profile was measured on (its provenance; None for
+    # other profiles): its collectives of more ranks than that shared those cores while
+    # they were timed. `shared`: this is the view `shared_cores()` returns.
+    profile_cores: int | None = None
+    shared: bool = False
     # Per op: exact key parts, log numeric key parts and the series, for nearest lookups.
     series_index: Mapping[Op, tuple[list[tuple[int | str, ...]], np.ndarray, list[Series]]] = field(
         default_factory=dict, hash=False, compare=False, repr=False
@@ -234,6 +239,7 @@ class CostModel:
             dtype_bytes=dtype_bytes,
             host_local=profile.device_kind == "cpu",
             device_kind=profile.device_kind,
+            profile_cores=_profile_cores(profile),
             rooflines=rooflines,
             series=series,
             series_index=_index_series(series),
@@ -355,17 +361,26 @@ class CostModel:
         collective also waits for its partners to be scheduled, which the profile's
         `shared_collective` entry measured (2 ranks per core, `profiles.shared_cores`):
         the view adds it to every collective within a host, divided by `contention`
-        because the simulator stretches the call's whole time by it afterwards. The
-        model itself where it does not apply (no oversubscription, no such entry)."""
+        because the simulator stretches the call's whole time by it afterwards. A
+        collective of more ranks than the profiling host had cores was timed with its
+        ranks sharing those cores, its waits included: the view takes its entry back
+        to a core per rank (times cores / ranks) and adds no wait, and the stretch
+        gives it this host's sharing. The model itself where none of this applies (no
+        oversubscription, or not a CPU profile); no wait where the entry is missing."""
         kind = FrameworkKind.SHARED_COLLECTIVE
-        if contention <= 1.0 or (Op.FRAMEWORK, (kind.value,)) not in self.series:
+        if contention <= 1.0 or not self.host_local:
             return self
         key = ("shared view", contention)
         view = self._memo.get(key)
         if view is None:
-            wait = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
+            wait = 0.0
+            if (Op.FRAMEWORK, (kind.value,)) in self.series:
+                wait = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
             view = self._memo[key] = dataclasses.replace(
-                self, shared_wait_s=wait / contention, _memo={}
+                self,
+                shared_wait_s=wait / contention,
+                shared=True,
+                _memo={},
             )
         return view
 
@@ -481,7 +496,16 @@ class CostModel:
         if scope is Scope.INTER and ranks_per_node > 1:
             return self._spanning_collective_s(kind, int(num_bytes), world_size, ranks_per_node)
         flat = self._flat_collective_s(kind, int(num_bytes), world_size, scope)
-        return flat + self.shared_wait_s if scope is Scope.INTRA else flat
+        if scope is not Scope.INTRA:
+            return flat
+        timed_on = self.profile_cores
+        if self.shared and timed_on is not None and world_size > timed_on:
+            # Its ranks outnumbered the profiling host's cores: the entry holds their
+            # waits for one another already, at world_size / cores ranks per core. The
+            # simulator stretches the call by its own contention afterwards (module
+            # `simulator.simulate`), so the entry is taken back to one rank per core.
+            return flat * timed_on / world_size
+        return flat + self.shared_wait_s
 
     def _flat_collective_s(
         self, kind: CollectiveKind, num_bytes: int, world_size: int, scope: Scope
@@ -541,6 +565,12 @@ class LooReport:
     median_rel_err: float
     p90_rel_err: float
     per_op: Mapping[str, tuple[int, float, float]] = field(hash=False)  # n, median, p90
+
+
+def _profile_cores(profile: Profile) -> int | None:
+    """The CPU cores of the host a CPU profile was measured on, from its provenance."""
+    cores = profile.provenance.host.get("cpu_count")
+    return int(cores) if profile.device_kind == "cpu" and cores else None
 
 
 def leave_one_out(profile: Profile) -> LooReport:

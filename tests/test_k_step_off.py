@@ -97,10 +97,10 @@ def _tiny(k: int, **batch: object) -> Plan:
 
 
 def _long_tail(k: int) -> Plan:
-    """Long-tailed responses (the longest of 16 per step varies 5x) and an update as
-    long as the mean generation (8 epochs): the case a buffer of rollouts is for."""
+    """Long-tailed responses (the longest of 16 per step varies 5x) and an update about
+    as long as the mean generation (5 epochs): the case a buffer of rollouts is for."""
     return _tiny(k, response_len=512, response_len_dist="lognormal", response_len_median=32,
-                 response_len_sigma=1.0, prompts_per_step=4, ppo_epochs=8)  # fmt: skip
+                 response_len_sigma=1.0, prompts_per_step=4, ppo_epochs=5)  # fmt: skip
 
 
 def _cms(plan: Plan) -> dict[str, CostModel]:
@@ -218,7 +218,7 @@ def test_long_tails_make_a_deeper_buffer_pay() -> None:
     trainer = d[Phase.OLD_LOGPROB] + d[Phase.ACTOR_UPDATE]
     generator = d[Phase.GENERATE] + d[Phase.WEIGHT_SYNC]
     assert t[8] >= max(trainer, generator) - 1e-9
-    assert t[8] == pytest.approx(generator, rel=1e-6)  # here the generator's side
+    assert t[8] == pytest.approx(max(trainer, generator), rel=1e-6)
 
 
 def test_snapshots_are_booked_on_the_trainer() -> None:
