@@ -10,8 +10,9 @@ schedule is deterministic. Work with no set (controller work) only waits for
 its predecessors.
 
 Shared host cores (CPU workers, `PoolSpec.cores_per_node`). Work may name the
-hosts its workers run on and how many of them it keeps busy there
-(`Work.hosts`); its `duration_s` is its time with only its own workers busy.
+hosts its workers run on and how many of them it keeps busy there on average
+(`Work.hosts`: a fraction where a pipeline's stages wait in its bubbles); its
+`duration_s` is its time with only its own workers busy.
 Where calls on different sets run at the same time on one host with `c`
 cores, the host's cores are shared among all their busy workers (processor
 sharing): with W workers busy on the host, a call of w of them, whose duration
