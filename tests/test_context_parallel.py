@@ -55,8 +55,11 @@ class FakeCostModel:
             self.memo[key] = compute()
         return self.memo[key]
 
-    def framework_s(self, kind: object) -> None:
+    def framework_s(self, kind: object, num_units: int = 1) -> None:
         return None
+
+    def framework_units(self, kind: object) -> tuple[int, ...]:
+        return ()  # (no framework entries)
 
     def gemm_s(self, m: int, n: int, k: int) -> float:
         self.gemms.append((m, n, k))

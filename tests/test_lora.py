@@ -105,8 +105,11 @@ class FlopCostModel:
     def optimizer_s(self, num_params: int) -> float:
         return 0.0
 
-    def framework_s(self, kind: object) -> None:
+    def framework_s(self, kind: object, num_units: int = 1) -> None:
         return None  # no framework entries: kernel times only
+
+    def framework_units(self, kind: object) -> tuple[int, ...]:
+        return ()  # (no framework entries)
 
     def copy_s(self, direction: str, num_bytes: int) -> float:
         return 0.0
