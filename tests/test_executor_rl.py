@@ -77,6 +77,10 @@ def test_remax_raises_reward(ray_cluster: None, tmp_path: Path) -> None:
         # The greedy baseline rollout ran and was scored; the update used the difference.
         assert {"generate", "generate_baseline", "reward", "actor_update"} <= set(rec.phases)
         assert math.isfinite(rec.metrics["baseline_reward_mean"])
+        # The reference set scores the sampled batch while the actor's set generates the
+        # greedy baseline (it is collected after the forward calls are launched).
+        spans = {r["name"]: (r["start_s"], r["end_s"]) for r in rec.timeline}
+        assert spans["ref_logprob"][0] < spans["generate_baseline"][1], spans
 
 
 def test_safe_rlhf_raises_reward_and_logs_the_multiplier(ray_cluster: None, tmp_path: Path) -> None:
