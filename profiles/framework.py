@@ -75,10 +75,8 @@ REFERENCE_MODEL = "tiny-llama"
 # simulator interpolates between them in tokens (`simulator.compute.framework_host_s`).
 FORWARD_SIZES: dict[int, tuple[int, int]] = {1: (1, 4), 64: (8, 32), 256: (32, 32)}
 DECODE_SIZES: dict[int, int] = {1: 1, 8: 8, 64: 64}
-REFERENCE_BATCH, REFERENCE_SEQ = FORWARD_SIZES[1]  # the smallest size
 REFERENCE_PROMPT = 3  # prompt tokens of the decode steps
 LAYER_COUNTS = (2, 6)
-# The kinds this module measures (the shared-cores entry is `profiles.shared_cores`').
 DECODE_STEPS = (4, 20)
 # The KV length of the reference decode steps' middle step (prompt + mean generated).
 REFERENCE_DECODE_KV = REFERENCE_PROMPT + (DECODE_STEPS[0] + DECODE_STEPS[1]) // 2
@@ -92,6 +90,13 @@ _FORWARD_KINDS = (
     FrameworkKind.CALL_BACKWARD,
 )
 _DECODE_KINDS = (FrameworkKind.LAYER_DECODE, FrameworkKind.DECODE_STEP)
+# The kinds timed per layer of the reference model (the rest: per call or per step).
+LAYER_KINDS = (
+    FrameworkKind.LAYER_FORWARD,
+    FrameworkKind.LAYER_BACKWARD,
+    FrameworkKind.LAYER_DECODE,
+    FrameworkKind.OPTIMIZER_LAYER,
+)
 
 
 def measured_units(kind: FrameworkKind) -> tuple[int, ...]:
@@ -128,7 +133,7 @@ def _elapsed(fn: Callable[[], object], prepare: Callable[[], object] = lambda: N
 
 
 def _pieces(
-    num_layers: int, size: int = 1, *, optimizer: bool = True
+    num_layers: int, size: int = 0, *, optimizer: bool = True
 ) -> dict[str, Callable[[], float]]:
     """Timers of one run of each piece for a reference model of `num_layers` layers, the
     forward and decode pieces at the `size`-th of `FORWARD_SIZES` and `DECODE_SIZES`

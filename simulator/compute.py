@@ -202,14 +202,15 @@ def framework_host_s(cm: CostModel, kind: FrameworkKind, scale: float = 1.0) -> 
     return max(0.0, r0 + (r1 - r0) * (scale - u0) / (u1 - u0))
 
 
-def host_scale(model: ModelSpec, tokens: int, *, per_layer: bool, decode: bool = False) -> float:
-    """A piece's size in framework entries' units (`placeflow.profiles.framework`): its
-    tokens over the smallest reference size's (a decode step: sequences over 1); for a
-    layer's pieces also its hidden size over the reference model's, since the
-    elementwise work a layer adds beyond its priced kernels runs over tokens x hidden."""
-    batch, seq = ref.FORWARD_SIZES[1] if not decode else (ref.DECODE_SIZES[1], 1)
+def host_scale(model: ModelSpec, kind: FrameworkKind, tokens: int) -> float:
+    """A piece of `kind` of `tokens` tokens (a decode step: sequences) in framework
+    entries' units (`placeflow.profiles.framework`): its tokens over the smallest
+    reference size's; for a layer's pieces also its hidden size over the reference
+    model's, since the elementwise work a layer adds beyond its priced kernels runs over
+    tokens x hidden."""
+    batch, seq = ref.reference_shape(kind, 1)
     scale = tokens / (batch * seq)
-    if per_layer:
+    if kind in ref.LAYER_KINDS:
         scale *= model.hidden_size / get_model(ref.REFERENCE_MODEL).hidden_size
     return scale
 
@@ -583,10 +584,9 @@ def layer_forward_s(
     kernels = layer_forward_kernels_s(cm, model, t, batch, seq, e=e, ep_scope=ep_scope, split=split)
     launches = KERNELS_LAYER_FORWARD + _tp_kernels(t) + _moe_kernels(model, backward=False)
     launches += _split_kernels(split)
-    scale = host_scale(model, split.tokens(batch * seq), per_layer=True)
-    return overlapped_s(
-        cm, kernels, launches, EXTRA_OPS_LAYER_FORWARD, FrameworkKind.LAYER_FORWARD, scale
-    )
+    kind = FrameworkKind.LAYER_FORWARD
+    scale = host_scale(model, kind, split.tokens(batch * seq))
+    return overlapped_s(cm, kernels, launches, EXTRA_OPS_LAYER_FORWARD, kind, scale)
 
 
 def layer_backward_kernels_s(
@@ -642,10 +642,9 @@ def layer_backward_s(
     )
     launches = KERNELS_LAYER_BACKWARD + _tp_kernels(t) + _moe_kernels(model, backward=True)
     launches += _split_kernels(split)
-    scale = host_scale(model, split.tokens(batch * seq), per_layer=True)
-    return overlapped_s(
-        cm, kernels, launches, EXTRA_OPS_LAYER_BACKWARD, FrameworkKind.LAYER_BACKWARD, scale
-    )
+    kind = FrameworkKind.LAYER_BACKWARD
+    scale = host_scale(model, kind, split.tokens(batch * seq))
+    return overlapped_s(cm, kernels, launches, EXTRA_OPS_LAYER_BACKWARD, kind, scale)
 
 
 def _head_forward_kernels_s(
@@ -671,7 +670,7 @@ def head_forward_s(
         KERNELS_HEAD_FORWARD[value_head],
         EXTRA_OPS_CALL_FORWARD,
         FrameworkKind.CALL_FORWARD,
-        host_scale(model, tokens, per_layer=False),
+        host_scale(model, FrameworkKind.CALL_FORWARD, tokens),
     )
 
 
@@ -696,7 +695,7 @@ def head_backward_s(
         KERNELS_HEAD_BACKWARD[value_head],
         EXTRA_OPS_CALL_BACKWARD,
         FrameworkKind.CALL_BACKWARD,
-        host_scale(model, tokens, per_layer=False),
+        host_scale(model, FrameworkKind.CALL_BACKWARD, tokens),
     )
 
 
@@ -740,15 +739,9 @@ def decode_step_s(
                 KERNELS_LAYER_FORWARD + _tp_kernels(tg) + _moe_kernels(model, backward=False)
             )
             kernels += KERNELS_HEAD_FORWARD[False]
-            layer_host = framework_host_s(
-                cm,
-                FrameworkKind.LAYER_DECODE,
-                host_scale(model, batch, per_layer=True, decode=True),
-            )
-            step_host = framework_host_s(
-                cm,
-                FrameworkKind.DECODE_STEP,
-                host_scale(model, batch, per_layer=False, decode=True),
+            layer_host, step_host = (
+                framework_host_s(cm, kind, host_scale(model, kind, batch))
+                for kind in (FrameworkKind.LAYER_DECODE, FrameworkKind.DECODE_STEP)
             )
             if layer_host is None or step_host is None:
                 extra = model.num_layers * EXTRA_OPS_LAYER_DECODE + EXTRA_OPS_DECODE_STEP
