@@ -263,6 +263,9 @@ class RLLoop:
         if self.one_step_off:  # the next step's rollout, while this one trains
             generator = self.c.group(Role.ACTOR, generator=True)
             next_rollout = self._launch_rollout(generator, step + 1, clock)
+            # Stamped as it ends while this step's calls are collected: it is collected
+            # only after the update, and its end is not that moment.
+            clock.watch.extend(call for call, _ in next_rollout)
         batch = self._train(step, batch, baseline, rec, clock)
         if self.one_step_off:
             # The update's weights to the generator: its receive queues behind the next

@@ -19,7 +19,9 @@ Asynchronous steps (workload `max_staleness` = s >= 1, with a generator set
 apart from the trainer) unroll the graph over several steps in which step k's
 generation waits only for the weights of update k−1−s, so the generator runs up
 to s batches ahead of the trainer. With s = 1 (one-step-off) the weight sync
-is a rendezvous of both sets, as the executor's blocking send is; with s >= 2
+is a rendezvous of both sets, as the executor's blocking send is, and step k's
+training calls wait for the sync feeding generation k+1 (the executor collects
+it, with generation k, before it launches them); with s >= 2
 the trainer posts its weights and goes on (the executor's non-blocking send
 out of a snapshot; up to s−1 snapshots are held, booked as resident on the
 trainer's set) and the sync occupies the generator set only.
@@ -425,8 +427,13 @@ def _tasks(
                     priority, sets = k * 100 - 1, c.sets[-1:]
                 if k - 1 - staleness >= 0:
                     preds.append((k - 1 - staleness, Phase.ACTOR_UPDATE))
-            elif k > 0 and c.phase not in generation:
-                preds.extend((k - 1, u) for u in updates)
+            elif c.phase not in generation:
+                if k > 0:
+                    preds.extend((k - 1, u) for u in updates)
+                if staleness == 1 and k + 1 < num_steps:
+                    # The executor collects the sync that feeds generation k+1 (sent
+                    # after update k−1) before it launches step k's training calls.
+                    preds.append((k + 1, Phase.WEIGHT_SYNC))
             if c.driver is not None:
                 # The driver's launches come first and its gets after; what waits for
                 # the call waits for its results on the driver (redirected below).

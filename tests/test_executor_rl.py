@@ -170,6 +170,24 @@ def test_one_step_off_overlaps_generation_with_training(ray_cluster: None, tmp_p
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.02, rewards
 
 
+def test_one_step_off_rollout_is_timed_to_its_end(ray_cluster: None, tmp_path: Path) -> None:
+    # Short responses and six epochs: the next step's rollout (a few ms) ends long before
+    # the update (about a second here). It is collected only after the update; its
+    # record must end when it ended, not when the driver collected it.
+    plan = _plan("grpo-tiny-cpu2-async")
+    wl = plan.workload
+    batch = dataclasses.replace(wl.batch, response_len=4, ppo_epochs=6)
+    plan = dataclasses.replace(plan, workload=dataclasses.replace(wl, batch=batch))
+    result = run_plan(plan, tmp_path / "run", RunConfig(steps=3, progress=False))
+    for rec in result.records[1:]:
+        [gen] = [r for r in rec.timeline if r["name"] == "generate"]
+        [update] = [r for r in rec.timeline if r["name"] == "actor_update"]
+        assert gen["end_s"] < update["end_s"], rec.timeline
+        # The weights follow the rollout on the generator: the receive starts at its end.
+        receive = [r for r in rec.timeline if r["name"] == "weight_sync" and r["device_set"] == 1]
+        assert receive and receive[0]["start_s"] >= gen["end_s"]
+
+
 def test_resume_refuses_another_plan(ray_cluster: None, tmp_path: Path) -> None:
     run_plan(_plan("grpo-tiny-cpu4-split"), tmp_path, RunConfig(steps=1, progress=False))
     with pytest.raises(SpecError, match="this plan differs"):

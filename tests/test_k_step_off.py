@@ -161,6 +161,45 @@ def test_unrolled_schedule_matches_hand_recurrence(k: int) -> None:
     assert {p.device_set for p in syncs if p.step > 0} == {1}
 
 
+@pytest.mark.parametrize("epochs", [1, 4])
+def test_one_step_off_step_is_the_sync_then_the_longer_side(epochs: int) -> None:
+    # One-step-off as the executor runs it: sync j+1 (after update j−1 and generation j,
+    # both sets), then step j's training calls on the trainer (the update; with 4 epochs
+    # the rescoring forward before it) beside generation j+1 on the generator. The
+    # steady step is sync + max(generation, training), whichever side is longer.
+    plan = _tiny(1, ppo_epochs=epochs)
+    est = simulate(plan, _cms(plan))
+    [gen] = {round(d, 12) for d in _durations(est, Phase.GENERATE).values()}
+    [sync] = {round(d, 12) for s, d in _durations(est, Phase.WEIGHT_SYNC).items() if s > 1}
+    j = est.steady_step
+    train = sum(
+        p.duration_s
+        for p in est.phases
+        if p.step == j and p.device_set == 0 and p.name is not Phase.WEIGHT_SYNC
+    )
+    assert (Phase.OLD_LOGPROB in {p.name for p in est.phases}) == (epochs > 1)
+    assert est.iteration_s == pytest.approx(sync + max(gen, train), rel=1e-9)
+    # The sync feeding generation j+1 comes before step j's training calls.
+    for p in est.phases:
+        if 0 < p.step < j and p.device_set == 0 and p.name is not Phase.WEIGHT_SYNC:
+            ahead = next(
+                q for q in est.phases if q.step == p.step + 1 and q.name is Phase.WEIGHT_SYNC
+            )
+            assert ahead.end_s <= p.start_s + 1e-12
+
+
+def test_one_step_off_with_a_long_generation_waits_for_it() -> None:
+    # Two prompts with responses 4x as long: the generation (latency-bound decode at a
+    # small batch) is the longer side; the step follows it.
+    plan = _tiny(1, prompts_per_step=2, response_len=128)
+    est = simulate(plan, _cms(plan))
+    [gen] = {round(d, 12) for d in _durations(est, Phase.GENERATE).values()}
+    [update] = {round(d, 12) for d in _durations(est, Phase.ACTOR_UPDATE).values()}
+    [sync] = {round(d, 12) for s, d in _durations(est, Phase.WEIGHT_SYNC).items() if s > 1}
+    assert gen > update
+    assert est.iteration_s == pytest.approx(sync + gen, rel=1e-9)
+
+
 def test_draws_are_centred_on_the_synchronous_generation() -> None:
     plan = _tiny(2, response_len=256, response_len_dist="lognormal", response_len_median=32,
                  response_len_sigma=1.0)  # fmt: skip
