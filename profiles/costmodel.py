@@ -367,22 +367,34 @@ class CostModel:
         to a core per rank (times cores / ranks) and adds no wait, and the stretch
         gives it this host's sharing. The model itself where none of this applies (no
         oversubscription, or not a CPU profile); no wait where the entry is missing."""
-        kind = FrameworkKind.SHARED_COLLECTIVE
         if contention <= 1.0 or not self.host_local:
             return self
         key = ("shared view", contention)
         view = self._memo.get(key)
         if view is None:
-            wait = 0.0
-            if (Op.FRAMEWORK, (kind.value,)) in self.series:
-                wait = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
             view = self._memo[key] = dataclasses.replace(
                 self,
-                shared_wait_s=wait / contention,
+                shared_wait_s=self.partner_wait_s() / contention,
                 shared=True,
                 _memo={},
             )
         return view
+
+    def partner_wait_s(self) -> float:
+        """What one collective adds to a rank's wall time on a host running two busy
+        ranks per core (the profile's `shared_collective` entry, `profiles.shared_cores`);
+        0 where the profile has none (GPU profiles, older CPU ones)."""
+        kind = FrameworkKind.SHARED_COLLECTIVE
+        if (Op.FRAMEWORK, (kind.value,)) not in self.series:
+            return 0.0
+        return self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
+
+    def with_probe_wait(self) -> CostModel:
+        """This model with every collective that `shared_cores` would charge a partner
+        wait charged exactly 1 s more: a call priced with it, less the same call priced
+        with this model, is the number of such collectives on a rank's path (what the
+        simulator charges waits for when other sets' ranks crowd the host)."""
+        return dataclasses.replace(self, shared_wait_s=1.0, _memo={})
 
     def attn_prefill_s(
         self,
@@ -499,12 +511,13 @@ class CostModel:
         if scope is not Scope.INTRA:
             return flat
         timed_on = self.profile_cores
-        if self.shared and timed_on is not None and world_size > timed_on:
+        if timed_on is not None and world_size > timed_on:
             # Its ranks outnumbered the profiling host's cores: the entry holds their
             # waits for one another already, at world_size / cores ranks per core. The
             # simulator stretches the call by its own contention afterwards (module
-            # `simulator.simulate`), so the entry is taken back to one rank per core.
-            return flat * timed_on / world_size
+            # `simulator.simulate`), so the shared view takes the entry back to one rank
+            # per core, and adds no wait.
+            return flat * timed_on / world_size if self.shared else flat
         return flat + self.shared_wait_s
 
     def _flat_collective_s(

@@ -24,6 +24,18 @@ so that two 2-worker calls on a 2-core host each run at half speed, and a
 call alone keeps its duration. Rates change only when a call starts or ends,
 so the schedule advances from event to event. Without shared hosts every rate
 is 1 and the schedule is the list schedule above.
+
+Collectives wait for their partners on a crowded host: a rank that reaches one
+first idles until the kernel schedules its partner, which may be running another
+set's slice (`profiles.shared_cores`). A call's duration already holds these
+waits at its own crowding (the simulator prices a set whose workers outnumber
+their cores with `CostModel.shared_cores`); where other work crowds the host
+further, each of the `Work.collectives` on a rank's path adds the host's
+measured wait `waits[h]` (at two busy workers per core) times the extra
+crowding, a = max(1, W/c) − max(1, w/c) in busy workers per core, linear
+between none (a = 0) and the measured point (a = 1). Run in that state
+throughout, the call would take duration/r + collectives·waits[h]·a; its rate
+is its duration over that.
 """
 
 from __future__ import annotations
@@ -44,6 +56,8 @@ class Work:
     priority: int = 0
     # (host, workers this work keeps busy there), for hosts whose cores are shared.
     hosts: tuple[tuple[Hashable, float], ...] = ()
+    # Collectives on one rank's path that wait for partners on a crowded host.
+    collectives: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,11 +68,15 @@ class Span:
 
 
 def schedule(
-    tasks: Sequence[Work], cores: Mapping[Hashable, int] | None = None
+    tasks: Sequence[Work],
+    cores: Mapping[Hashable, int] | None = None,
+    waits: Mapping[Hashable, float] | None = None,
 ) -> dict[Hashable, Span]:
     """Start and end of every task; raises ValueError on a dependency cycle or unknown id.
 
-    `cores`: the cores of each shared host that `Work.hosts` names (module docstring).
+    `cores`: the cores of each shared host that `Work.hosts` names; `waits`: the seconds
+    a collective waits for its partner there at two busy workers per core (module
+    docstring; none where a host is missing).
     """
     by_id = {t.id: t for t in tasks}
     for t in tasks:
@@ -66,7 +84,7 @@ def schedule(
             if p not in by_id:
                 raise ValueError(f"task {t.id!r} depends on unknown task {p!r}")
     if cores and any(h in cores for t in tasks for h, _ in t.hosts):
-        return _shared_schedule(tasks, cores)
+        return _shared_schedule(tasks, cores, waits or {})
     set_free: dict[int, float] = {}
     done: dict[Hashable, Span] = {}
     pending = list(tasks)
@@ -91,7 +109,9 @@ def schedule(
     return done
 
 
-def _rates(running: Sequence[Work], cores: Mapping[Hashable, int]) -> list[float]:
+def _rates(
+    running: Sequence[Work], cores: Mapping[Hashable, int], waits: Mapping[Hashable, float]
+) -> list[float]:
     """Each running task's progress per second (module docstring)."""
     busy: dict[Hashable, float] = {}
     for t in running:
@@ -103,12 +123,19 @@ def _rates(running: Sequence[Work], cores: Mapping[Hashable, int]) -> list[float
         for h, w in t.hosts:
             if h in cores:
                 c = cores[h]
-                rate = min(rate, max(1.0, w / c) / max(1.0, busy[h] / c))
+                own, crowd = max(1.0, w / c), max(1.0, busy[h] / c)
+                r = own / crowd
+                extra = t.collectives * waits.get(h, 0.0) * (crowd - own)
+                if extra > 0 and t.duration_s > 0:
+                    r = t.duration_s / (t.duration_s / r + extra)
+                rate = min(rate, r)
         rates.append(rate)
     return rates
 
 
-def _shared_schedule(tasks: Sequence[Work], cores: Mapping[Hashable, int]) -> dict[Hashable, Span]:
+def _shared_schedule(
+    tasks: Sequence[Work], cores: Mapping[Hashable, int], waits: Mapping[Hashable, float]
+) -> dict[Hashable, Span]:
     """The schedule advanced event by event, with rates from shared host cores."""
     now = 0.0
     busy_sets: set[int] = set()
@@ -127,7 +154,7 @@ def _shared_schedule(tasks: Sequence[Work], cores: Mapping[Hashable, int]) -> di
         pending = [t for t in pending if t.id not in started]
         if not running:
             raise ValueError(f"dependency cycle among {[t.id for t in pending]}")
-        rates = _rates(running, cores)
+        rates = _rates(running, cores, waits)
         step = min(remaining[t.id] / r for t, r in zip(running, rates, strict=True))
         now += step
         still = []

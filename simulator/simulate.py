@@ -13,7 +13,9 @@ entries; none where a profile lacks them, as GPU profiles do), one piece at a
 time, on the head node's cores where a CPU pool shares them; what waits for a
 call waits for its results on the driver. On a CPU set with more busy workers
 than cores, collectives also wait for their partners to be scheduled
-(`CostModel.shared_cores`).
+(`CostModel.shared_cores`); where other sets' calls crowd the host further, the
+schedule adds each collective's wait for the extra crowding (`schedule`, with
+the count of a call's collectives from `CostModel.with_probe_wait`).
 
 Asynchronous steps (workload `max_staleness` = s >= 1, with a generator set
 apart from the trainer) unroll the graph over several steps in which step k's
@@ -94,6 +96,7 @@ class _Call:
     cost: callcosts.CallCost
     preds: tuple[Phase, ...]
     driver: DriverWork | None = None  # the controller's launches and gets around it
+    collectives: float = 0.0  # on a rank's path, waiting for partners (`schedule.Work`)
 
 
 def _resident_bytes(plan: Plan, set_index: int) -> float:
@@ -146,6 +149,31 @@ def _kv_seqs(plan: Plan, resident: list[float]) -> tuple[int, int, str | None]:
     )
 
 
+def _priced(
+    plan: Plan,
+    cm: CostModel,
+    role: Role,
+    set_index: int,
+    gen: GenLayout | None,
+    kv_seqs: int,
+    tail_left: float = 0.5,
+) -> dict[Phase, callcosts.CallCost]:
+    """`role`'s call costs on set `set_index`'s devices, priced with `cm`."""
+    # (the actor's generator set apart is not its training set: no offload_params reload)
+    return role_call_costs(
+        plan.workload,
+        role,
+        plan.parallelism[role],
+        cm,
+        first_device=plan.sets[set_index].first_device,
+        gpus_per_node=plan.pool_of(set_index).gpus_per_node,
+        gen=gen,
+        kv_seqs=kv_seqs,
+        tail_left=tail_left,
+        training_devices=set_index == plan.set_of(role),
+    )
+
+
 def _role_costs_on(
     plan: Plan,
     cms: CostModels,
@@ -156,20 +184,23 @@ def _role_costs_on(
     tail_left: float = 0.5,
 ) -> dict[Phase, tuple[int, callcosts.CallCost]]:
     """`role`'s call costs on set `set_index`'s devices, priced with its pool's profile."""
-    # (the actor's generator set apart is not its training set: no offload_params reload)
-    found = role_call_costs(
-        plan.workload,
-        role,
-        plan.parallelism[role],
-        _set_cm(plan, cms, set_index),
-        first_device=plan.sets[set_index].first_device,
-        gpus_per_node=plan.pool_of(set_index).gpus_per_node,
-        gen=gen,
-        kv_seqs=kv_seqs,
-        tail_left=tail_left,
-        training_devices=set_index == plan.set_of(role),
-    )
+    found = _priced(plan, _set_cm(plan, cms, set_index), role, set_index, gen, kv_seqs, tail_left)
     return {phase: (set_index, _contended(plan, set_index, c)) for phase, c in found.items()}
+
+
+def collectives_on(
+    plan: Plan, cms: CostModels, role: Role, set_index: int, gen: GenLayout | None, kv_seqs: int
+) -> dict[Phase, float]:
+    """Collectives on a rank's path in each of `role`'s calls on set `set_index` that wait
+    for their partners when other work crowds the host (`schedule`): each call priced
+    with `CostModel.with_probe_wait` less the same call priced plainly. Empty where the
+    pool's cores are not shared (a GPU pool)."""
+    cm = _cm(plan, cms, set_index)
+    if plan.pool_of(set_index).cores_per_node is None or not cm.host_local:
+        return {}
+    plain = _priced(plan, cm, role, set_index, gen, kv_seqs)
+    probed = _priced(plan, cm.with_probe_wait(), role, set_index, gen, kv_seqs)
+    return {phase: max(0.0, probed[phase].time_s - c.time_s) for phase, c in plain.items()}
 
 
 def _cost_calls(
@@ -178,16 +209,20 @@ def _cost_calls(
     wl = plan.workload
     gen_set_index, kv_seqs, problem = _kv_seqs(plan, resident)
     costs: dict[Phase, tuple[int, callcosts.CallCost]] = {}
+    collectives: dict[Phase, float] = {}
     for role in wl.roles:
         set_index = plan.set_of(role)
         gen = _gen_layout(plan) if role is Role.ACTOR and kv_seqs else None
         costs.update(_role_costs_on(plan, cms, role, set_index, gen, kv_seqs))
+        collectives.update(collectives_on(plan, cms, role, set_index, gen, kv_seqs))
         if role is Role.ACTOR and kv_seqs and gen_set_index != set_index:
             # A generator set apart generates on its own pool's devices: its profile.
             on_gen = _role_costs_on(plan, cms, role, gen_set_index, gen, kv_seqs)
+            counted = collectives_on(plan, cms, role, gen_set_index, gen, kv_seqs)
             for phase in (Phase.GENERATE, Phase.GENERATE_BASELINE):
                 if phase in on_gen:
                     costs[phase] = on_gen[phase]
+                    collectives[phase] = counted.get(phase, 0.0)
     if problem:
         infinite = callcosts.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
         costs[Phase.GENERATE] = (gen_set_index, infinite)
@@ -217,6 +252,7 @@ def _cost_calls(
                 cost=cost,
                 preds=preds,
                 driver=driver,
+                collectives=collectives.get(call.phase, 0.0),
             )
         )
     return _with_transitions(plan, cms, out), [problem] if problem else []
@@ -385,6 +421,19 @@ def _shared_cores(plan: Plan) -> dict[Hashable, int]:
     }
 
 
+def _partner_waits(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
+    """The measured partner wait of a collective (`CostModel.partner_wait_s`) on every
+    node of the pools that declare their cores, from the pool's profile."""
+    out: dict[Hashable, float] = {}
+    for i in range(len(plan.sets)):
+        pool = plan.pool_of(i)
+        if pool.cores_per_node is not None:
+            wait = _cm(plan, cms, i).partner_wait_s()
+            for n in range(pool.num_nodes):
+                out[pool.name, n] = wait
+    return out
+
+
 def _driver_hosts(plan: Plan) -> tuple[tuple[Hashable, float], ...]:
     """Where the controller's own work keeps a core busy: the cluster's head node (node 0
     of its first pool), where shared cores are declared there (`Work.hosts`)."""
@@ -468,6 +517,7 @@ def _tasks(
                     preds=tuple(preds),
                     priority=priority,
                     hosts=_hosts(plan, sets, busy_fraction(c.cost)),
+                    collectives=c.collectives,
                 )
             )
     return [
@@ -514,7 +564,7 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
     # too with staleness 1) follows the window's last update, as in a longer run.
     num_steps = warm_up + window + (1 if staleness else 0)
     tasks = _tasks(plan, costed, num_steps, staleness, draws)
-    raw_slots = schedule(tasks, _shared_cores(plan))
+    raw_slots = schedule(tasks, _shared_cores(plan), _partner_waits(plan, cms))
     sets_of = {t.id: t.sets for t in tasks}  # a k-step-off sync holds the generator only
     slots = _call_intervals(cast(dict[tuple[Any, ...], Span], raw_slots), sets_of)
     by_phase = {c.phase: c for c in costed}

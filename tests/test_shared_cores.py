@@ -5,16 +5,22 @@ collective within a host and nothing else (hand-computed from the entry); a
 data-parallel update on an oversubscribed CPU set pays exactly its collectives'
 count times that wait more than on free cores, counted by hand from the
 layout (per optimizer step: one gradient reduce-scatter and one parameter
-all-gather for ZeRO-1); the measurement spawns real gloo ranks.
+all-gather for ZeRO-1); a call beside another set's on a crowded host ends when
+the rates and each collective's wait, worked out by hand, say; the count of a
+tensor-parallel forward's collectives, by hand from its layers and
+micro-batches; the measurement spawns real gloo ranks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from fidelity_cpu import make_plan
 
+from placeflow.phases import Phase
+from placeflow.plan import load_plan
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import CollectiveKind, FrameworkKind, Op, Scope, Source
 from placeflow.profiles.shared_cores import (
@@ -24,8 +30,12 @@ from placeflow.profiles.shared_cores import (
     with_shared_collective,
 )
 from placeflow.simulator import simulate
-from placeflow.simulator.simulate import cost_models_for
+from placeflow.simulator.estimate import StepEstimate
+from placeflow.simulator.schedule import Work, schedule
+from placeflow.simulator.simulate import collectives_on, cost_models_for
 from placeflow.workload import Role
+
+PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"
 
 
 def _entry_s() -> float:
@@ -129,3 +139,56 @@ def test_measure_shared_collective_spawns_ranks_that_wait() -> None:
     assert entry.op is Op.FRAMEWORK and entry.params["kind"] == "shared_collective"
     assert entry.source is Source.MEASURED and entry.repeats == 3
     assert 0 < entry.p10_s <= entry.median_s <= entry.p90_s < 1.0
+
+
+def test_a_host_crowded_by_another_set_adds_each_collectives_wait_by_hand() -> None:
+    # Two 2-worker calls start together on a 2-core host, 10 ms each alone. A makes 4
+    # collectives on a rank's path; the host's measured wait is 1 ms at two busy workers
+    # per core. Together: 4 workers on 2 cores, crowding 2 against A's own 1 (a = 1).
+    # B runs at 1/2 and ends at 20 ms; A at 10 / (10 / (1/2) + 4 * 1 * 1) = 10/24 until
+    # then (8.333 ms done), then alone at rate 1: it ends at 20 + 10/6 ms.
+    host = ("cpu", 0)
+    a = Work(id="a", sets=(0,), duration_s=0.010, hosts=((host, 2.0),), collectives=4)
+    b = Work(id="b", sets=(1,), duration_s=0.010, hosts=((host, 2.0),))
+    spans = schedule([a, b], {host: 2}, {host: 0.001})
+    assert spans["b"].end_s == pytest.approx(0.020)
+    assert spans["a"].end_s == pytest.approx(0.020 + 0.010 / 6)
+    # No wait measured, or no one else on the host: rates only.
+    assert schedule([a, b], {host: 2})["a"].end_s == pytest.approx(0.020)
+    assert schedule([a], {host: 2}, {host: 0.001})["a"].end_s == pytest.approx(0.010)
+    # A call crowding its host itself (4 workers) holds its own waits already (the shared
+    # view); a 1-worker call beside it crowds the host by half a worker per core more:
+    # 4 * 1 ms * 0.5 on top of the rate 2 / 2.5.
+    c = Work(id="c", sets=(0,), duration_s=0.010, hosts=((host, 4.0),), collectives=4)
+    d = Work(id="d", sets=(1,), duration_s=1.0, hosts=((host, 1.0),))
+    got = schedule([c, d], {host: 2}, {host: 0.001})["c"].end_s
+    assert got == pytest.approx(0.010 / (2 / 2.5) + 4 * 0.001 * 0.5)
+
+
+def test_the_probe_counts_a_tensor_parallel_forwards_collectives() -> None:
+    # PPO split: the critic (t = 2, no DP) on its own 2 workers. Its value forward makes
+    # two all-reduces a layer per micro-batch: 32 samples / micro-batch 8 = 4 micro-
+    # batches of 2 layers, 16 collectives. The reference (d = 2) forward makes none.
+    plan = load_plan(PLANS / "ppo-tiny-cpu4-split.toml")
+    critic = plan.parallelism[Role.CRITIC]
+    model = plan.workload.models[Role.CRITIC]
+    assert critic.train.t == 2 and critic.train.d == 1 and critic.micro_batch == 8
+    layers = model.num_layers
+    micro = plan.workload.batch.num_samples // critic.micro_batch
+    cms = cost_models_for(plan, "cpu")
+    counted = collectives_on(plan, cms, Role.CRITIC, plan.set_of(Role.CRITIC), None, 0)
+    assert counted[Phase.VALUES] == pytest.approx(micro * 2 * layers)
+    assert collectives_on(plan, cms, Role.REF, plan.set_of(Role.REF), None, 0) == {
+        Phase.REF_LOGPROB: 0.0
+    }
+    # Simulated, the values call runs beside the actor's and reference's forwards on the
+    # other two workers: longer with the measured wait than without it.
+    cm = cms["*"]
+    kept = {k: v for k, v in cm.series.items() if k != (Op.FRAMEWORK, ("shared_collective",))}
+    bare = simulate(plan, {"*": dataclasses.replace(cm, series=kept, _memo={})})
+    shared = simulate(plan, cms)
+
+    def values(est: StepEstimate) -> float:
+        return next(p.duration_s for p in est.phases if p.name is Phase.VALUES)
+
+    assert values(shared) > values(bare) * 1.05
