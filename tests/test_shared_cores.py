@@ -21,6 +21,7 @@ from fidelity_cpu import make_plan
 
 from placeflow.phases import Phase
 from placeflow.plan import load_plan
+from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import CollectiveKind, FrameworkKind, Op, Scope, Source
 from placeflow.profiles.shared_cores import (
@@ -46,6 +47,12 @@ def _entry_s() -> float:
     ]
     assert entry.source is Source.MEASURED
     return entry.median_s
+
+
+def _without_wait(cm: CostModel) -> CostModel:
+    """`cm` with the `shared_collective` entry left out of its profile: rates only."""
+    kept = {k: v for k, v in cm.series.items() if k != (Op.FRAMEWORK, ("shared_collective",))}
+    return dataclasses.replace(cm, series=kept, _memo={})
 
 
 def test_the_view_adds_the_measured_wait_to_collectives_within_a_host() -> None:
@@ -86,8 +93,7 @@ def test_an_oversubscribed_dp_update_pays_its_collectives_as_timed_by_hand() -> 
     shared = simulate(plan, cms)
     # The same plan with the entry left out of the profile: rates only.
     cm = cms["*"]
-    kept = {k: v for k, v in cm.series.items() if k != (Op.FRAMEWORK, ("shared_collective",))}
-    bare = simulate(plan, {"*": dataclasses.replace(cm, series=kept, _memo={})})
+    bare = simulate(plan, {"*": _without_wait(cm)})
     steps = plan.workload.batch.ppo_epochs * plan.workload.batch.mini_batches
     update = {p.name.value: p.duration_s for p in shared.phases}["actor_update"]
     update_bare = {p.name.value: p.duration_s for p in bare.phases}["actor_update"]
@@ -184,8 +190,7 @@ def test_the_probe_counts_a_tensor_parallel_forwards_collectives() -> None:
     # Simulated, the values call runs beside the actor's and reference's forwards on the
     # other two workers: longer with the measured wait than without it.
     cm = cms["*"]
-    kept = {k: v for k, v in cm.series.items() if k != (Op.FRAMEWORK, ("shared_collective",))}
-    bare = simulate(plan, {"*": dataclasses.replace(cm, series=kept, _memo={})})
+    bare = simulate(plan, {"*": _without_wait(cm)})
     shared = simulate(plan, cms)
 
     def values(est: StepEstimate) -> float:
