@@ -75,6 +75,9 @@ REFERENCE_MODEL = "tiny-llama"
 # simulator interpolates between them in tokens (`simulator.compute.framework_host_s`).
 FORWARD_SIZES: dict[int, tuple[int, int]] = {1: (1, 4), 64: (8, 32), 256: (32, 32)}
 DECODE_SIZES: dict[int, int] = {1: 1, 8: 8, 64: 64}
+# The (forward, decode) num_units timed together in one pass, smallest first: the two
+# tables must hold as many sizes (zip raises at import otherwise).
+_TIMED_UNITS = tuple(zip(sorted(FORWARD_SIZES), sorted(DECODE_SIZES), strict=True))
 REFERENCE_PROMPT = 3  # prompt tokens of the decode steps
 LAYER_COUNTS = (2, 6)
 DECODE_STEPS = (4, 20)
@@ -136,8 +139,8 @@ def _pieces(
     num_layers: int, size: int = 0, *, optimizer: bool = True
 ) -> dict[str, Callable[[], float]]:
     """Timers of one run of each piece for a reference model of `num_layers` layers, the
-    forward and decode pieces at the `size`-th of `FORWARD_SIZES` and `DECODE_SIZES`
-    (0: the smallest); the optimizer step's only with `optimizer`."""
+    forward and decode pieces at the `size`-th pair of `_TIMED_UNITS` (0: the smallest);
+    the optimizer step's only with `optimizer`."""
     from placeflow.catalogue import get_model
     from placeflow.executor.engines.sampler import Sampler as Decoder
     from placeflow.executor.engines.sampler import SamplingParams
@@ -148,10 +151,11 @@ def _pieces(
     model = Transformer(Arch.of(spec))
     model.load_shards(random_full(model.arch, seed=0))
     trainer = TrainEngine(model, optim=OptimConfig(lr=1e-9))
-    batch, seq = FORWARD_SIZES[sorted(FORWARD_SIZES)[size]]
+    forward_units, decode_units = _TIMED_UNITS[size]
+    batch, seq = FORWARD_SIZES[forward_units]
     ids = torch.randint(0, spec.vocab_size, (batch, seq))
     mask = torch.ones_like(ids, dtype=torch.bool)
-    prompts = [[1] * REFERENCE_PROMPT] * DECODE_SIZES[sorted(DECODE_SIZES)[size]]
+    prompts = [[1] * REFERENCE_PROMPT] * DECODE_SIZES[decode_units]
     decoder = Decoder(model, pad_id=0)
 
     def forward() -> float:
@@ -221,7 +225,7 @@ def measure_framework(*, repeats: int = 15, warmup: int = 2) -> list[Entry]:
                 k: (_percentiles(a), _percentiles(b))
                 for k, (a, b) in _paired_samples(repeats, warmup, size).items()
             }
-            for size in range(len(FORWARD_SIZES))
+            for size in range(len(_TIMED_UNITS))
         ]
     finally:
         torch.set_num_threads(threads)
