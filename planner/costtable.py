@@ -68,7 +68,7 @@ from placeflow.simulator.rolecosts import (
     call_key,
     colocated_generation_bytes,
     kv_bytes_per_seq,
-    reshard_scope,
+    reshard_placement,
     resident_bytes,
     resident_key,
     role_calls,
@@ -243,9 +243,14 @@ class _Prices:
         key = (par.train, par.tg, par.pg, par.zero)
         hit = self._reshards.get(key)
         if hit is None:
-            scope = reshard_scope(0, self.pool.gpus_per_node, gen)
+            scope, per_node = reshard_placement(0, self.pool.gpus_per_node, gen)
             hit = self._reshards[key] = rollout_sync_cost(
-                self.cm, self.wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
+                self.cm,
+                self.wl.models[Role.ACTOR],
+                gen,
+                scope,
+                train_zero=par.zero,
+                ranks_per_node=per_node,
             )
         return hit
 

@@ -544,11 +544,13 @@ class CostModel:
         NCCL runs one ring per channel and gives each channel its own NIC, so a
         ring that crosses nodes with g ranks on each uses g NICs in parallel: the
         bytes each NIC carries are 1/g of a one-rank-per-node ring's. Priced as the
-        inter-node entry at 1/g of the bytes (latency unchanged), but never faster
-        than the NVLink hops of the same ring: the intra-node entry of g ranks
-        carrying the same bus bytes. An all-to-all does not share NICs (each rank
-        sends its own share over its own NIC): only the (n - g)/(n - 1) of each
-        rank's bus bytes that leave its node go over the NIC. Send/recv is one pair.
+        inter-node entry of the ring's nodes (at most ceil(n / g): its network
+        steps, and so its latency, are those of that many nodes) carrying 1/g of
+        the ring's bus bytes, but never faster than the NVLink hops of the same
+        ring: the intra-node entry of g ranks carrying the same bus bytes. An
+        all-to-all does not share NICs (each rank sends its own share over its own
+        NIC): only the (n - g)/(n - 1) of each rank's bus bytes that leave its node
+        go over the NIC. Send/recv is one pair.
         """
         n, g = world_size, ranks_per_node
         if not 1 < g < n:
@@ -561,8 +563,10 @@ class CostModel:
         if kind is CollectiveKind.ALL_TO_ALL:
             leaving = num_bytes * (n - g) / (n - 1)
             return self._flat_collective_s(kind, math.ceil(leaving), n, Scope.INTER)
-        nic = self._flat_collective_s(kind, math.ceil(num_bytes / g), n, Scope.INTER)
         bus = num_bytes * ops.collective_bus_factor(kind, n)
+        nodes = math.ceil(n / g)
+        per_nic = bus / g / ops.collective_bus_factor(kind, nodes)
+        nic = self._flat_collective_s(kind, math.ceil(per_nic), nodes, Scope.INTER)
         nvlink = self._flat_collective_s(
             kind, math.ceil(bus / ops.collective_bus_factor(kind, g)), g, Scope.INTRA
         )

@@ -9,7 +9,8 @@ and efficiencies *derived from the same profile's imported measurements*
 
     compute ops:   t = t0 + max(F / (P * e_c), B / (W_hbm * e_m))
     intra-node:    t = floor(n) + B_bus / W_bus(n)          (per world size n)
-    inter-node:    t = t_lat + B_bus / (W_inter * e_link)
+    inter-node:    ring  t = t_lat + x_ring(N) * t_hop + B_bus / (W_inter * e_link)
+                   tree  t = t_lat + x_tree(N) * t_hop + B / (0.45 * W_inter * e_link)
 
 The expert-parallel all-to-all (dispatch and combine of routed tokens) is one
 more collective kind: B_bus = (n-1)/n of each rank's send buffer, over the
@@ -31,6 +32,23 @@ imported intra-node send/recv; t_lat is the largest imported collective floor;
 e_link is the achieved fraction of an imported inter-node send/recv where the
 profile has one, else e_p2p (a point-to-point transfer over NVLink standing in
 for one over the NIC).
+
+Across N nodes (an inter-node entry of world size N has one rank per node) the
+latency follows the algorithm NCCL runs, as its tuning model
+(`src/graph/tuning.cc`, `ncclTopoTuneModel`) counts it: a ring crosses the
+network nInterSteps times (2(N-1) for an all-reduce, N-1 for an all-gather,
+a reduce-scatter or a broadcast's chain), the all-reduce's double binary tree
+2 log2(N) times, a send/recv or an all-to-all (each rank's own sends, side by
+side) once. t_lat stands for the 2-node case, the one that was measured or
+taken as the floor; every network step beyond it costs t_hop, one send/recv's
+floor over the network where the profile imported one, else over NVLink (a
+lower bound: a NIC hop is no faster). x_ring(N) and x_tree(N) count those extra
+steps: 2(N-2) and 2(ceil(log2 N)-1) for an all-reduce, N-2 for the other rings,
+0 for the rest. An all-reduce takes the faster of the two, as NCCL's tuner
+does: the tree's bus bandwidth is 0.9 of the ring's and its algorithm
+bandwidth half its bus bandwidth (tuning.cc), so it moves the B logical bytes
+at 0.45 of the link and wins only where latency dominates (small messages over
+many nodes).
 
 Datasheet entries only fill series (see `ops.series_key`) that have no entry
 yet, so that no interpolated curve mixes measured and computed points.
@@ -140,9 +158,10 @@ class NetworkEfficiencies:
     allreduce_bus_bytes_per_s: Mapping[int, float] = field(hash=False)
     p2p_floor_s: float
     p2p_fraction: float  # of NVLink, intra-node send/recv
-    inter_latency_s: float
+    inter_latency_s: float  # a collective over 2 nodes
+    inter_hop_s: float  # each further network step (module docstring)
     inter_fraction: float  # of the inter-node figure
-    inter_from: str  # where inter_fraction came from
+    inter_from: str  # where inter_fraction and inter_hop_s came from
 
     def describe(self) -> str:
         worlds = ", ".join(
@@ -153,7 +172,8 @@ class NetworkEfficiencies:
         return (
             f"intra-node all-reduce: {worlds}; send/recv floor {self.p2p_floor_s * 1e6:.1f} us, "
             f"{self.p2p_fraction:.3f} of NVLink; inter-node latency "
-            f"{self.inter_latency_s * 1e6:.1f} us, {self.inter_fraction:.3f} of the inter-node "
+            f"{self.inter_latency_s * 1e6:.1f} us over 2 nodes, {self.inter_hop_s * 1e6:.1f} us "
+            f"per further network step, {self.inter_fraction:.3f} of the inter-node "
             f"figure ({self.inter_from})"
         )
 
@@ -261,15 +281,20 @@ def _network_efficiencies(profile: Profile, fig: DatasheetFigures) -> NetworkEff
         inter_fraction = inter_bw / fig.inter_node_bytes_per_s
         inter_from = "imported inter-node send/recv"
         floors.append(inter_floor)
+        hop = inter_floor
     else:
         inter_fraction = p2p_bw / fig.nvlink_bytes_per_s
-        inter_from = "no inter-node measurement: the intra-node send/recv fraction of NVLink"
+        inter_from = (
+            "no inter-node measurement: the intra-node send/recv fraction of NVLink and floor"
+        )
+        hop = p2p_floor
     return NetworkEfficiencies(
         allreduce_floor_s={n: f for n, (f, _) in fits.items()},
         allreduce_bus_bytes_per_s={n: b for n, (_, b) in fits.items()},
         p2p_floor_s=p2p_floor,
         p2p_fraction=p2p_bw / fig.nvlink_bytes_per_s,
         inter_latency_s=max(floors),
+        inter_hop_s=hop,
         inter_fraction=inter_fraction,
         inter_from=inter_from,
     )
@@ -321,7 +346,8 @@ class CompletionGrid:
     softmax_bytes: tuple[int, ...] = _octaves(1 << 12, 1 << 32)
     copy_bytes: tuple[int, ...] = _octaves(1 << 12, 1 << 34)
     collective_sizes_per_octave: int = 2  # over the imported collectives' size range
-    inter_world_sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
+    # Up to 128 nodes: a 1,024-GPU cluster of 8-GPU nodes (the scaling table's largest).
+    inter_world_sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
 
 
 def gpu_models() -> tuple[ModelSpec, ...]:
@@ -445,8 +471,8 @@ def datasheet_time_s(
         bus_bytes = ops.bytes_moved(op, params, _DTYPE_BYTES)
         world = int(params["world_size"])
         if params["scope"] == Scope.INTER.value:
-            return net.inter_latency_s + bus_bytes / (
-                fig.inter_node_bytes_per_s * net.inter_fraction
+            return inter_node_s(
+                CollectiveKind(params["kind"]), int(params["num_bytes"]), world, fig, net
             )
         if params["kind"] == CollectiveKind.SEND_RECV.value:
             return net.p2p_floor_s + bus_bytes / (fig.nvlink_bytes_per_s * net.p2p_fraction)
@@ -459,6 +485,47 @@ def datasheet_time_s(
     compute_s = ops.flops(op, params) / (fig.peak_bf16_flops_per_s * eff.compute_fraction)
     memory_s = ops.bytes_moved(op, params, _DTYPE_BYTES) / (fig.hbm_bytes_per_s * hbm_fraction)
     return eff.fixed_s + max(compute_s, memory_s)
+
+
+# NCCL's tuning model (src/graph/tuning.cc): the tree's bus bandwidth is 0.9 of the ring's,
+# and its algorithm bandwidth is half its bus bandwidth.
+TREE_BANDWIDTH_FRACTION = 0.9 * 0.5
+
+
+def extra_network_steps(kind: CollectiveKind, nodes: int) -> tuple[int, int | None]:
+    """(ring, tree) network steps of a collective over `nodes` nodes beyond those of the
+    same collective over 2 (module docstring); tree None where NCCL runs a ring only."""
+    if nodes < 2:
+        raise SpecError(f"an inter-node collective spans at least 2 nodes, got {nodes}")
+    if kind is CollectiveKind.ALL_REDUCE:
+        return 2 * (nodes - 2), 2 * (math.ceil(math.log2(nodes)) - 1)
+    if kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER, CollectiveKind.BROADCAST):
+        return nodes - 2, None
+    return 0, None  # send/recv, all-to-all: one network step whatever the group
+
+
+def inter_node_s(
+    kind: CollectiveKind,
+    num_bytes: int,
+    nodes: int,
+    fig: DatasheetFigures,
+    net: NetworkEfficiencies,
+) -> float:
+    """A collective of `num_bytes` over `nodes` nodes, one rank (and NIC) on each, as NCCL
+    runs it: a ring, or for an all-reduce the faster of a ring and a tree (module
+    docstring)."""
+    link = fig.inter_node_bytes_per_s * net.inter_fraction
+    bus = num_bytes * ops.collective_bus_factor(kind, nodes)
+    ring_steps, tree_steps = extra_network_steps(kind, nodes)
+    ring = net.inter_latency_s + ring_steps * net.inter_hop_s + bus / link
+    if tree_steps is None:
+        return ring
+    tree = (
+        net.inter_latency_s
+        + tree_steps * net.inter_hop_s
+        + num_bytes / (TREE_BANDWIDTH_FRACTION * link)
+    )
+    return min(ring, tree)
 
 
 def completion_notes(figures: DatasheetFigures, eff: Efficiencies) -> str:

@@ -591,7 +591,13 @@ def rollout_load_s(cm: CostModel, num_bytes: float) -> float:
 
 
 def reshard_cost(
-    cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope, *, train_zero: int = 1
+    cm: CostModel,
+    model: ModelSpec,
+    gen: GenLayout,
+    scope: Scope,
+    *,
+    train_zero: int = 1,
+    ranks_per_node: int = 1,
 ) -> CallCost:
     """Colocated actor: all-gather inside each micro-DP group (HybridFlow), slot by slot.
 
@@ -604,15 +610,21 @@ def reshard_cost(
     M/(tg·pg) over the ranks whose training shards make it up. Under ZeRO-3
     (`train_zero` = 3, d > 1) each rank first all-gathers its training shard over
     d, priced in the same scope (an approximation: DP groups are not micro-DP groups).
+    Across nodes each all-gather is priced with the groups' `ranks_per_node` (their
+    fewest ranks on one node: NICs used in parallel, network steps of that many nodes;
+    `CostModel.collective_s`).
     """
     model_bytes = model.num_bytes()
     lay = gen.train
+    g = ranks_per_node
     gen_shard = generation_shard_bytes(model_bytes, gen)
     train_shard = memory.weight_bytes_per_gpu(model, lay.t, lay.p, value_head=False, e=lay.e)
     transfer = colocated_transfer(model, lay.p, lay.t, gen.tg, gen.pg) if lay.e == 1 else None
     if transfer is None:
         group = max(2, round(gen_shard / train_shard))
-        time_s = cm.collective_s(CollectiveKind.ALL_GATHER, int(gen_shard), group, scope)
+        time_s = cm.collective_s(
+            CollectiveKind.ALL_GATHER, int(gen_shard), group, scope, ranks_per_node=g
+        )
         detail: dict[str, Any] = {
             "bytes_received_per_gpu": gen_shard - train_shard,
             "buckets": 1,
@@ -620,7 +632,10 @@ def reshard_cost(
         }
     else:
         time_s = sum(
-            n * cm.collective_s(CollectiveKind.ALL_GATHER, size, transfer.group_size, scope)
+            n
+            * cm.collective_s(
+                CollectiveKind.ALL_GATHER, size, transfer.group_size, scope, ranks_per_node=g
+            )
             for size, n in transfer.slots
         )
         detail = {

@@ -96,18 +96,17 @@ def cp_placement(first_device: int, gpus_per_node: int, layout: TrainLayout) -> 
 
 
 @cache
-def micro_dp_scope(first_device: int, gpus_per_node: int, gen: GenLayout) -> Scope:
-    """Scope of the micro-DP groups (the colocated reshard's all-gathers)."""
-    return span_scope(first_device, gpus_per_node, gen.micro_dp_groups())
-
-
-def reshard_scope(first_device: int, gpus_per_node: int, gen: GenLayout) -> Scope:
-    """Scope of a colocated reshard: its micro-DP groups, and with expert parallelism
-    also the expert-parallel groups the experts are gathered from."""
-    scope = micro_dp_scope(first_device, gpus_per_node, gen)
-    if gen.train.e > 1 and ep_scope(first_device, gpus_per_node, gen.train) is Scope.INTER:
-        return Scope.INTER
-    return scope
+def reshard_placement(first_device: int, gpus_per_node: int, gen: GenLayout) -> tuple[Scope, int]:
+    """(scope, fewest ranks per node) of a colocated reshard's all-gathers: its micro-DP
+    groups, and with expert parallelism also the expert-parallel groups the experts are
+    gathered from (`CostModel.collective_s`'s `ranks_per_node` where they cross nodes)."""
+    groups = gen.micro_dp_groups()
+    if gen.train.e > 1:
+        groups = groups + gen.train.ep_groups()
+    return (
+        span_scope(first_device, gpus_per_node, groups),
+        fewest_ranks_per_node(first_device, gpus_per_node, groups),
+    )
 
 
 def train_seq_len(workload: Workload) -> int:
@@ -145,17 +144,26 @@ def kv_bytes_per_seq(workload: Workload, gen: GenLayout) -> float:
 
 
 def rollout_sync_cost(
-    cm: CostModel, model: ModelSpec, gen: GenLayout, scope: Scope, *, train_zero: int = 1
+    cm: CostModel,
+    model: ModelSpec,
+    gen: GenLayout,
+    scope: Scope,
+    *,
+    train_zero: int = 1,
+    ranks_per_node: int = 1,
 ) -> callcosts.CallCost:
     """A colocated actor's sync of its rollout engine before it generates: the reshard
     where the layouts call for one (`callcosts.reshard_cost`), then each rank's load of
     its generation shard into the engine (`callcosts.rollout_load_s`). Where no reshard
     is needed the load is all there is, but it is still a call to every rank and a copy
-    of the weights, as the executor's `sync_rollout` makes it."""
+    of the weights, as the executor's `sync_rollout` makes it. `scope` and
+    `ranks_per_node` are the reshard groups' (`reshard_placement`)."""
     shard = generation_shard_bytes(model.num_bytes(), gen)
     load_s = callcosts.rollout_load_s(cm, shard)
     if needs_reshard(gen, train_zero):
-        base = callcosts.reshard_cost(cm, model, gen, scope, train_zero=train_zero)
+        base = callcosts.reshard_cost(
+            cm, model, gen, scope, train_zero=train_zero, ranks_per_node=ranks_per_node
+        )
     else:
         base = callcosts.CallCost(
             time_s=0.0, transient_bytes=0.0, busy_s=0.0, detail={"buckets": 0}

@@ -62,7 +62,7 @@ from placeflow.simulator.rolecosts import (
     colocated_generation_bytes,
     driver_work,
     kv_bytes_per_seq,
-    reshard_scope,
+    reshard_placement,
     resident_bytes,
     role_call_costs,
     rollout_sync_cost,
@@ -371,10 +371,12 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
             )
         phase, sets = Phase.WEIGHT_SYNC, (actor_set, gen_set)
     else:
-        scope = reshard_scope(
+        scope, per_node = reshard_placement(
             plan.sets[actor_set].first_device, plan.pool_of(actor_set).gpus_per_node, gen
         )
-        cost = rollout_sync_cost(cm, actor, gen, scope, train_zero=par.zero)
+        cost = rollout_sync_cost(
+            cm, actor, gen, scope, train_zero=par.zero, ranks_per_node=per_node
+        )
         phase, sets = Phase.RESHARD, (actor_set,)
     # The transition is one Ray call per rank too; its bytes go over the collectives.
     cost = _contended(plan, actor_set, with_dispatch(cm, cost, 0))

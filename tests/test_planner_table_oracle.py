@@ -41,7 +41,7 @@ from placeflow.profiles.registry import fitted_cost_model
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.rolecosts import (
     kv_bytes_per_seq,
-    reshard_scope,
+    reshard_placement,
     resident_bytes,
     role_call_costs,
     rollout_sync_cost,
@@ -103,9 +103,9 @@ def _actor_variants(wl: Workload, par, pool: PoolSpec, cm: CostModel):
         rest = {p: c for p, c in costs.items() if p not in GENERATION_STAGE}
         generation = {p: c for p, c in costs.items() if p in GENERATION_STAGE}
         # The rollout's sync: a reshard where the layouts call for one, a load always.
-        scope = reshard_scope(0, pool.gpus_per_node, gen)
+        scope, per_node = reshard_placement(0, pool.gpus_per_node, gen)
         generation[Phase.RESHARD] = rollout_sync_cost(
-            cm, wl.models[Role.ACTOR], gen, scope, train_zero=par.zero
+            cm, wl.models[Role.ACTOR], gen, scope, train_zero=par.zero, ranks_per_node=per_node
         )
         yield kv_seqs, {**rest, **generation}, extra + kv_seqs * per_seq / wl.gpu_memory_utilization
 

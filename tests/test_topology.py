@@ -8,12 +8,18 @@ roofline (tests/test_costmodel.py)."""
 import pytest
 
 from placeflow.catalogue import get_model
-from placeflow.layout import TrainLayout
+from placeflow.layout import GenLayout, TrainLayout
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.profiles.schema import CollectiveKind, Scope
 from placeflow.simulator import callcosts
-from placeflow.simulator.rolecosts import dp_ranks_per_node, dp_scope, fewest_ranks_per_node
+from placeflow.simulator.rolecosts import (
+    dp_ranks_per_node,
+    dp_scope,
+    fewest_ranks_per_node,
+    reshard_placement,
+    rollout_sync_cost,
+)
 
 
 @pytest.mark.parametrize(
@@ -53,3 +59,48 @@ def test_gradient_reduction_uses_every_nic_of_the_group():
     assert sync_s(1) == pytest.approx(flat, rel=1e-9)
     # Four NICs per node carry the 6.7 GB of gradients: far less than one NIC alone.
     assert sync_s(rpn) < flat / 3
+
+
+@pytest.mark.parametrize(
+    ("gen", "first_device", "want"),
+    [
+        # tg = 1 gathers a replica's 8 TP shards: ranks 0..7 on devices 4..11, 4 per node.
+        (GenLayout(train=TrainLayout(t=8, d=2)), 4, (Scope.INTER, 4)),
+        # the same from device 0: each group within one node.
+        (GenLayout(train=TrainLayout(t=8, d=2)), 0, (Scope.INTRA, 8)),
+        # t = 8, p = 2 into one generation shard: 16 ranks, 8 on each of two nodes.
+        (GenLayout(train=TrainLayout(t=8, p=2)), 0, (Scope.INTER, 8)),
+        # tg = 4: groups of t/tg = 2 neighbours, (0, 1) on devices 7 and 8: one per node.
+        (GenLayout(train=TrainLayout(t=8, d=1), tg=4), 7, (Scope.INTER, 1)),
+    ],
+)
+def test_reshard_groups_counted_by_hand(gen, first_device, want):
+    assert reshard_placement(first_device, 8, gen) == want
+
+
+def test_reshard_across_nodes_uses_the_nics_of_its_groups():
+    """A reshard whose micro-DP groups span two nodes with 4 ranks on each: each slot's
+    all-gather is the cost model's spanning all-gather with 4 ranks per node (which
+    tests/test_costmodel.py checks by hand), cheaper than one rank per node."""
+    cm = fitted_cost_model("a100-80gb")
+    model = get_model("llama-2-7b")
+    gen = GenLayout(train=TrainLayout(t=8, d=2))
+    scope, per_node = reshard_placement(4, 8, gen)
+    spread = rollout_sync_cost(cm, model, gen, scope, ranks_per_node=per_node)
+    single = rollout_sync_cost(cm, model, gen, scope)
+    transfer = callcosts.colocated_transfer(model, 1, 8, 1, 1)
+    assert transfer is not None
+
+    def gathers(ranks_per_node: int) -> float:
+        return sum(
+            n * cm.collective_s(
+                CollectiveKind.ALL_GATHER, size, transfer.group_size, Scope.INTER,
+                ranks_per_node=ranks_per_node,
+            )
+            for size, n in transfer.slots
+        )  # fmt: skip
+
+    load = spread.detail["load_s"]
+    assert spread.time_s == pytest.approx(gathers(4) + load, rel=1e-9)
+    assert single.time_s == pytest.approx(gathers(1) + load, rel=1e-9)
+    assert spread.time_s < single.time_s

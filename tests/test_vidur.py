@@ -25,9 +25,16 @@ from placeflow.profiles.build_gpu_profiles import (
     measured_from_files,
     overlay_measured,
 )
-from placeflow.profiles.datasheet import H100_SXM, derive_efficiencies
+from placeflow.profiles.datasheet import (
+    H100_SXM,
+    DatasheetFigures,
+    NetworkEfficiencies,
+    derive_efficiencies,
+    inter_node_s,
+)
 from placeflow.profiles.schema import (
     REQUIRED_OPS,
+    CollectiveKind,
     Entry,
     Op,
     Profile,
@@ -183,6 +190,44 @@ def test_imported_entries_survive_completion_and_series_never_mix(
         assert all(len(s) == 1 for s in sources.values())
 
 
+def test_inter_node_collectives_follow_nccls_ring_and_tree() -> None:
+    """Hand-computed: 40 us over 2 nodes, 10 us per further network step, a 1 GB/s link."""
+    fig = DatasheetFigures(
+        name="oracle",
+        peak_bf16_flops_per_s=1e15,
+        hbm_bytes_per_s=1e12,
+        nvlink_bytes_per_s=1e11,
+        inter_node_bytes_per_s=1e9,
+        host_link_bytes_per_s=1e10,
+        sources="test",
+    )
+    net = NetworkEfficiencies(
+        allreduce_floor_s={8: 5e-6},
+        allreduce_bus_bytes_per_s={8: 1e11},
+        p2p_floor_s=5e-6,
+        p2p_fraction=1.0,
+        inter_latency_s=40e-6,
+        inter_hop_s=10e-6,
+        inter_fraction=1.0,
+        inter_from="test",
+    )
+    ar, ag = CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER
+    # 1 KiB over 8 nodes: ring 40 + 2·6·10 us + 1.75 KiB / 1 GB/s = 161.792 us; tree
+    # 40 + 2·2·10 us + 1 KiB / 0.45 GB/s = 82.2756 us: the tree.
+    assert inter_node_s(ar, 1024, 8, fig, net) == pytest.approx(80e-6 + 1024 / 0.45e9)
+    # 1 GiB over 8 nodes: ring 160 us + 1.879 s against tree 80 us + 2.386 s: the ring.
+    assert inter_node_s(ar, 1 << 30, 8, fig, net) == pytest.approx(160e-6 + 1.75 * (1 << 30) / 1e9)
+    # Over 2 nodes nothing is added to the 2-node latency.
+    assert inter_node_s(ar, 1024, 2, fig, net) == pytest.approx(40e-6 + 1024 / 1e9)
+    # An all-gather is a ring only, 7 network steps over 8 nodes (6 beyond 2 nodes').
+    assert inter_node_s(ag, 1024, 8, fig, net) == pytest.approx(100e-6 + 7 / 8 * 1024 / 1e9)
+    # A send/recv is one step whatever the group.
+    sr = CollectiveKind.SEND_RECV
+    assert inter_node_s(sr, 1024, 2, fig, net) == pytest.approx(40e-6 + 1024 / 1e9)
+    with pytest.raises(SpecError, match="at least 2 nodes"):
+        inter_node_s(ar, 1024, 1, fig, net)
+
+
 @needs_vidur
 def test_datasheet_entries_follow_the_roofline(h100_imported: Profile, h100: Profile) -> None:
     eff = derive_efficiencies(h100, H100_SXM)
@@ -194,14 +239,31 @@ def test_datasheet_entries_follow_the_roofline(h100_imported: Profile, h100: Pro
     assert lm_head.median_s == pytest.approx(
         eff.fixed_s + flops / (989e12 * eff.compute_fraction), rel=1e-9
     )
-    # 64-GPU all-reduce across nodes: 2 (n - 1) / n bytes per GPU over a 50 GB/s NIC.
+    # 64-GPU all-reduce across 64 nodes, NCCL's two algorithms over a 50 GB/s NIC: a ring
+    # of 2 (n - 1) / n bytes per GPU and 2·63 network steps (2·62 more than over 2 nodes),
+    # or a tree of 2·log2(64) steps (2·5 more) at 0.9 · 0.5 of the link; the faster.
+    size = 1 << 26
     [inter] = _find(
-        profile, Op.COLLECTIVE, kind="all_reduce", world_size=64, scope="inter", num_bytes=1 << 26
+        profile, Op.COLLECTIVE, kind="all_reduce", world_size=64, scope="inter", num_bytes=size
     )
     net = eff.network
-    bus_s = 2 * 63 / 64 * (1 << 26) / (50e9 * net.inter_fraction)
-    assert inter.median_s == pytest.approx(net.inter_latency_s + bus_s, rel=1e-9)
+    link = 50e9 * net.inter_fraction
+    ring = net.inter_latency_s + 2 * 62 * net.inter_hop_s + 2 * 63 / 64 * size / link
+    tree = net.inter_latency_s + 2 * 5 * net.inter_hop_s + size / (0.45 * link)
+    assert inter.median_s == pytest.approx(min(ring, tree), rel=1e-9)
     assert inter.p10_s == inter.median_s == inter.p90_s
+    # The hop is the imported inter-node send/recv's floor; over 2 nodes both algorithms
+    # pay the 2-node latency and the ring's bandwidth wins.
+    [pair] = _find(
+        profile, Op.COLLECTIVE, kind="all_reduce", world_size=2, scope="inter", num_bytes=size
+    )
+    assert pair.median_s == pytest.approx(net.inter_latency_s + size / link, rel=1e-9)
+    # An all-gather is a ring only: 63 network steps over 64 nodes, 62 more than over 2.
+    [gather] = _find(
+        profile, Op.COLLECTIVE, kind="all_gather", world_size=64, scope="inter", num_bytes=size
+    )
+    expected = net.inter_latency_s + 62 * net.inter_hop_s + 63 / 64 * size / link
+    assert gather.median_s == pytest.approx(expected, rel=1e-9)
 
 
 @needs_vidur
