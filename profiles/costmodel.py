@@ -17,7 +17,10 @@ How a query is answered (all interpolation in log(size)-log(time) space):
    answers at the same size, scaled by the roofline ratio between the two
    shapes ("efficiency transfer").
 4. No series of that op matches (e.g. a collective world size never profiled):
-   the fitted roofline alone.
+   the fitted roofline alone. Across nodes a world size between two profiled
+   ones is answered first, by the two series at the same size, linearly in the
+   world size (`_flat_collective_s`): a ring's latency grows with its network
+   steps, one per node, which the roofline's one fixed overhead cannot follow.
 
 The roofline per *family* (an op; for collectives an op kind and scope) is
 R(F, B) = t0 + max(F / P, B / W): a fixed overhead t0, achieved FLOP/s P and
@@ -533,7 +536,32 @@ class CostModel:
             "scope": scope.value,
             "num_bytes": num_bytes,
         }
+        if scope is Scope.INTER and (Op.COLLECTIVE, (kind.value, world_size, scope.value)) not in (
+            self.series
+        ):
+            between = self._between_worlds(kind, num_bytes, world_size)
+            if between is not None:
+                self._memo[(Op.COLLECTIVE, *params.values())] = between
+                return between
         return self._memo_time(Op.COLLECTIVE, params)
+
+    def _between_worlds(self, kind: CollectiveKind, num_bytes: int, nodes: int) -> float | None:
+        """An inter-node collective over `nodes` nodes, whose world size was not profiled,
+        from the profiled world sizes on either side at the same bytes, linear in the
+        world size (module docstring, case 4); None without one on each side."""
+        worlds = sorted(
+            int(key[1])
+            for op, key in self.series
+            if op is Op.COLLECTIVE and key[0] == kind.value and key[2] == Scope.INTER.value
+        )
+        below = [w for w in worlds if w < nodes]
+        above = [w for w in worlds if w > nodes]
+        if not below or not above:
+            return None
+        lo, hi = below[-1], above[0]
+        t_lo = self._flat_collective_s(kind, num_bytes, lo, Scope.INTER)
+        t_hi = self._flat_collective_s(kind, num_bytes, hi, Scope.INTER)
+        return t_lo + (t_hi - t_lo) * (nodes - lo) / (hi - lo)
 
     def _spanning_collective_s(
         self, kind: CollectiveKind, num_bytes: int, world_size: int, ranks_per_node: int

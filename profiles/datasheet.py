@@ -348,6 +348,7 @@ class CompletionGrid:
     collective_sizes_per_octave: int = 2  # over the imported collectives' size range
     # Up to 128 nodes: a 1,024-GPU cluster of 8-GPU nodes (the scaling table's largest).
     inter_world_sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
+    inter_max_bytes: int = 1 << 35  # the bf16 gradients of 16B parameters on one rank
 
 
 def gpu_models() -> tuple[ModelSpec, ...]:
@@ -432,7 +433,13 @@ def _collective_shapes(
     profile: Profile, eff: Efficiencies, grid: CompletionGrid
 ) -> Iterator[Shape]:
     imported = [int(e.params["num_bytes"]) for e in _imported(profile, Op.COLLECTIVE)]
-    sizes = _geometric_sizes(min(imported), max(imported), grid.collective_sizes_per_octave)
+    per_octave = grid.collective_sizes_per_octave
+    sizes = _geometric_sizes(min(imported), max(imported), per_octave)
+    # Across nodes up to a whole gradient: beyond its last point a series is extrapolated
+    # in proportion (`CostModel`), which would scale a many-node ring's latency with it.
+    inter_sizes = _geometric_sizes(
+        min(imported), max(max(imported), grid.inter_max_bytes), per_octave
+    )
     intra_kinds = (
         CollectiveKind.ALL_GATHER,
         CollectiveKind.REDUCE_SCATTER,
@@ -446,7 +453,7 @@ def _collective_shapes(
         for scope, worlds in scopes:
             # A send/recv is between two ranks whatever the group: world size 2 only.
             for world in (2,) if kind is CollectiveKind.SEND_RECV else worlds:
-                for size in sizes:
+                for size in inter_sizes if scope is Scope.INTER else sizes:
                     yield (
                         Op.COLLECTIVE,
                         {

@@ -193,10 +193,9 @@ def _collective_profile() -> Profile:
     return Profile(name="oracle-net", device_kind="cuda", provenance=prov, entries=tuple(entries))
 
 
-def test_a_ring_across_nodes_pays_the_latency_of_its_nodes_not_of_its_ranks():
-    """16 ranks, 4 on each of 4 nodes: the ring's network steps are those of 4 nodes, so
-    the latency is the 4-node entry's, not the 16-node one's (an oracle whose inter-node
-    latency grows by 10 us per node)."""
+def _growing_latency_model() -> CostModel:
+    """All-reduces whose inter-node latency grows by 10 us per node (a ring's network
+    steps), 1e9 B/s per NIC; within a node 5 us and 4e9 B/s."""
     entries = []
     for size in (1 << b for b in range(10, 31, 2)):
         for world in (2, 4, 8, 16):
@@ -206,8 +205,29 @@ def test_a_ring_across_nodes_pays_the_latency_of_its_nodes_not_of_its_ranks():
                 bus = size * ops.collective_bus_factor("all_reduce", world)
                 params = {"kind": "all_reduce", "world_size": world, "scope": scope}
                 entries.append(entry(Op.COLLECTIVE, {**params, "num_bytes": size}, lat + bus / bw))
-    base = _collective_profile()
-    model = CostModel.fit(dataclasses.replace(base, entries=tuple(entries)))
+    return CostModel.fit(dataclasses.replace(_collective_profile(), entries=tuple(entries)))
+
+
+def test_an_unprofiled_node_count_lies_between_its_profiled_neighbours():
+    """12 nodes, between the oracle's 8 and 16: linear in the node count at the same
+    bytes, which for a ring's latency (10 us per node) is exact; the bus factor
+    2 (N - 1) / N is not linear in N, so the bandwidth term is 1.1 % short of the
+    oracle's own formula at 12 nodes."""
+    model = _growing_latency_model()
+    size = 1 << 20
+    t8 = 80e-6 + size * 2 * 7 / 8 / 1e9
+    t16 = 160e-6 + size * 2 * 15 / 16 / 1e9
+    got = model.collective_s(CollectiveKind.ALL_REDUCE, size, 12, Scope.INTER)
+    assert got == pytest.approx((t8 + t16) / 2, rel=1e-9)
+    assert got == pytest.approx(120e-6 + size * 2 * 11 / 12 / 1e9, rel=1.5e-2)
+    # Beyond the largest profiled count there is no neighbour: the fitted roofline answers.
+    assert model.collective_s(CollectiveKind.ALL_REDUCE, size, 24, Scope.INTER) > 0
+
+
+def test_a_ring_across_nodes_pays_the_latency_of_its_nodes_not_of_its_ranks():
+    """16 ranks, 4 on each of 4 nodes: the ring's network steps are those of 4 nodes, so
+    the latency is the 4-node entry's, not the 16-node one's."""
+    model = _growing_latency_model()
     size = 1 << 12  # latency-bound
     got = model.collective_s(CollectiveKind.ALL_REDUCE, size, 16, Scope.INTER, ranks_per_node=4)
     # The 4-node entry at a quarter of the 16-rank ring's bus bytes (per NIC), expressed in
