@@ -52,7 +52,7 @@ from placeflow.executor.engines.sampler import Sampler, SamplingParams
 from placeflow.executor.engines.tp import SINGLE
 from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch, Transformer
-from placeflow.executor.fields import Field
+from placeflow.fields import Field
 from placeflow.plan import Plan
 from placeflow.profiles.schema import DispatchKind
 from placeflow.simulator import compute, simulate
@@ -164,16 +164,16 @@ def ray_round_trips(plan: Plan, repeats: int) -> dict[str, float]:
 
 
 def _payloads(plan: Plan) -> dict[str, int]:
-    from placeflow.simulator.rolecosts import call_payload_bytes
+    from placeflow.dataflow import dataflow_calls
+    from placeflow.simulator.rolecosts import call_payload
 
     wl = plan.workload
     samples = wl.batch.prompts_per_step * wl.batch.samples_per_prompt
-    seq = wl.batch.prompt_len + wl.batch.response_len
     d = plan.parallelism[Role.ACTOR].train.d
+    calls = {c.phase.value: c for c, _ in dataflow_calls(wl)}
     return {
-        "generate": call_payload_bytes("generate", samples // d, wl.batch.prompt_len, seq),
-        "ref_logprob": call_payload_bytes("forward", samples // d, wl.batch.prompt_len, seq),
-        "actor_update": call_payload_bytes("update", samples // d, wl.batch.prompt_len, seq),
+        name: call_payload(wl, calls[name], samples // d).num_bytes
+        for name in ("generate", "ref_logprob", "actor_update")
     }
 
 

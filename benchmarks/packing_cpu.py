@@ -40,7 +40,7 @@ SAMPLES, MICRO = 32, 4
 
 def batch(seed: int) -> Any:
     from placeflow.executor.batch import Batch
-    from placeflow.executor.fields import Field
+    from placeflow.fields import Field
 
     gen = torch.Generator().manual_seed(seed)
     p_len = torch.randint(16, 49, (SAMPLES,), generator=gen)
@@ -78,7 +78,7 @@ def side(tokens: int, b: Any) -> tuple[float, list[torch.Tensor], int]:
     from placeflow.executor.engines.tp import SINGLE
     from placeflow.executor.engines.trainer import OptimConfig
     from placeflow.executor.engines.transformer import Arch
-    from placeflow.executor.fields import Field
+    from placeflow.fields import Field
 
     setup = EngineSetup(
         arch=Arch.of(get_model("tiny-llama")),

@@ -2,7 +2,7 @@
 
 A Batch is named tensors whose first dimension is the sample, plus per-sample
 metadata (a tuple per key, one entry per sample: prompt ids, group ids, text);
-tensor names are declared in `executor/fields.py`. Every operation returns a
+tensor names are declared in `placeflow/fields.py`. Every operation returns a
 new Batch and leaves its inputs alone; tensors are shared where no copy is
 needed (`select` and `chunk` copy, `concat` copies), so treat a Batch's
 tensors as read-only.
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from placeflow.executor.fields import Field
+from placeflow.fields import Field
 
 _MASK = Field.ATTENTION_MASK  # the sequence layout's mask (a StrEnum, formats as its name)
 
@@ -84,6 +84,16 @@ class Batch:
         )
 
     # --- samples --------------------------------------------------------------
+    def only(self, keys: Sequence[str]) -> Batch:
+        """This batch with the tensors `keys` alone (in that order), its meta kept; a
+        KeyError names the keys it lacks."""
+        missing = [k for k in keys if k not in self.tensors]
+        if missing:
+            raise KeyError(f"batch has no {missing}; it has {sorted(self.tensors)}")
+        kept = set(keys)
+        seq_keys = tuple(k for k in self.seq_keys if k in kept) if _MASK in kept else ()
+        return Batch(tensors={k: self.tensors[k] for k in keys}, meta=self.meta, seq_keys=seq_keys)
+
     def select(self, indices: Sequence[int]) -> Batch:
         """The samples at `indices`, in that order (repeats allowed)."""
         n = len(self)

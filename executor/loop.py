@@ -61,7 +61,6 @@ from placeflow.executor.engines.tokenizer import ByteTokenizer, HFTokenizer, Tok
 from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch
-from placeflow.executor.fields import Field
 from placeflow.executor.groups import WorkerGroup
 from placeflow.executor.rewards import (
     RewardInput,
@@ -74,6 +73,7 @@ from placeflow.executor.rewards import (
 )
 from placeflow.executor.timeline import Launched, StepClock
 from placeflow.executor.worker import Worker, WorkerMethod
+from placeflow.fields import Field, call_inputs
 from placeflow.metrics import Metric, RecordKey, over_ranks, reward_extra
 from placeflow.phases import Phase
 from placeflow.plan import Plan
@@ -407,10 +407,12 @@ class RLLoop:
         partitions: dict[int, Partition],
         clock: StepClock,
     ) -> _Pending:
-        """Send `phase`'s call of `role` to its group, one DP shard per replica."""
+        """Send `phase`'s call of `role` to its group, one DP shard per replica of the
+        fields the call reads (`call_inputs`)."""
         group = self.c.group(role)
         part = self._partition(role, batch, partitions)
-        shards = split_by_dp(batch, group.dispatch, part)
+        inputs = batch.only(call_inputs(self.w, phase, off_policy=bool(self.staleness)))
+        shards = split_by_dp(inputs, group.dispatch, part)
         pairs = list(zip(group.workers, shards, strict=True))
         method: WorkerMethod
         if phase in (Phase.REF_LOGPROB, Phase.OLD_LOGPROB):
@@ -715,7 +717,8 @@ class RLLoop:
             out = _with(batch, {Field.ADVANTAGES: adv, Field.RETURNS: returns})
             if self.w.algorithm is Algorithm.SAFE_RLHF:
                 out = self._cost_advantages(out, adv, rec)
-        if ref is not None and self.w.algorithm is not Algorithm.PPO and rl_cfg.kl_coef:
+        if self.w.kl_in_loss:
+            assert ref is not None, "a workload with a KL loss has a reference model"
             out = _with(out, {Field.REF_LOGPROBS_IN_LOSS: ref})
         return out
 

@@ -364,6 +364,17 @@ class Workload:
         single_step = self.batch.ppo_epochs == 1 and self.batch.mini_batches == 1
         return not (self.algorithm in (Algorithm.GRPO, Algorithm.REMAX) and single_step)
 
+    @property
+    def kl_in_loss(self) -> bool:
+        """Whether the actor's loss holds a KL term to the reference (GRPO's k3; ReMax
+        and Safe-RLHF alike): a reference model and a KL coefficient, in any algorithm
+        but PPO, which puts its KL into the reward instead."""
+        return (
+            Role.REF in self.models
+            and self.algorithm is not Algorithm.PPO
+            and bool(self.rl.kl_coef)
+        )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", frozen(self.models))
         required, optional = ROLES[self.algorithm]

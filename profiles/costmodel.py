@@ -42,9 +42,12 @@ import numpy as np
 
 from placeflow.errors import SpecError
 from placeflow.profiles import ops
-from placeflow.profiles.grid import DTYPE_BYTES
+from placeflow.profiles.grid import DISPATCH_TENSOR_BYTES, DTYPE_BYTES
 from placeflow.profiles.schema import (
+    DISPATCH_ENTRY_TENSORS,
+    PER_TENSOR,
     CollectiveKind,
+    DispatchKind,
     Entry,
     FrameworkKind,
     Op,
@@ -461,18 +464,39 @@ class CostModel:
             return 0.0
         return self._memo_time(Op.COPY, {"direction": direction, "num_bytes": num_bytes})
 
-    def dispatch_s(self, kind: str, num_bytes: int) -> float:
-        """Host time of one controller -> worker call carrying `num_bytes` (round trip)."""
-        return self._memo_time(Op.DISPATCH, {"kind": kind, "num_bytes": max(1, num_bytes)})
+    def dispatch_s(
+        self, kind: DispatchKind, num_bytes: int, tensors: int = DISPATCH_ENTRY_TENSORS
+    ) -> float:
+        """Host time of one controller -> worker call carrying `num_bytes` in `tensors`
+        tensors (round trip, `_with_tensors`)."""
+        base = self._memo_time(Op.DISPATCH, {"kind": kind.value, "num_bytes": max(1, num_bytes)})
+        return self._with_tensors(kind, base, tensors)
 
-    def driver_s(self, kind: str, num_bytes: int) -> float | None:
+    def driver_s(
+        self, kind: DispatchKind, num_bytes: int, tensors: int = DISPATCH_ENTRY_TENSORS
+    ) -> float | None:
         """The driver's serial seconds for one rank's share of a call (`ray_launch`: its
-        arguments of `num_bytes` pickled and submitted; `ray_get`: its result of
-        `num_bytes` unpickled), as profiled; None where the profile has no such entry
+        arguments of `num_bytes` in `tensors` tensors pickled and submitted; `ray_get`:
+        its result unpickled), as profiled; None where the profile has no such entry
         (profiles whose driver host was not measured)."""
-        if (Op.DISPATCH, (kind,)) not in self.series:
+        if (Op.DISPATCH, (kind.value,)) not in self.series:
             return None
-        return self._memo_time(Op.DISPATCH, {"kind": kind, "num_bytes": max(1, num_bytes)})
+        base = self._memo_time(Op.DISPATCH, {"kind": kind.value, "num_bytes": max(1, num_bytes)})
+        return self._with_tensors(kind, base, tensors)
+
+    def _with_tensors(self, kind: DispatchKind, base_s: float, tensors: int) -> float:
+        """`base_s`, timed with `DISPATCH_ENTRY_TENSORS` tensors, for `tensors` of them: each
+        one more or fewer adds or takes the profile's per-tensor entry (none where the
+        profile has no such entry: the GPU profiles, which import the round trip only).
+        Never below a tenth of `base_s`: an empty call still makes its round trip."""
+        extra = tensors - DISPATCH_ENTRY_TENSORS
+        if extra == 0 or kind not in PER_TENSOR:
+            return base_s
+        per_tensor = PER_TENSOR[kind].value
+        if (Op.DISPATCH, (per_tensor,)) not in self.series:
+            return base_s
+        params: dict[str, int | str] = {"kind": per_tensor, "num_bytes": DISPATCH_TENSOR_BYTES}
+        return max(base_s / 10, base_s + extra * self._memo_time(Op.DISPATCH, params))
 
     def framework_s(self, kind: FrameworkKind, num_units: int = 1) -> float | None:
         """Host seconds of one piece of the engine's work of `kind` (a layer's forward,

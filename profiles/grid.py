@@ -364,6 +364,8 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 CPU_COPY_BYTES = geometric(4 * KIB, 256 * MIB)
 # Ray call payloads: a scoring call's shard of a small batch up to a large rollout.
 DISPATCH_BYTES = geometric(1 * KIB, 64 * MIB, 4)
+# A per-tensor dispatch entry's tensors: small, so that their count is what is timed.
+DISPATCH_TENSOR_BYTES = 64
 
 
 def _quick_recipe(device: str, num_gpus: int) -> _Recipe:

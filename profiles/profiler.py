@@ -86,7 +86,7 @@ from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
 from placeflow.profiles.framework import measure_framework
 from placeflow.profiles.grid import CPU_COPY_BYTES, DTYPE_BYTES, GridPoint, ProfilerGrid
-from placeflow.profiles.ray_roundtrip import measure_dispatch
+from placeflow.profiles.ray_roundtrip import dispatch_points, measure_dispatch
 from placeflow.profiles.schema import (
     CopyDirection,
     DispatchKind,
@@ -556,7 +556,7 @@ def profile_device(
         total = (
             len(grid.points())
             + grid.num_collective_points()
-            + len(grid.dispatch_bytes) * len(kinds)
+            + len(dispatch_points(grid.dispatch_bytes, kinds))
         )
         with _progress(total, progress) as report:
             measured = _measure_points(device, grid, report)

@@ -17,8 +17,15 @@ and unpickles every rank's result before it has the call's output. Two more kind
 time the driver's own share of each (kinds `ray_launch`: `.remote()` until it returns,
 with the arguments of `num_bytes`; `ray_get`: `ray.get` of a result of `num_bytes` that
 is already in the driver's object store), so that the simulator can price the R − 1
-launches and gets that one round trip does not cover. `measure_dispatch(kinds=...)`
-measures any of the three kinds.
+launches and gets that one round trip does not cover.
+
+Those three carry two tensors (token ids and a mask), but a call's arguments and
+result are dicts of as many tensors as it reads or answers (`placeflow.fields`),
+each pickled and moved on its own. Three more kinds (`ray_call_tensor`,
+`ray_launch_tensor`, `ray_get_tensor`) time what one more tensor adds to each:
+the same call with 2 + 16 tensors of 64 bytes and with 2, alternated, each pair's
+difference over 16 (median, p10, p90 over the pairs), at `num_bytes` 64.
+`measure_dispatch(kinds=...)` measures any of the six kinds.
 
 It starts a local Ray instance of one CPU unless Ray is already up (then it uses that one
 and leaves it running). The entries are op `dispatch`, source measured.
@@ -40,8 +47,10 @@ from typing import Any
 
 import torch
 
-from placeflow.profiles.grid import DISPATCH_BYTES
+from placeflow.profiles.grid import DISPATCH_BYTES, DISPATCH_TENSOR_BYTES
 from placeflow.profiles.schema import (
+    DISPATCH_ENTRY_TENSORS,
+    PER_TENSOR,
     DispatchKind,
     Entry,
     Op,
@@ -65,6 +74,9 @@ class _Worker:
     def give(self, num_bytes: int) -> dict[str, torch.Tensor]:
         return _payload(num_bytes)
 
+    def give_tensors(self, count: int) -> dict[str, torch.Tensor]:
+        return _tensors(count)
+
 
 def _payload(num_bytes: int) -> dict[str, torch.Tensor]:
     # Token ids and a mask, as a scoring call's shard carries (int64 and bool).
@@ -73,6 +85,28 @@ def _payload(num_bytes: int) -> dict[str, torch.Tensor]:
         "input_ids": torch.zeros(ids, dtype=torch.int64),
         "attention_mask": torch.ones(max(1, num_bytes - 8 * ids), dtype=torch.bool),
     }
+
+
+# The extra tensors of a per-tensor kind's larger payload (module docstring).
+_EXTRA_TENSORS = 16
+
+
+def _tensors(count: int) -> dict[str, torch.Tensor]:
+    """`count` tensors of `DISPATCH_TENSOR_BYTES` each."""
+    return {f"t{i}": torch.zeros(DISPATCH_TENSOR_BYTES, dtype=torch.uint8) for i in range(count)}
+
+
+def dispatch_points(
+    sizes: Sequence[int], kinds: Sequence[DispatchKind]
+) -> list[tuple[DispatchKind, int]]:
+    """(kind, num_bytes) of every entry `measure_dispatch` makes: each size for the three
+    payload kinds, the one per-tensor size for the per-tensor kinds."""
+    per_tensor = set(PER_TENSOR.values())
+    return [
+        (kind, size)
+        for kind in kinds
+        for size in ((DISPATCH_TENSOR_BYTES,) if kind in per_tensor else sizes)
+    ]
 
 
 def measure_dispatch(
@@ -96,22 +130,24 @@ def measure_dispatch(
         worker: Any = ray.remote(num_cpus=0)(_Worker).remote()
         ray.get(worker.take.remote({}))  # the worker process is up
         entries = []
-        for kind in kinds:
-            for num_bytes in sizes:
+        for kind, num_bytes in dispatch_points(sizes, kinds):
+            if kind in PER_TENSOR.values():
+                samples = _tensor_samples(worker, kind, warmup + repeats)[warmup:]
+            else:
                 samples = _samples(worker, kind, num_bytes, warmup + repeats)[warmup:]
-                t = summarize(samples, 1)
-                entries.append(
-                    Entry(
-                        op=Op.DISPATCH,
-                        params={"kind": kind.value, "num_bytes": num_bytes},
-                        median_s=t.median_s,
-                        p10_s=t.p10_s,
-                        p90_s=t.p90_s,
-                        repeats=t.repeats,
-                        source=Source.MEASURED,
-                    )
+            t = summarize(samples, 1)
+            entries.append(
+                Entry(
+                    op=Op.DISPATCH,
+                    params={"kind": kind.value, "num_bytes": num_bytes},
+                    median_s=t.median_s,
+                    p10_s=t.p10_s,
+                    p90_s=t.p90_s,
+                    repeats=t.repeats,
+                    source=Source.MEASURED,
                 )
-                on_point()
+            )
+            on_point()
         ray.kill(worker)
         return entries
     finally:
@@ -142,6 +178,35 @@ def _samples(worker: Any, kind: DispatchKind, num_bytes: int, count: int) -> lis
             ray.get(ref)
             out.append(time.perf_counter() - t0)
     return out
+
+
+def _tensor_samples(worker: Any, kind: DispatchKind, count: int) -> list[float]:
+    """`count` pairs' differences, per extra tensor, of the kind's operation on
+    2 + `_EXTRA_TENSORS` tensors and on 2 (module docstring)."""
+    import ray
+
+    few = DISPATCH_ENTRY_TENSORS
+    many = few + _EXTRA_TENSORS
+    payloads = {few: _tensors(few), many: _tensors(many)}
+
+    def once(n: int) -> float:
+        if kind is DispatchKind.RAY_CALL_TENSOR:
+            t0 = time.perf_counter()
+            ray.get(worker.take.remote(payloads[n]))
+            return time.perf_counter() - t0
+        if kind is DispatchKind.RAY_LAUNCH_TENSOR:
+            t0 = time.perf_counter()
+            ref = worker.take.remote(payloads[n])
+            spent = time.perf_counter() - t0
+            ray.get(ref)
+            return spent
+        ref = worker.give_tensors.remote(n)
+        ray.wait([ref], fetch_local=True)
+        t0 = time.perf_counter()
+        ray.get(ref)
+        return time.perf_counter() - t0
+
+    return [(once(many) - once(few)) / _EXTRA_TENSORS for _ in range(count)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

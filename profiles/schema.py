@@ -107,6 +107,22 @@ class DispatchKind(StrEnum):
     # rank's result of num_bytes once it is ready (`ray.get`).
     RAY_LAUNCH = "ray_launch"
     RAY_GET = "ray_get"
+    # What one more tensor adds to each of the three (the entries above carry two, as a
+    # Batch of token ids and a mask pickles): a call's arguments or result are a dict of
+    # tensors, each pickled and moved on its own. Timed at num_bytes per tensor.
+    RAY_CALL_TENSOR = "ray_call_tensor"
+    RAY_LAUNCH_TENSOR = "ray_launch_tensor"
+    RAY_GET_TENSOR = "ray_get_tensor"
+
+
+# Tensors in the payload of a `ray_call`, `ray_launch` or `ray_get` entry.
+DISPATCH_ENTRY_TENSORS = 2
+# Per-tensor kinds: what each one prices a tensor of.
+PER_TENSOR = {
+    DispatchKind.RAY_CALL: DispatchKind.RAY_CALL_TENSOR,
+    DispatchKind.RAY_LAUNCH: DispatchKind.RAY_LAUNCH_TENSOR,
+    DispatchKind.RAY_GET: DispatchKind.RAY_GET_TENSOR,
+}
 
 
 class FrameworkKind(StrEnum):

@@ -8,7 +8,7 @@ fields of the parallelism a call's cost and the resident bytes read, so that
 the planner, which asks for thousands of parallelisms, prices each key once.
 
 Every call is also a controller -> worker Ray call whose round trip carries
-the rank's shard of the batch there and its result back (`call_payload_bytes`);
+the rank's shard of the batch there and its result back (`call_payload`);
 the profile's `dispatch` entry prices it (`CostModel.dispatch_s`), paid once
 per call before the device work. The driver makes the ranks' calls one after
 another, though, and takes their results one after another: a call to R ranks
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from placeflow.dataflow import CallKind, ModelCall, dataflow_calls
+from placeflow.fields import SEQUENCE, call_inputs, call_outputs
 from placeflow.layout import GenLayout, TrainLayout, generation_shard_bytes
 from placeflow.models import ModelSpec
 from placeflow.phases import Phase
@@ -184,34 +185,63 @@ def needs_reshard(gen: GenLayout, zero: int) -> bool:
 
 
 # Bytes per token a call's Batch carries: an int64 token id and a bool mask, plus one
-# float32 per-token tensor per extra field (logprobs or values back from a scoring call
-# or a rollout; old logprobs, reference logprobs and advantages into an update).
+# float32 per-token tensor per other field (`placeflow.fields.call_inputs`: old and
+# reference logprobs, advantages, values and returns into an update; logprobs or values
+# back from a scoring call, the rollout's logprobs back from a generation).
 TOKEN_BYTES = 8 + 1
 FLOAT_BYTES = 4
-UPDATE_FLOAT_FIELDS = 3
 
 
-def call_payload_split(
-    kind: str, samples_per_rank: int, prompt_len: int, seq: int
-) -> tuple[int, int]:
-    """(bytes in, bytes out) of one rank's call, for `samples_per_rank` samples.
+@dataclass(frozen=True, kw_only=True)
+class Payload:
+    """What one rank's call carries there (its arguments) and back (its result): bytes
+    and tensors, each tensor pickled and moved on its own (`CostModel.dispatch_s`)."""
 
-    generate: prompts in, prompt + response tokens with their logprobs out;
-    forward: sequences in, one float per token out; update: sequences with
-    three float fields in, a few scalars out. `seq` is prompt + mean response.
-    """
-    if kind == CallKind.GENERATE:
-        into, out = prompt_len * TOKEN_BYTES, seq * (TOKEN_BYTES + FLOAT_BYTES)
-    elif kind == CallKind.FORWARD:
-        into, out = seq * TOKEN_BYTES, seq * FLOAT_BYTES
-    else:
-        into, out = seq * (TOKEN_BYTES + UPDATE_FLOAT_FIELDS * FLOAT_BYTES), 0
-    return samples_per_rank * into, samples_per_rank * out
+    in_bytes: int
+    out_bytes: int
+    in_tensors: int
+    out_tensors: int
+
+    @property
+    def num_bytes(self) -> int:
+        return self.in_bytes + self.out_bytes
+
+    @property
+    def num_tensors(self) -> int:
+        return self.in_tensors + self.out_tensors
 
 
-def call_payload_bytes(kind: str, samples_per_rank: int, prompt_len: int, seq: int) -> int:
-    """Bytes one rank's call moves there and back (`call_payload_split`, summed)."""
-    return sum(call_payload_split(kind, samples_per_rank, prompt_len, seq))
+# A transition's call (reshard, weight sync): no tensors either way, its bytes go over
+# the collectives.
+NO_PAYLOAD = Payload(in_bytes=0, out_bytes=0, in_tensors=0, out_tensors=0)
+
+
+def call_payload(workload: Workload, call: ModelCall, samples_per_rank: int) -> Payload:
+    """The payload of one rank's `call` on `samples_per_rank` samples, from the fields the
+    controller sends it (`call_inputs`) and those it answers with (`call_outputs`).
+
+    A generation takes its prompts as token lists (no tensors) and answers with the
+    rollout's batch; another call takes the sequence and its float fields, each
+    priced at one float per token of the sample (prompt + mean response). The actor's
+    update reads one behaviour-policy field whichever it is, so the count does not
+    depend on asynchrony."""
+    n, seq = samples_per_rank, train_seq_len(workload)
+    outputs = call_outputs(call.phase)
+    if call.kind == CallKind.GENERATE:
+        return Payload(
+            in_bytes=n * workload.batch.prompt_len * TOKEN_BYTES,
+            out_bytes=n * seq * (TOKEN_BYTES + FLOAT_BYTES),
+            in_tensors=0,
+            out_tensors=outputs,
+        )
+    inputs = call_inputs(workload, call.phase, off_policy=False)
+    floats = len(inputs) - len(SEQUENCE)
+    return Payload(
+        in_bytes=n * seq * (TOKEN_BYTES + floats * FLOAT_BYTES),
+        out_bytes=n * seq * FLOAT_BYTES * outputs,
+        in_tensors=len(inputs),
+        out_tensors=outputs,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,12 +255,12 @@ class DriverWork:
     collect_s: float
 
 
-def driver_work(cm: CostModel, ranks: int, in_bytes: int, out_bytes: int) -> DriverWork | None:
-    """`DriverWork` of a call sent to `ranks` ranks, each with `in_bytes` of arguments and
-    `out_bytes` of result; None for one rank or where the profile has no `ray_launch`
-    and `ray_get` entries (its driver host was not measured)."""
-    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, in_bytes)
-    get = cm.driver_s(DispatchKind.RAY_GET, out_bytes)
+def driver_work(cm: CostModel, ranks: int, payload: Payload) -> DriverWork | None:
+    """`DriverWork` of a call sent to `ranks` ranks, each with `payload`; None for one
+    rank or where the profile has no `ray_launch` and `ray_get` entries (its driver host
+    was not measured)."""
+    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, payload.in_bytes, payload.in_tensors)
+    get = cm.driver_s(DispatchKind.RAY_GET, payload.out_bytes, payload.out_tensors)
     if launch is None or get is None or ranks <= 1:
         return None
     return DriverWork(launch_s=(ranks - 1) * launch, collect_s=(ranks - 1) * get)
@@ -247,13 +277,7 @@ def call_driver_work(
 ) -> DriverWork | None:
     """`driver_work` of one model call of `call.role` sent to the `ranks` workers of its
     set, with the payloads `call_cost`'s round trip carries (a generation needs `gen`)."""
-    into, out = call_payload_split(
-        call.kind,
-        rank_samples(call, par, gen),
-        workload.batch.prompt_len,
-        train_seq_len(workload),
-    )
-    return driver_work(cm, ranks, into, out)
+    return driver_work(cm, ranks, call_payload(workload, call, rank_samples(call, par, gen)))
 
 
 def rank_samples(call: ModelCall, par: RoleParallelism, gen: GenLayout | None) -> int:
@@ -265,16 +289,19 @@ def rank_samples(call: ModelCall, par: RoleParallelism, gen: GenLayout | None) -
     return math.ceil(call.num_samples / par.train.d)
 
 
-def with_dispatch(
-    cm: CostModel, cost: callcosts.CallCost, payload_bytes: int
-) -> callcosts.CallCost:
-    """`cost` plus the Ray round trip of a call carrying `payload_bytes`."""
-    dispatch_s = cm.dispatch_s(DispatchKind.RAY_CALL, payload_bytes)
+def with_dispatch(cm: CostModel, cost: callcosts.CallCost, payload: Payload) -> callcosts.CallCost:
+    """`cost` plus the Ray round trip of a call carrying `payload` there and back."""
+    dispatch_s = cm.dispatch_s(DispatchKind.RAY_CALL, payload.num_bytes, payload.num_tensors)
     return callcosts.CallCost(
         time_s=cost.time_s + dispatch_s,
         transient_bytes=cost.transient_bytes,
         busy_s=cost.busy_s + dispatch_s,
-        detail={**cost.detail, "dispatch_s": dispatch_s, "payload_bytes": payload_bytes},
+        detail={
+            **cost.detail,
+            "dispatch_s": dispatch_s,
+            "payload_bytes": payload.num_bytes,
+            "payload_tensors": payload.num_tensors,
+        },
     )
 
 
@@ -392,10 +419,7 @@ def call_cost(
         )
     if training_devices:
         cost = with_param_reload(cm, workload, call, par, cost)
-    payload = call_payload_bytes(
-        call.kind, rank_samples(call, par, gen), workload.batch.prompt_len, seq
-    )
-    return with_dispatch(cm, cost, payload)
+    return with_dispatch(cm, cost, call_payload(workload, call, rank_samples(call, par, gen)))
 
 
 def with_param_reload(

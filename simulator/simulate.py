@@ -57,6 +57,7 @@ from placeflow.simulator import callcosts, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
 from placeflow.simulator.lengths import LengthModel, longest_quantiles, tail_left
 from placeflow.simulator.rolecosts import (
+    NO_PAYLOAD,
     DriverWork,
     call_driver_work,
     colocated_generation_bytes,
@@ -379,7 +380,7 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         )
         phase, sets = Phase.RESHARD, (actor_set,)
     # The transition is one Ray call per rank too; its bytes go over the collectives.
-    cost = _contended(plan, actor_set, with_dispatch(cm, cost, 0))
+    cost = _contended(plan, actor_set, with_dispatch(cm, cost, NO_PAYLOAD))
     ranks = sum(plan.sets[i].num_devices for i in sets)
     transition = _Call(
         phase=phase,
@@ -387,7 +388,7 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         sets=sets,
         cost=cost,
         preds=(),
-        driver=driver_work(cm, ranks, 0, 0),
+        driver=driver_work(cm, ranks, NO_PAYLOAD),
     )
     result = [transition]
     for c in costed:

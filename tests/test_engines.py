@@ -27,8 +27,8 @@ from placeflow.executor.engines.roles import (
 from placeflow.executor.engines.sampler import Sampler, SamplingParams, left_pad
 from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
 from placeflow.executor.engines.transformer import Arch, Transformer, random_full
-from placeflow.executor.fields import Field
 from placeflow.executor.tasks import Problem, get_task
+from placeflow.fields import Field
 from placeflow.simulator import compute
 from placeflow.workload import RLConfig
 

@@ -34,8 +34,8 @@ from placeflow.executor.engines.sampler import Sampler, SamplingParams
 from placeflow.executor.engines.tp import SINGLE
 from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch, Transformer, random_full
-from placeflow.executor.fields import Field
 from placeflow.executor.worker import HOST, Worker, WorkerSpec
+from placeflow.fields import Field
 from placeflow.hardware import DeviceKind
 from placeflow.plan import MicroBatching
 from placeflow.workload import Role

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placeflow.executor.batch import Batch
-from placeflow.executor.fields import Field
+from placeflow.fields import Field
 
 
 def make_batch(lengths: list[int]) -> Batch:
@@ -131,3 +131,22 @@ def test_chunk_concat_and_permutation_round_trip(lengths, num_chunks, data):
     again = b.reorder(perm).reorder(inverse)
     for key in b.tensors:
         assert torch.equal(again.tensors[key], b.tensors[key])
+
+
+def test_only_keeps_the_named_tensors_and_the_meta():
+    """What the controller sends a call (`placeflow.fields.call_inputs`)."""
+    b = Batch(
+        tensors={
+            Field.PROMPT: torch.zeros(3, 2, dtype=torch.long),
+            Field.RESPONSE: torch.ones(3, 4, dtype=torch.long),
+            Field.ADVANTAGES: torch.arange(3.0),
+        },
+        meta={"uid": ("a", "b", "c")},
+    )
+    got = b.only([Field.ADVANTAGES, Field.PROMPT])
+    assert list(got.tensors) == [Field.ADVANTAGES, Field.PROMPT]
+    assert torch.equal(got.tensors[Field.ADVANTAGES], torch.arange(3.0))
+    assert got.meta == {"uid": ("a", "b", "c")}
+    assert set(b.tensors) == {Field.PROMPT, Field.RESPONSE, Field.ADVANTAGES}  # untouched
+    with pytest.raises(KeyError, match="returns"):
+        b.only([Field.RETURNS])

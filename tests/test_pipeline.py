@@ -33,7 +33,7 @@ from placeflow.executor.engines.roles import (
 from placeflow.executor.engines.tp import SINGLE
 from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch
-from placeflow.executor.fields import Field
+from placeflow.fields import Field
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.procs import free_port, report_rank, run_ranks
 from placeflow.reshard_plan import Sharding, TinyLlama, split_ranges

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_simulator import FAKE, GemmOnlyCosts, tiny_plan
 
-from placeflow.dataflow import CallKind
+from placeflow.dataflow import dataflow_calls
 from placeflow.layout import TrainLayout
 from placeflow.phases import Phase
 from placeflow.plan import DeviceSet, RoleParallelism
@@ -27,9 +27,9 @@ from placeflow.profiles.schema import DispatchKind, Op, Source
 from placeflow.simulator import callcosts, simulate
 from placeflow.simulator.rolecosts import (
     DriverWork,
+    Payload,
     call_driver_work,
-    call_payload_bytes,
-    call_payload_split,
+    call_payload,
     driver_work,
     role_call_costs,
     role_calls,
@@ -40,14 +40,66 @@ from placeflow.workload import Role, load_workload
 WORKLOADS = Path(__file__).resolve().parents[1] / "examples" / "workloads"
 
 
-def test_payload_bytes_by_hand() -> None:
-    # 8 samples of 16 prompt tokens, 24 tokens with the mean response.
-    # generate: 16·9 prompt bytes in; 24·(9 + 4) out per sample.
-    assert call_payload_bytes(CallKind.GENERATE, 8, 16, 24) == 8 * (16 * 9 + 24 * 13)
-    # forward: 24·9 in, 24·4 out.
-    assert call_payload_bytes(CallKind.FORWARD, 8, 16, 24) == 8 * 24 * 13
-    # update: ids and mask plus old logprobs, reference logprobs and advantages.
-    assert call_payload_bytes(CallKind.TRAIN, 8, 16, 24) == 8 * 24 * (9 + 12)
+def _call(wl, phase):
+    return next(c for c, _ in dataflow_calls(wl) if c.phase is phase)
+
+
+def test_payloads_by_hand() -> None:
+    """8 samples a rank of the tiny GRPO workload, with and without a KL loss, and of
+    the tiny PPO workload's updates."""
+    wl = load_workload(WORKLOADS / "grpo-tiny-cpu.toml")
+    seq = train_seq_len(wl)
+    prompt = wl.batch.prompt_len
+    # generate: prompt token lists in (no tensors), the rollout's 5 tensors out.
+    assert call_payload(wl, _call(wl, Phase.GENERATE), 8) == Payload(
+        in_bytes=8 * prompt * 9, out_bytes=8 * seq * 13, in_tensors=0, out_tensors=5
+    )
+    # forward: the 4 sequence tensors in (9 bytes a token), one float a token out.
+    assert call_payload(wl, _call(wl, Phase.REF_LOGPROB), 8) == Payload(
+        in_bytes=8 * seq * 9, out_bytes=8 * seq * 4, in_tensors=4, out_tensors=1
+    )
+    # GRPO actor update without a KL term (kl_coef 0): the sequence, the behaviour
+    # logprobs and the advantages, 2 float fields; metrics (no tensors) back.
+    assert not wl.kl_in_loss
+    assert call_payload(wl, _call(wl, Phase.ACTOR_UPDATE), 8) == Payload(
+        in_bytes=8 * seq * (9 + 8), out_bytes=0, in_tensors=6, out_tensors=0
+    )
+    # With one, the reference's logprobs too: 3 float fields.
+    kl = dataclasses.replace(wl, rl=dataclasses.replace(wl.rl, kl_coef=0.04))
+    assert kl.kl_in_loss
+    assert call_payload(kl, _call(kl, Phase.ACTOR_UPDATE), 8) == Payload(
+        in_bytes=8 * seq * (9 + 12), out_bytes=0, in_tensors=7, out_tensors=0
+    )
+    # PPO: no KL term in the loss (it is in the reward); the critic reads values and returns.
+    ppo = load_workload(WORKLOADS / "ppo-tiny-cpu.toml")
+    assert not ppo.kl_in_loss
+    pseq = train_seq_len(ppo)
+    for phase in (Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE):
+        assert call_payload(ppo, _call(ppo, phase), 8) == Payload(
+            in_bytes=8 * pseq * (9 + 8), out_bytes=0, in_tensors=6, out_tensors=0
+        )
+
+
+def test_a_call_prices_the_tensors_it_carries() -> None:
+    """The profile's round trip is timed with 2 tensors: each one more adds its per-tensor
+    entry, each one fewer takes it off (an empty call: both)."""
+    cm = fitted_cost_model("cpu")
+    base = cm.dispatch_s(DispatchKind.RAY_CALL, 4096)
+    per_tensor = cm.dispatch_s(DispatchKind.RAY_CALL_TENSOR, 64)
+    assert 0 < per_tensor < base
+    assert cm.dispatch_s(DispatchKind.RAY_CALL, 4096, 7) == pytest.approx(base + 5 * per_tensor)
+    assert cm.dispatch_s(DispatchKind.RAY_CALL, 4096, 0) == pytest.approx(base - 2 * per_tensor)
+    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, 4096)
+    launch_tensor = cm.dispatch_s(DispatchKind.RAY_LAUNCH_TENSOR, 64)
+    assert launch is not None
+    assert cm.driver_s(DispatchKind.RAY_LAUNCH, 4096, 4) == pytest.approx(
+        launch + 2 * launch_tensor
+    )
+    # A GPU profile imports the round trip alone: no per-tensor term.
+    gpu = fitted_cost_model("h100-sxm")
+    assert gpu.dispatch_s(DispatchKind.RAY_CALL, 4096, 9) == gpu.dispatch_s(
+        DispatchKind.RAY_CALL, 4096
+    )
 
 
 def test_cost_model_answers_the_measured_dispatch_entries() -> None:
@@ -57,6 +109,7 @@ def test_cost_model_answers_the_measured_dispatch_entries() -> None:
     cm = fitted_cost_model("cpu")
     for e in entries:  # exact at every profiled point
         if e.params["kind"] == DispatchKind.RAY_CALL:
+            # (an entry's payload is 2 tensors: the default count)
             assert cm.dispatch_s(DispatchKind.RAY_CALL, int(e.params["num_bytes"])) == e.median_s
     # GPU profiles carry the same host's round trips, imported, and not its driver's
     # per-rank launches and gets (their head node's CPU was not measured).
@@ -81,10 +134,12 @@ def test_every_call_pays_its_round_trip_once() -> None:
     samples = wl.batch.num_samples
     bare = callcosts.forward_cost(cm, wl.models[Role.REF], par, samples, seq, value_head=False)
     payload = math.ceil(samples / 2) * seq * 13
-    expected = bare.time_s + cm.dispatch_s(DispatchKind.RAY_CALL, payload)
+    # 4 sequence tensors there, the logprobs back.
+    expected = bare.time_s + cm.dispatch_s(DispatchKind.RAY_CALL, payload, 5)
     cost = got[Phase.REF_LOGPROB]
     assert cost.time_s == pytest.approx(expected)
     assert cost.detail["payload_bytes"] == payload
+    assert cost.detail["payload_tensors"] == 5
 
 
 def test_driver_work_counts_the_other_ranks() -> None:
@@ -93,9 +148,10 @@ def test_driver_work_counts_the_other_ranks() -> None:
     get = cm.driver_s(DispatchKind.RAY_GET, 1024)
     assert launch is not None and get is not None
     # One round trip is in the call's cost already: 4 ranks add 3 launches and 3 gets.
-    assert driver_work(cm, 4, 4096, 1024) == DriverWork(launch_s=3 * launch, collect_s=3 * get)
-    assert driver_work(cm, 1, 4096, 1024) is None
-    assert driver_work(fitted_cost_model("h100-sxm"), 8, 4096, 1024) is None
+    two = Payload(in_bytes=4096, out_bytes=1024, in_tensors=2, out_tensors=2)
+    assert driver_work(cm, 4, two) == DriverWork(launch_s=3 * launch, collect_s=3 * get)
+    assert driver_work(cm, 1, two) is None
+    assert driver_work(fitted_cost_model("h100-sxm"), 8, two) is None
 
 
 def test_call_driver_work_payloads_by_hand() -> None:
@@ -105,14 +161,10 @@ def test_call_driver_work_payloads_by_hand() -> None:
     seq = train_seq_len(wl)
     ref = next(c for c in role_calls(wl, Role.REF) if c.phase is Phase.REF_LOGPROB)
     per_rank = math.ceil(wl.batch.num_samples / 2)
-    # In: ids and mask (9 bytes a token); out: one float32 a token.
-    assert call_payload_split(CallKind.FORWARD, per_rank, 16, seq) == (
-        per_rank * seq * 9,
-        per_rank * seq * 4,
-    )
+    # In: ids and masks (9 bytes a token) in 4 tensors; out: one float32 a token, 1 tensor.
     got = call_driver_work(wl, ref, par, cm, ranks=4)
-    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, per_rank * seq * 9)
-    get = cm.driver_s(DispatchKind.RAY_GET, per_rank * seq * 4)
+    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, per_rank * seq * 9, 4)
+    get = cm.driver_s(DispatchKind.RAY_GET, per_rank * seq * 4, 1)
     assert launch is not None and get is not None
     assert got == DriverWork(launch_s=3 * launch, collect_s=3 * get)
 
@@ -125,7 +177,7 @@ class DriverCosts(GemmOnlyCosts):
     """GemmOnlyCosts with a driver that takes 2 ms to launch a rank's call, 1 ms to get one
     rank's result."""
 
-    def driver_s(self, kind, num_bytes):
+    def driver_s(self, kind, num_bytes, tensors=2):
         return LAUNCH_S if kind == DispatchKind.RAY_LAUNCH else GET_S
 
 

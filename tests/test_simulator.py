@@ -46,7 +46,7 @@ class GemmOnlyCosts(CostModel):
     def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1):
         return 0.0
 
-    def dispatch_s(self, kind, num_bytes):
+    def dispatch_s(self, kind, num_bytes, tensors=2):
         return 0.0
 
 

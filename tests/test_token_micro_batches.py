@@ -41,8 +41,8 @@ from placeflow.executor.engines.sampler import Sampler, SamplingParams
 from placeflow.executor.engines.tp import SINGLE
 from placeflow.executor.engines.trainer import OptimConfig
 from placeflow.executor.engines.transformer import Arch, Transformer, random_full
-from placeflow.executor.fields import Field
 from placeflow.export import Target, export_plan
+from placeflow.fields import Field
 from placeflow.layout import TrainLayout
 from placeflow.plan import (
     MicroBatching,

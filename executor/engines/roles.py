@@ -5,7 +5,7 @@ the RL loop on a `Batch` of samples in the sequence layout below. The worker
 builds them from an `EngineSetup` (plain data the controller sends) and its
 role's process groups; nothing here knows about Ray.
 
-A batch is in the sequence layout of `executor/fields.py` (left-padded
+A batch is in the sequence layout of `placeflow/fields.py` (left-padded
 prompts, right-padded responses), whose names the engines read and write.
 
 Calls that run the trainer's forward (FSDP all-gathers inside) must be made by
@@ -48,8 +48,8 @@ from placeflow.executor.engines.sampler import (
 from placeflow.executor.engines.tp import TPGroup, TPImpl
 from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
 from placeflow.executor.engines.transformer import Arch, Transformer, random_full
-from placeflow.executor.fields import PER_TOKEN, Field
 from placeflow.executor.reshard import MemoryMeter, reshard_colocated
+from placeflow.fields import PER_TOKEN, ROLLOUT, Field
 from placeflow.layout import GenLayout
 from placeflow.metrics import Metric, accumulate, averaged
 from placeflow.plan import MicroBatching, micro_batching
@@ -174,15 +174,7 @@ def completions_batch(
         ids[i, :n] = torch.tensor(c.token_ids, dtype=torch.long)
         mask[i, :n] = True
         logp[i, :n] = torch.tensor(c.logprobs)
-    return Batch(
-        tensors={
-            Field.PROMPT: p_ids,
-            Field.PROMPT_MASK: p_mask,
-            Field.RESPONSE: ids,
-            Field.RESPONSE_MASK: mask,
-            Field.ROLLOUT_LOGPROBS: logp,
-        }
-    )
+    return Batch(tensors=dict(zip(ROLLOUT, (p_ids, p_mask, ids, mask, logp), strict=True)))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,10 @@ AttributeError at import, not a KeyError mid-run. Members are `str`s (their
 values), so a Batch keyed by them compares, prints and pickles like one keyed
 by the plain names.
 
+Each model call is sent only the fields it reads (`call_inputs`, one table: the
+controller selects a call's shard by it and the simulator prices the tensors and
+bytes it makes), and answers with `call_outputs`.
+
 Sequence layout (every tensor indexed by sample first):
   prompt_ids, prompt_mask      (B, P)  left-padded prompts
   response_ids, response_mask  (B, R)  right-padded responses
@@ -18,6 +22,9 @@ are (B, R), aligned with the responses; per-sample ones are (B,).
 from __future__ import annotations
 
 from enum import StrEnum
+
+from placeflow.phases import Phase
+from placeflow.workload import Algorithm, Workload
 
 
 class Field(StrEnum):
@@ -69,3 +76,60 @@ PER_TOKEN = frozenset(
         Field.REF_LOGPROBS_IN_LOSS,
     }
 )
+
+
+# A sample's tokens in the sequence layout: what every model call reads.
+SEQUENCE = (Field.PROMPT, Field.PROMPT_MASK, Field.RESPONSE, Field.RESPONSE_MASK)
+
+# What a rollout call returns (engines/roles.py `completions_batch`).
+ROLLOUT = (*SEQUENCE, Field.ROLLOUT_LOGPROBS)
+
+_FORWARDS = frozenset(
+    {
+        Phase.REF_LOGPROB,
+        Phase.OLD_LOGPROB,
+        Phase.VALUES,
+        Phase.COST_VALUES,
+        Phase.REWARD,
+        Phase.COST,
+    }
+)
+
+
+def call_inputs(workload: Workload, phase: Phase, *, off_policy: bool) -> tuple[Field, ...]:
+    """The fields of the step's Batch that `phase`'s model call reads, as sent to it.
+
+    A forward call reads the sequence. The actor's update reads its advantages and
+    the behaviour policy's logprobs: OLD_LOGPROBS where the step has them (re-scored
+    by `old_logprob`, or the rollout's own under asynchrony, `off_policy`), else the
+    rollout's, against which the update's own forward is checked; and the reference's
+    logprobs where its loss has a KL term (`Workload.kl_in_loss`). The critic's
+    update reads its old values and returns, per head (Safe-RLHF's cost head too).
+    """
+    if phase in _FORWARDS:
+        return SEQUENCE
+    if phase is Phase.ACTOR_UPDATE:
+        recomputed = workload.recomputes_old_logprobs or off_policy
+        behaviour = Field.OLD_LOGPROBS if recomputed else Field.ROLLOUT_LOGPROBS
+        kl = (Field.REF_LOGPROBS_IN_LOSS,) if workload.kl_in_loss else ()
+        return (*SEQUENCE, behaviour, Field.ADVANTAGES, *kl)
+    if phase is Phase.CRITIC_UPDATE:
+        cost = (
+            (Field.COST_VALUES, Field.COST_RETURNS)
+            if workload.algorithm is Algorithm.SAFE_RLHF
+            else ()
+        )
+        return (*SEQUENCE, Field.VALUES, Field.RETURNS, *cost)
+    raise ValueError(f"phase {phase.value!r} is not a model call that reads the step's batch")
+
+
+def call_outputs(phase: Phase) -> int:
+    """How many tensors `phase`'s model call answers with: a rollout's batch, one
+    tensor from a forward call, none from an update (its metrics are floats)."""
+    if phase in (Phase.GENERATE, Phase.GENERATE_BASELINE):
+        return len(ROLLOUT)
+    if phase in _FORWARDS:
+        return 1
+    if phase in (Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE):
+        return 0
+    raise ValueError(f"phase {phase.value!r} is not a model call")
