@@ -479,7 +479,7 @@ def datasheet_time_s(
         world = int(params["world_size"])
         if params["scope"] == Scope.INTER.value:
             return inter_node_s(
-                CollectiveKind(params["kind"]), int(params["num_bytes"]), world, fig, net
+                CollectiveKind(str(params["kind"])), int(params["num_bytes"]), world, fig, net
             )
         if params["kind"] == CollectiveKind.SEND_RECV.value:
             return net.p2p_floor_s + bus_bytes / (fig.nvlink_bytes_per_s * net.p2p_fraction)
