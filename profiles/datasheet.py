@@ -15,8 +15,9 @@ and efficiencies *derived from the same profile's imported measurements*
 The expert-parallel all-to-all (dispatch and combine of routed tokens) is one
 more collective kind: B_bus = (n-1)/n of each rank's send buffer, over the
 all-reduce's NVSwitch bus bandwidth within a node and entirely over the NIC
-across nodes (an upper bound: the share to ranks of the same node stays on
-NVLink).
+across nodes (an entry has one rank per node; where a group has several on a
+node, the cost model sends only the share that leaves it over the NIC,
+`CostModel.collective_s`).
     host copies:   t = t_p2p + B / (W_host * e_p2p)
 
 F and B are `placeflow.profiles.ops.flops` / `bytes_moved` (B_bus includes the

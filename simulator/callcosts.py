@@ -178,6 +178,7 @@ def forward_cost(
     *,
     value_head: bool,
     ep_scope: Scope = Scope.INTRA,
+    ep_ranks_per_node: int = 1,
     dp_scope: Scope = Scope.INTRA,
     dp_ranks_per_node: int = 1,
     cp_scope: Scope = Scope.INTRA,
@@ -189,8 +190,9 @@ def forward_cost(
     mb, num_micro, peak_tokens = par.forward_micro.split(per_rank, seq)
     layers = lay.heaviest_stage_layers(model.num_layers)  # the slowest stage sets the pace
     stage = layers * compute.layer_forward_s(
-        cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope, split=split
-    )
+        cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope,
+        ep_ranks_per_node=ep_ranks_per_node, split=split,
+    )  # fmt: skip
     gathered = 0.0
     replicas = lay.num_weight_replicas
     if par.zero == 3 and replicas > 1:
@@ -251,6 +253,7 @@ def train_cost(
     *,
     value_head: bool,
     ep_scope: Scope = Scope.INTRA,
+    ep_ranks_per_node: int = 1,
     dp_ranks_per_node: int = 1,
     expert_dp_ranks_per_node: int = 1,
     lora: LoRASpec | None = None,
@@ -273,7 +276,8 @@ def train_cost(
     )
     # The planner prices every memory saver of a layout: what they share is remembered.
     split = compute.SequenceSplit.of(lay, cp_scope, cp_ranks_per_node)
-    args = (model, lay, mb, seq, num_micro, peak_tokens, par.zero, dp, ep_scope, split)
+    ep = (ep_scope, ep_ranks_per_node)
+    args = (model, lay, mb, seq, num_micro, peak_tokens, par.zero, dp, ep, split)
     shared = cm.remember(
         ("train_shared", *args, value_head, lora),
         lambda: _train_shared(cm, *args, value_head=value_head, lora=lora),
@@ -353,7 +357,7 @@ def _train_shared(
     peak_tokens: int,
     zero: int,
     dp: _DPGroups,
-    ep_scope: Scope,
+    ep: tuple[Scope, int],
     split: compute.SequenceSplit,
     *,
     value_head: bool,
@@ -362,12 +366,15 @@ def _train_shared(
     """`_TrainShared` of one layout; with LoRA the base GEMMs' weight gradients are
     skipped and the adapters' GEMMs added (on the rank's seq/cp tokens of a sample)."""
     layers = lay.heaviest_stage_layers(model.num_layers)  # the slowest stage sets the pace
+    ep_scope, ep_ranks_per_node = ep  # (scope, fewest ranks per node) of the EP groups
     fwd = layers * compute.layer_forward_s(
-        cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope, split=split
-    )
+        cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope,
+        ep_ranks_per_node=ep_ranks_per_node, split=split,
+    )  # fmt: skip
     bwd = layers * compute.layer_backward_s(
-        cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope, split=split
-    )
+        cm, model, lay.t, mb, seq, e=lay.e, ep_scope=ep_scope,
+        ep_ranks_per_node=ep_ranks_per_node, split=split,
+    )  # fmt: skip
     tokens = split.tokens(mb * seq)
     if lora is not None:
         seq = split.tokens(seq)

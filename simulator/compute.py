@@ -448,9 +448,19 @@ def _expert_gemms_s(
 
 
 def _moe_mlp_s(
-    cm: CostModel, model: ModelSpec, t: int, e: int, tokens: int, ep_scope: Scope, *, backward: bool
+    cm: CostModel,
+    model: ModelSpec,
+    t: int,
+    e: int,
+    tokens: int,
+    ep_scope: Scope,
+    *,
+    backward: bool,
+    ep_ranks_per_node: int = 1,
 ) -> float:
-    """Device time of one MoE block (router, all-to-alls, experts, shared experts) on one rank."""
+    """Device time of one MoE block (router, all-to-alls, experts, shared experts) on one
+    rank; across nodes its all-to-alls send over the NICs of the `ep_ranks_per_node`
+    ranks of an expert-parallel group on each node (`CostModel.collective_s`)."""
     moe = model.moe
     assert moe is not None
     h, b, num_e = model.hidden_size, model.dtype.num_bytes, moe.num_experts
@@ -468,7 +478,11 @@ def _moe_mlp_s(
     )
     # Dispatch and combine (forward), and their gradients (backward).
     time_s += 2 * cm.collective_s(
-        CollectiveKind.ALL_TO_ALL, all_to_all_bytes(model, tokens), e, ep_scope
+        CollectiveKind.ALL_TO_ALL,
+        all_to_all_bytes(model, tokens),
+        e,
+        ep_scope,
+        ranks_per_node=ep_ranks_per_node,
     )
     if moe.shared_ffn_hidden_size:
         for n, k in _mlp_gemm_shapes(h, moe.shared_ffn_hidden_size, t):
@@ -496,12 +510,22 @@ def _dense_mlp_s(cm: CostModel, model: ModelSpec, t: int, tokens: int, *, backwa
 
 
 def _mean_mlp_s(
-    cm: CostModel, model: ModelSpec, t: int, e: int, tokens: int, ep_scope: Scope, *, backward: bool
+    cm: CostModel,
+    model: ModelSpec,
+    t: int,
+    e: int,
+    tokens: int,
+    ep_scope: Scope,
+    *,
+    backward: bool,
+    ep_ranks_per_node: int = 1,
 ) -> float:
     """The MLP part of a layer, averaged over the model's dense and MoE layers."""
     if model.moe is None:
         return _dense_mlp_s(cm, model, t, tokens, backward=backward)
-    moe_s = _moe_mlp_s(cm, model, t, e, tokens, ep_scope, backward=backward)
+    moe_s = _moe_mlp_s(
+        cm, model, t, e, tokens, ep_scope, backward=backward, ep_ranks_per_node=ep_ranks_per_node
+    )
     dense_s = (
         _dense_mlp_s(cm, model, t, tokens, backward=backward) if model.num_dense_layers else 0.0
     )
@@ -535,6 +559,7 @@ def layer_forward_kernels_s(
     decode_kv_len: int = 0,
     e: int = 1,
     ep_scope: Scope = Scope.INTRA,
+    ep_ranks_per_node: int = 1,
     split: SequenceSplit = NO_SPLIT,
 ) -> float:
     """Device time of one layer's forward kernels on one rank (no host dispatch);
@@ -556,7 +581,9 @@ def layer_forward_kernels_s(
             time_s += context_attention_s(cm, model, t, batch, seq, split, backward=False)
         else:
             time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim)
-        time_s += _mean_mlp_s(cm, model, t, e, m, ep_scope, backward=False)
+        time_s += _mean_mlp_s(
+            cm, model, t, e, m, ep_scope, backward=False, ep_ranks_per_node=ep_ranks_per_node
+        )
         act = m * model.hidden_size * b
         local = act // t if split.sequence_parallel else act  # SP: norms on m/t tokens
         time_s += 2 * cm.elementwise_s(ElementwiseKind.RMSNORM, local)
@@ -565,7 +592,19 @@ def layer_forward_kernels_s(
         return time_s
 
     return cm.remember(
-        ("layer_fwd_kernels", model, t, batch, seq, decode_kv_len, e, ep_scope, split), compute
+        (
+            "layer_fwd_kernels",
+            model,
+            t,
+            batch,
+            seq,
+            decode_kv_len,
+            e,
+            ep_scope,
+            ep_ranks_per_node,
+            split,
+        ),
+        compute,
     )
 
 
@@ -578,10 +617,14 @@ def layer_forward_s(
     *,
     e: int = 1,
     ep_scope: Scope = Scope.INTRA,
+    ep_ranks_per_node: int = 1,
     split: SequenceSplit = NO_SPLIT,
 ) -> float:
     """One layer's eager forward (prefill, scoring or training) on one rank."""
-    kernels = layer_forward_kernels_s(cm, model, t, batch, seq, e=e, ep_scope=ep_scope, split=split)
+    kernels = layer_forward_kernels_s(
+        cm, model, t, batch, seq, e=e, ep_scope=ep_scope, ep_ranks_per_node=ep_ranks_per_node,
+        split=split,
+    )  # fmt: skip
     launches = KERNELS_LAYER_FORWARD + _tp_kernels(t) + _moe_kernels(model, backward=False)
     launches += _split_kernels(split)
     kind = FrameworkKind.LAYER_FORWARD
@@ -598,6 +641,7 @@ def layer_backward_kernels_s(
     *,
     e: int = 1,
     ep_scope: Scope = Scope.INTRA,
+    ep_ranks_per_node: int = 1,
     split: SequenceSplit = NO_SPLIT,
 ) -> float:
     """Device time of one layer's backward kernels (no recomputation) on one rank."""
@@ -613,7 +657,9 @@ def layer_backward_kernels_s(
         else:
             heads, kv_heads, head_dim = _attention_shape(model, t, decode=False)
             time_s += cm.attn_prefill_s(batch, seq, heads, kv_heads, head_dim, backward=True)
-        time_s += _mean_mlp_s(cm, model, t, e, m, ep_scope, backward=True)
+        time_s += _mean_mlp_s(
+            cm, model, t, e, m, ep_scope, backward=True, ep_ranks_per_node=ep_ranks_per_node
+        )
         act = m * model.hidden_size * b
         local = act // t if split.sequence_parallel else act  # SP: norms on m/t tokens
         # The backward of norms and adds reads about twice what the forward does.
@@ -622,7 +668,8 @@ def layer_backward_kernels_s(
         time_s += _tp_collectives_s(cm, act, t, split)
         return time_s
 
-    return cm.remember(("layer_bwd_kernels", model, t, batch, seq, e, ep_scope, split), compute)
+    key = ("layer_bwd_kernels", model, t, batch, seq, e, ep_scope, ep_ranks_per_node, split)
+    return cm.remember(key, compute)
 
 
 def layer_backward_s(
@@ -634,12 +681,14 @@ def layer_backward_s(
     *,
     e: int = 1,
     ep_scope: Scope = Scope.INTRA,
+    ep_ranks_per_node: int = 1,
     split: SequenceSplit = NO_SPLIT,
 ) -> float:
     """One layer's backward (no recomputation) on one rank; the mean over layers for MoE."""
     kernels = layer_backward_kernels_s(
-        cm, model, t, batch, seq, e=e, ep_scope=ep_scope, split=split
-    )
+        cm, model, t, batch, seq, e=e, ep_scope=ep_scope, ep_ranks_per_node=ep_ranks_per_node,
+        split=split,
+    )  # fmt: skip
     launches = KERNELS_LAYER_BACKWARD + _tp_kernels(t) + _moe_kernels(model, backward=True)
     launches += _split_kernels(split)
     kind = FrameworkKind.LAYER_BACKWARD

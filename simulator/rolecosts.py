@@ -123,15 +123,17 @@ def _train_seq_len(batch: BatchSpec) -> int:
 @cache
 def train_scopes(
     first_device: int, gpus_per_node: int, layout: TrainLayout
-) -> tuple[Scope, Scope, int, int]:
-    """(dp_scope, ep_scope, dp_ranks_per_node, expert_dp_ranks_per_node) of `layout` on a
-    set starting at `first_device`: what a forward or update call's collectives read,
-    looked up once per call (the planner prices thousands)."""
+) -> tuple[Scope, Scope, int, int, int]:
+    """(dp_scope, ep_scope, dp_ranks_per_node, expert_dp_ranks_per_node,
+    ep_ranks_per_node) of `layout` on a set starting at `first_device`: what a forward or
+    update call's collectives read, looked up once per call (the planner prices
+    thousands)."""
     return (
         dp_scope(first_device, gpus_per_node, layout),
         ep_scope(first_device, gpus_per_node, layout),
         dp_ranks_per_node(first_device, gpus_per_node, layout),
         expert_dp_ranks_per_node(first_device, gpus_per_node, layout),
+        fewest_ranks_per_node(first_device, gpus_per_node, layout.ep_groups()),
     )
 
 
@@ -384,7 +386,7 @@ def call_cost(
         )
         cost = callcosts.generation_cost(gemm_model(workload, call, cm), model, gen, shape)
     elif call.kind == CallKind.FORWARD:
-        dp, ep, dp_rpn, _ = train_scopes(first_device, gpus_per_node, par.train)
+        dp, ep, dp_rpn, _, ep_rpn = train_scopes(first_device, gpus_per_node, par.train)
         cost = callcosts.forward_cost(
             gemm_model(workload, call, cm),
             model,
@@ -393,13 +395,14 @@ def call_cost(
             seq,
             value_head=call.role.has_value_head,
             ep_scope=ep,
+            ep_ranks_per_node=ep_rpn,
             dp_scope=dp,
             dp_ranks_per_node=dp_rpn,
             cp_scope=cp_scope,
             cp_ranks_per_node=cp_rpn,
         )
     else:
-        dp, ep, dp_rpn, expert_dp_rpn = train_scopes(first_device, gpus_per_node, par.train)
+        dp, ep, dp_rpn, expert_dp_rpn, ep_rpn = train_scopes(first_device, gpus_per_node, par.train)
         cost = callcosts.train_cost(
             gemm_model(workload, call, cm),
             model,
@@ -411,6 +414,7 @@ def call_cost(
             dp,
             value_head=call.role.has_value_head,
             ep_scope=ep,
+            ep_ranks_per_node=ep_rpn,
             dp_ranks_per_node=dp_rpn,
             expert_dp_ranks_per_node=expert_dp_rpn,
             lora=workload.lora_of(call.role),

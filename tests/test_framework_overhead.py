@@ -320,16 +320,19 @@ def test_a_call_alone_keeps_its_own_stretch() -> None:
 def test_replacing_one_ops_entries_keeps_the_other_ops_notes() -> None:
     """Re-measuring the round trips must not drop the framework entries' provenance (the
     note after it) and vice versa: each op's note is replaced in place."""
-    from placeflow.profiles.schema import Op, op_note, with_op_entries
+    from placeflow.profiles.schema import Op, op_note, op_note_text, with_op_entries
 
     profile = load_profile("cpu")
     notes = profile.provenance.notes
     assert op_note(Op.DISPATCH, "") in notes and op_note(Op.FRAMEWORK, "") in notes
-    head = notes.split(op_note(Op.DISPATCH, ""))[0]
-    framework_note = op_note(Op.FRAMEWORK, notes.split(op_note(Op.FRAMEWORK, ""))[1])
+    dispatch_text = op_note_text(notes, Op.DISPATCH)
+    assert dispatch_text is not None
     dispatch = tuple(e for e in profile.entries if e.op is Op.DISPATCH)[:2]
     again = with_op_entries(profile, Op.DISPATCH, dispatch, op_note(Op.DISPATCH, ": new."))
-    assert again.provenance.notes == head + framework_note + op_note(Op.DISPATCH, ": new.")
+    # The dispatch note replaced (moved to the end), every other note as it was.
+    expected = notes.replace(op_note(Op.DISPATCH, dispatch_text), "")
+    assert again.provenance.notes == expected + op_note(Op.DISPATCH, ": new.")
+    assert op_note_text(again.provenance.notes, Op.FRAMEWORK) == op_note_text(notes, Op.FRAMEWORK)
     assert tuple(e for e in again.entries if e.op is Op.DISPATCH) == dispatch
     assert (
         len(again.entries)

@@ -248,6 +248,34 @@ def test_all_to_all_across_nodes_costs_more_than_inside_one():
     assert 0 < intra < inter
 
 
+def test_expert_all_to_alls_across_nodes_count_the_ranks_on_each_node():
+    """EP 16 over two nodes, 8 ranks on each: a layer's dispatch and combine are the cost
+    model's spanning all-to-all with 8 ranks per node (each rank's own NIC carries only
+    the share that leaves its node), not one rank per node; the difference in a layer's
+    forward is exactly theirs, averaged over the MoE layers."""
+    from placeflow.simulator.rolecosts import train_scopes
+
+    cm = fitted_cost_model("h100-sxm")
+    model = CATALOGUE["qwen3-30b-a3b"]
+    layout = TrainLayout(d=16, e=16)
+    _, ep, _, _, ep_rpn = train_scopes(0, 8, layout)
+    assert (ep, ep_rpn) == (Scope.INTER, 8)
+    tokens = 4 * 1024
+    sent = compute.all_to_all_bytes(model, tokens)
+    a2a = CollectiveKind.ALL_TO_ALL
+    spread = cm.collective_s(a2a, sent, 16, Scope.INTER, ranks_per_node=8)
+    single = cm.collective_s(a2a, sent, 16, Scope.INTER)
+    assert spread < single
+
+    def layer(ranks_per_node: int) -> float:
+        return compute.layer_forward_kernels_s(
+            cm, model, 1, 4, 1024, e=16, ep_scope=Scope.INTER, ep_ranks_per_node=ranks_per_node
+        )
+
+    moe_share = model.num_moe_layers / model.num_layers
+    assert layer(1) - layer(8) == pytest.approx(moe_share * 2 * (single - spread), rel=1e-9)
+
+
 def test_the_planner_searches_expert_parallelism_for_moe_roles_only():
     import dataclasses as dc
 
