@@ -62,6 +62,8 @@ _FORWARDS: tuple[tuple[Phase, Role], ...] = (
     (Phase.REWARD, Role.REWARD),
     (Phase.COST, Role.COST),
 )
+# The phases of the forward (scoring) calls.
+FORWARD_PHASES = frozenset(phase for phase, _ in _FORWARDS)
 
 
 def build_dataflow(workload: Workload) -> nx.DiGraph:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from placeflow.dataflow import FORWARD_PHASES, CallKind
 from placeflow.phases import Phase
 from placeflow.workload import Algorithm, Workload
 
@@ -84,17 +85,6 @@ SEQUENCE = (Field.PROMPT, Field.PROMPT_MASK, Field.RESPONSE, Field.RESPONSE_MASK
 # What a rollout call returns (engines/roles.py `completions_batch`).
 ROLLOUT = (*SEQUENCE, Field.ROLLOUT_LOGPROBS)
 
-_FORWARDS = frozenset(
-    {
-        Phase.REF_LOGPROB,
-        Phase.OLD_LOGPROB,
-        Phase.VALUES,
-        Phase.COST_VALUES,
-        Phase.REWARD,
-        Phase.COST,
-    }
-)
-
 
 def call_inputs(workload: Workload, phase: Phase, *, off_policy: bool) -> tuple[Field, ...]:
     """The fields of the step's Batch that `phase`'s model call reads, as sent to it.
@@ -106,7 +96,7 @@ def call_inputs(workload: Workload, phase: Phase, *, off_policy: bool) -> tuple[
     logprobs where its loss has a KL term (`Workload.kl_in_loss`). The critic's
     update reads its old values and returns, per head (Safe-RLHF's cost head too).
     """
-    if phase in _FORWARDS:
+    if phase in FORWARD_PHASES:
         return SEQUENCE
     if phase is Phase.ACTOR_UPDATE:
         recomputed = workload.recomputes_old_logprobs or off_policy
@@ -123,13 +113,13 @@ def call_inputs(workload: Workload, phase: Phase, *, off_policy: bool) -> tuple[
     raise ValueError(f"phase {phase.value!r} is not a model call that reads the step's batch")
 
 
-def call_outputs(phase: Phase) -> int:
-    """How many tensors `phase`'s model call answers with: a rollout's batch, one
+def call_outputs(kind: CallKind) -> int:
+    """How many tensors a model call of `kind` answers with: a rollout's batch, one
     tensor from a forward call, none from an update (its metrics are floats)."""
-    if phase in (Phase.GENERATE, Phase.GENERATE_BASELINE):
+    if kind is CallKind.GENERATE:
         return len(ROLLOUT)
-    if phase in _FORWARDS:
+    if kind is CallKind.FORWARD:
         return 1
-    if phase in (Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE):
+    if kind is CallKind.TRAIN:
         return 0
-    raise ValueError(f"phase {phase.value!r} is not a model call")
+    raise ValueError(f"a {kind.value} call is not a model call")

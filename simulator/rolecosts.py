@@ -228,7 +228,7 @@ def call_payload(workload: Workload, call: ModelCall, samples_per_rank: int) -> 
     update reads one behaviour-policy field whichever it is, so the count does not
     depend on asynchrony."""
     n, seq = samples_per_rank, train_seq_len(workload)
-    outputs = call_outputs(call.phase)
+    outputs = call_outputs(call.kind)
     if call.kind == CallKind.GENERATE:
         return Payload(
             in_bytes=n * workload.batch.prompt_len * TOKEN_BYTES,
