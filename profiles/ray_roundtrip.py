@@ -155,56 +155,49 @@ def measure_dispatch(
             ray.shutdown()
 
 
-def _samples(worker: Any, kind: DispatchKind, num_bytes: int, count: int) -> list[float]:
-    """`count` driver wall-clock times of `kind` with a payload of `num_bytes`."""
+def _time_once(
+    worker: Any, kind: DispatchKind, payload: dict[str, torch.Tensor], give: Any
+) -> float:
+    """One driver wall-clock time of `kind` (`ray_call`, `ray_launch` or `ray_get`): a call
+    with `payload` as its arguments, or the get of the result `give()` asks for."""
     import ray
 
+    if kind is DispatchKind.RAY_CALL:
+        t0 = time.perf_counter()
+        ray.get(worker.take.remote(payload))
+        return time.perf_counter() - t0
+    if kind is DispatchKind.RAY_LAUNCH:
+        t0 = time.perf_counter()
+        ref = worker.take.remote(payload)
+        spent = time.perf_counter() - t0
+        ray.get(ref)  # one call at a time: the next launch finds the worker idle
+        return spent
+    ref = give()
+    ray.wait([ref], fetch_local=True)  # ready and local: only the unpickling is left
+    t0 = time.perf_counter()
+    ray.get(ref)
+    return time.perf_counter() - t0
+
+
+def _samples(worker: Any, kind: DispatchKind, num_bytes: int, count: int) -> list[float]:
+    """`count` driver wall-clock times of `kind` with a payload of `num_bytes`."""
     payload = _payload(num_bytes)
-    out = []
-    for _ in range(count):
-        if kind is DispatchKind.RAY_CALL:
-            t0 = time.perf_counter()
-            ray.get(worker.take.remote(payload))
-            out.append(time.perf_counter() - t0)
-        elif kind is DispatchKind.RAY_LAUNCH:
-            t0 = time.perf_counter()
-            ref = worker.take.remote(payload)
-            out.append(time.perf_counter() - t0)
-            ray.get(ref)  # one call at a time: the next launch finds the worker idle
-        else:
-            ref = worker.give.remote(num_bytes)
-            ray.wait([ref], fetch_local=True)  # ready and local: only the unpickling is left
-            t0 = time.perf_counter()
-            ray.get(ref)
-            out.append(time.perf_counter() - t0)
-    return out
+    return [
+        _time_once(worker, kind, payload, lambda: worker.give.remote(num_bytes))
+        for _ in range(count)
+    ]
 
 
 def _tensor_samples(worker: Any, kind: DispatchKind, count: int) -> list[float]:
     """`count` pairs' differences, per extra tensor, of the kind's operation on
     2 + `_EXTRA_TENSORS` tensors and on 2 (module docstring)."""
-    import ray
-
+    [base] = [k for k, per_tensor in PER_TENSOR.items() if per_tensor is kind]
     few = DISPATCH_ENTRY_TENSORS
     many = few + _EXTRA_TENSORS
     payloads = {few: _tensors(few), many: _tensors(many)}
 
     def once(n: int) -> float:
-        if kind is DispatchKind.RAY_CALL_TENSOR:
-            t0 = time.perf_counter()
-            ray.get(worker.take.remote(payloads[n]))
-            return time.perf_counter() - t0
-        if kind is DispatchKind.RAY_LAUNCH_TENSOR:
-            t0 = time.perf_counter()
-            ref = worker.take.remote(payloads[n])
-            spent = time.perf_counter() - t0
-            ray.get(ref)
-            return spent
-        ref = worker.give_tensors.remote(n)
-        ray.wait([ref], fetch_local=True)
-        t0 = time.perf_counter()
-        ray.get(ref)
-        return time.perf_counter() - t0
+        return _time_once(worker, base, payloads[n], lambda: worker.give_tensors.remote(n))
 
     return [(once(many) - once(few)) / _EXTRA_TENSORS for _ in range(count)]
 
