@@ -573,10 +573,13 @@ class CostModel:
         """An inter-node collective over `nodes` nodes, whose world size was not profiled,
         from the profiled world sizes on either side at the same bytes, linear in the
         world size (module docstring, case 4); None without one on each side."""
-        worlds = sorted(
-            int(key[1])
-            for op, key in self.series
-            if op is Op.COLLECTIVE and key[0] == kind.value and key[2] == Scope.INTER.value
+        worlds = self.remember(
+            ("inter-node worlds", kind),
+            lambda: sorted(
+                int(key[1])
+                for op, key in self.series
+                if op is Op.COLLECTIVE and key[0] == kind.value and key[2] == Scope.INTER.value
+            ),
         )
         below = [w for w in worlds if w < nodes]
         above = [w for w in worlds if w > nodes]
