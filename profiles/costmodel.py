@@ -464,6 +464,20 @@ class CostModel:
             return 0.0
         return self._memo_time(Op.COPY, {"direction": direction, "num_bytes": num_bytes})
 
+    def stream_copy_s(self, direction: str, num_bytes: int) -> float:
+        """A copy of `num_bytes` whose buffers are in no cache (weights last touched a
+        phase ago): at the bandwidth of the profile's largest copy, whose buffers fit in
+        no cache, where that is slower than `copy_s` at this size (whose repeated timing
+        between the same two buffers keeps a small copy in cache)."""
+        if num_bytes <= 0:
+            return 0.0
+        at_size = self.copy_s(direction, num_bytes)
+        series = self.series.get((Op.COPY, (direction,)))
+        if series is None:
+            return at_size
+        largest = int(series.sizes[-1])
+        return max(at_size, num_bytes * self.copy_s(direction, largest) / largest)
+
     def dispatch_s(
         self, kind: DispatchKind, num_bytes: int, tensors: int = DISPATCH_ENTRY_TENSORS
     ) -> float:

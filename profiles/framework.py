@@ -22,7 +22,11 @@ the kernel inventory of `placeflow.simulator.compute`). For each kind
 - a decode step: the slope between `DECODE_STEPS` generated tokens,
   (t(n2) − t(n1)) / (n2 − n1), which leaves out prefill and the call's setup;
 - the backward: a forward plus backward less the forward;
-- the optimizer: `TrainEngine.step` (gradient clipping and AdamW) with gradients set.
+- the optimizer: `TrainEngine.step` (gradient clipping and AdamW) with gradients set;
+- the rollout load (load_layer, load_call): the actor's sync of its rollout engine
+  where the layouts match (t = tg, d = 1), as `ActorEngine.sync_rollout` runs it: the
+  reshard plan's walk over the tensors (`reshard_colocated`, nothing to gather) and
+  the rollout model's `load_shards`, which copies each tensor in.
 
 The clock is this thread's CPU time (`time.thread_time`), not the wall clock:
 the pieces are single-threaded host work, and CPU time leaves out the time the
@@ -59,9 +63,11 @@ from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
     Op,
+    Profile,
     Source,
     load_profile_file,
     op_note,
+    op_note_text,
     save_profile,
     with_op_entries,
 )
@@ -99,7 +105,23 @@ LAYER_KINDS = (
     FrameworkKind.LAYER_BACKWARD,
     FrameworkKind.LAYER_DECODE,
     FrameworkKind.OPTIMIZER_LAYER,
+    FrameworkKind.LOAD_LAYER,
 )
+# The kinds this module measures (the shared-collective entry is `shared_cores`'), and
+# the timed pieces each is computed from.
+ENGINE_KINDS = tuple(k for k in FrameworkKind if k is not FrameworkKind.SHARED_COLLECTIVE)
+_PIECES_OF: dict[FrameworkKind, tuple[str, ...]] = {
+    FrameworkKind.LAYER_FORWARD: ("forward",),
+    FrameworkKind.CALL_FORWARD: ("forward",),
+    FrameworkKind.LAYER_BACKWARD: ("forward", "train"),
+    FrameworkKind.CALL_BACKWARD: ("forward", "train"),
+    FrameworkKind.LAYER_DECODE: ("decode_short", "decode_long"),
+    FrameworkKind.DECODE_STEP: ("decode_short", "decode_long"),
+    FrameworkKind.OPTIMIZER_LAYER: ("step",),
+    FrameworkKind.OPTIMIZER_CALL: ("step",),
+    FrameworkKind.LOAD_LAYER: ("load",),
+    FrameworkKind.LOAD_CALL: ("load",),
+}
 
 
 def measured_units(kind: FrameworkKind) -> tuple[int, ...]:
@@ -135,17 +157,18 @@ def _elapsed(fn: Callable[[], object], prepare: Callable[[], object] = lambda: N
     return total / CALLS_PER_SAMPLE
 
 
-def _pieces(
-    num_layers: int, size: int = 0, *, optimizer: bool = True
-) -> dict[str, Callable[[], float]]:
-    """Timers of one run of each piece for a reference model of `num_layers` layers, the
-    forward and decode pieces at the `size`-th pair of `_TIMED_UNITS` (0: the smallest);
-    the optimizer step's only with `optimizer`."""
+def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Callable[[], float]]:
+    """Timers of one run of each piece in `names` for a reference model of `num_layers`
+    layers, the forward and decode pieces at the `size`-th pair of `_TIMED_UNITS` (0:
+    the smallest)."""
     from placeflow.catalogue import get_model
     from placeflow.executor.engines.sampler import Sampler as Decoder
     from placeflow.executor.engines.sampler import SamplingParams
     from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
     from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+    from placeflow.executor.reshard import MemoryMeter, reshard_colocated
+    from placeflow.layout import GenLayout, TrainLayout
+    from placeflow.reshard_plan import TinyLlama, plan_reshard
 
     spec = dataclasses.replace(get_model(REFERENCE_MODEL), num_layers=num_layers)
     model = Transformer(Arch.of(spec))
@@ -157,6 +180,8 @@ def _pieces(
     mask = torch.ones_like(ids, dtype=torch.bool)
     prompts = [[1] * REFERENCE_PROMPT] * DECODE_SIZES[decode_units]
     decoder = Decoder(model, pad_id=0)
+    rollout = Transformer(Arch.of(spec))
+    plan = plan_reshard(TinyLlama.from_model_spec(spec), GenLayout(train=TrainLayout(), tg=1))
 
     def forward() -> float:
         with torch.no_grad():
@@ -179,21 +204,34 @@ def _pieces(
     def step() -> float:
         return _elapsed(trainer.step, set_grads)
 
-    timers = {
+    def sync() -> None:
+        # `ActorEngine.sync_rollout` where the layouts match: nothing is gathered.
+        weights, _ = reshard_colocated(plan, 0, trainer.tp_shards(), None, MemoryMeter())
+        rollout.load_shards(weights)
+
+    timers: dict[str, Callable[[], float]] = {
         "forward": forward,
         "train": train,
         "decode_short": lambda: generate(DECODE_STEPS[0]),
         "decode_long": lambda: generate(DECODE_STEPS[1]),
+        "step": step,
+        "load": lambda: _elapsed(sync),
     }
-    return {**timers, "step": step} if optimizer else timers
+    return {k: v for k, v in timers.items() if k in names}
+
+
+# The pieces whose size is the weights, timed at the smallest size only.
+_WEIGHT_PIECES = frozenset({"step", "load"})
 
 
 def _paired_samples(
-    repeats: int, warmup: int, size: int = 0
+    repeats: int, warmup: int, size: int, names: frozenset[str]
 ) -> dict[str, tuple[list[float], list[float]]]:
-    """Per piece, the times at the two layer counts, measured back to back, at the
-    `size`-th size (the optimizer step at the smallest only)."""
-    small, large = (_pieces(n, size, optimizer=size == 0) for n in LAYER_COUNTS)
+    """Per piece of `names`, the times at the two layer counts, measured back to back,
+    at the `size`-th size (the weights' pieces at the smallest only)."""
+    if size > 0:
+        names = names - _WEIGHT_PIECES
+    small, large = (_pieces(n, size, names) for n in LAYER_COUNTS)
     out: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in small}
     for i in range(warmup + repeats):
         for name in small:
@@ -209,21 +247,24 @@ def _percentiles(values: list[float]) -> tuple[float, float, float]:
     return t.p10_s, t.median_s, t.p90_s
 
 
-def measure_framework(*, repeats: int = 15, warmup: int = 2) -> list[Entry]:
-    """One entry per `FrameworkKind` and size it is timed at (`measured_units`; module
+def measure_framework(
+    *, repeats: int = 15, warmup: int = 2, kinds: Sequence[FrameworkKind] = ENGINE_KINDS
+) -> list[Entry]:
+    """One entry per kind of `kinds` and size it is timed at (`measured_units`; module
     docstring), one torch thread.
 
     A kind's median (p10, p90) is its formula applied to the medians (p10s,
     p90s) of the timed pieces: robust to the outliers of a loaded machine,
     which a difference of single samples is not.
     """
+    names = frozenset(piece for k in kinds for piece in _PIECES_OF[k])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         timed = [
             {
                 k: (_percentiles(a), _percentiles(b))
-                for k, (a, b) in _paired_samples(repeats, warmup, size).items()
+                for k, (a, b) in _paired_samples(repeats, warmup, size, names).items()
             }
             for size in range(len(_TIMED_UNITS))
         ]
@@ -232,7 +273,7 @@ def measure_framework(*, repeats: int = 15, warmup: int = 2) -> list[Entry]:
     entries = []
     for size, t in enumerate(timed):
         quantiles = [_kinds_at(t, q) for q in range(3)]
-        for kind in quantiles[0]:
+        for kind in (k for k in quantiles[0] if k in kinds):
             p10, median, p90 = sorted(qs[kind] for qs in quantiles)
             if p10 <= 0:
                 raise RuntimeError(
@@ -263,17 +304,22 @@ def _kinds_at(
     def at(piece: str) -> tuple[float, float]:
         return t[piece][0][q], t[piece][1][q]
 
-    fwd, train = at("forward"), at("train")
-    bwd = (train[0] - fwd[0], train[1] - fwd[1])
-    short, long = at("decode_short"), at("decode_long")
-    decode = ((long[0] - short[0]) / (n2 - n1), (long[1] - short[1]) / (n2 - n1))
-    pairs = [
-        ((FrameworkKind.LAYER_FORWARD, FrameworkKind.CALL_FORWARD), fwd),
-        ((FrameworkKind.LAYER_BACKWARD, FrameworkKind.CALL_BACKWARD), bwd),
-        ((FrameworkKind.LAYER_DECODE, FrameworkKind.DECODE_STEP), decode),
-    ]
+    pairs = []
+    if "forward" in t:
+        fwd = at("forward")
+        pairs.append(((FrameworkKind.LAYER_FORWARD, FrameworkKind.CALL_FORWARD), fwd))
+        if "train" in t:
+            train = at("train")
+            bwd = (train[0] - fwd[0], train[1] - fwd[1])
+            pairs.append(((FrameworkKind.LAYER_BACKWARD, FrameworkKind.CALL_BACKWARD), bwd))
+    if "decode_short" in t:
+        short, long = at("decode_short"), at("decode_long")
+        decode = ((long[0] - short[0]) / (n2 - n1), (long[1] - short[1]) / (n2 - n1))
+        pairs.append(((FrameworkKind.LAYER_DECODE, FrameworkKind.DECODE_STEP), decode))
     if "step" in t:
         pairs.append(((FrameworkKind.OPTIMIZER_LAYER, FrameworkKind.OPTIMIZER_CALL), at("step")))
+    if "load" in t:
+        pairs.append(((FrameworkKind.LOAD_LAYER, FrameworkKind.LOAD_CALL), at("load")))
     out = {}
     for (per_layer, per_call), (small, large) in pairs:
         slope = (large - small) / (l2 - l1)
@@ -285,18 +331,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--add-to", type=Path, required=True, help="a CPU profile JSON file")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=[k.value for k in ENGINE_KINDS],
+        default=[k.value for k in ENGINE_KINDS],
+        help="the kinds to measure (the file's entries of other kinds are kept)",
+    )
     args = parser.parse_args(argv)
+    kinds = [FrameworkKind(k) for k in args.kinds]
     profile = load_profile_file(args.add_to)
     from placeflow.profiles.profiler import cpu_busy_fraction
 
     busy = cpu_busy_fraction()
-    entries = measure_framework(repeats=args.repeats)
+    entries = measure_framework(repeats=args.repeats, kinds=kinds)
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    if set(kinds) != set(ENGINE_KINDS):
+        return _save_some(profile, args.add_to, entries, kinds, date, busy)
     note = op_note(
         Op.FRAMEWORK,
         f"): measured {date} by "
         f"`python -m placeflow.profiles.framework --add-to {args.add_to}` (the engine's "
-        f"own Transformer, Sampler and TrainEngine on {REFERENCE_MODEL}, forward and "
+        f"own Transformer, Sampler, TrainEngine and rollout load on {REFERENCE_MODEL}, forward and "
         f"backward at {' and '.join(f'{b}x{s}' for b, s in FORWARD_SIZES.values())} tokens "
         f"(num_units {', '.join(map(str, FORWARD_SIZES))}), decode steps of "
         f"{' and '.join(map(str, DECODE_SIZES.values()))} sequences (num_units "
@@ -312,14 +368,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if shared:
         note += shared_collective_note(profile)
-    updated = with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared], note)
-    save_profile(updated, args.add_to)
+    save_profile(with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared], note), args.add_to)
+    _print(entries)
+    return 0
+
+
+def _save_some(
+    profile: Profile,
+    path: Path,
+    entries: list[Entry],
+    kinds: Sequence[FrameworkKind],
+    date: str,
+    busy: float | None,
+) -> int:
+    """Replace the entries of `kinds` only; the file's others are kept, and what its note
+    said of them."""
+    names = " ".join(k.value for k in kinds)
+    kept = [
+        e
+        for e in profile.entries
+        if e.op is Op.FRAMEWORK and FrameworkKind(str(e.params["kind"])) not in kinds
+    ]
+    note = op_note(
+        Op.FRAMEWORK,
+        f", kind {', '.join(k.value for k in kinds)}): measured {date} by "
+        f"`python -m placeflow.profiles.framework --add-to {path} --kinds {names}` (the "
+        f"engine's own code on {REFERENCE_MODEL}, {LAYER_COUNTS} layers, paired samples, 1 "
+        f"torch thread; CPU busy with other work before: "
+        f"{'?' if busy is None else f'{busy:.0%}'}).",
+    )
+    text = op_note_text(profile.provenance.notes, Op.FRAMEWORK)
+    if kept and text is not None:
+        note += f" Kept from before (op {Op.FRAMEWORK.value}{text}"
+    save_profile(with_op_entries(profile, Op.FRAMEWORK, [*kept, *entries], note), path)
+    _print(entries)
+    return 0
+
+
+def _print(entries: list[Entry]) -> None:
     for e in entries:
         print(
             f"{e.params['kind']:>16} x{e.params['num_units']:<3}: "
             f"{e.median_s * 1e6:8.1f} us (p10 {e.p10_s * 1e6:.1f})"
         )
-    return 0
 
 
 if __name__ == "__main__":

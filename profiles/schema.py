@@ -137,6 +137,10 @@ class FrameworkKind(StrEnum):
     DECODE_STEP = "decode_step"  # per decode step outside the layers: head, sampling, stops
     OPTIMIZER_LAYER = "optimizer_layer"  # the optimizer step and clipping, per layer's tensors
     OPTIMIZER_CALL = "optimizer_call"  # the same for the tensors outside the layers
+    # The actor's load of its generation weights into its rollout engine where no reshard
+    # moves them (the reshard plan's per-tensor bookkeeping and copies, `load_shards`):
+    LOAD_LAYER = "load_layer"  # per decoder layer's tensors
+    LOAD_CALL = "load_call"  # per load: the tensors outside the layers and the call's own
     # Not the engine's: the wall time one collective adds to each rank of a host that
     # runs two busy ranks per core (measured by `placeflow.profiles.shared_cores`).
     SHARED_COLLECTIVE = "shared_collective"

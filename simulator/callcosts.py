@@ -51,19 +51,22 @@ from placeflow.layout import (
     GenLayout,
     TrainLayout,
     disjoint_transfer_bytes_per_gen_rank,
+    gen_shard_bytes,
     generation_shard_bytes,
+    generator_stage_layers,
 )
 from placeflow.lora import adapted_shapes
 from placeflow.models import ModelSpec
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel
-from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, Scope
+from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, FrameworkKind, Scope
 from placeflow.reshard_plan import (
     WEIGHT_SYNC_BUCKET_BYTES,
     GeneratorLayout,
     TinyLlama,
     plan_disjoint,
     plan_reshard,
+    train_shard,
 )
 from placeflow.simulator import compute, memory
 from placeflow.simulator.lengths import LengthModel
@@ -169,6 +172,50 @@ def generation_cost(
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class FsdpUnits:
+    """What ZeRO-3 gathers on one rank, as the executor's FSDP2 runs it
+    (`executor.engines.trainer`: `fully_shard` on each decoder layer and on the root):
+    one all-gather per unit, a layer's weights or the root's (embedding, final norm,
+    head), each over the data-parallel group."""
+
+    layers: int  # decoder layers on the heaviest stage
+    layer_bytes: float  # one layer's weights on a tensor-parallel rank
+    root_bytes: float  # the weights outside the layers on a rank (its stage's share)
+
+
+def fsdp_units(model: ModelSpec, lay: TrainLayout, *, value_head: bool) -> FsdpUnits:
+    """`FsdpUnits` of `model` in `lay`: the root's weights split over t and, with
+    pipeline stages, over p (the first stage holds the embedding, the last the head)."""
+    layer = memory.gathered_layer_bytes(model, lay.t)
+    per_layer = model.num_params_per_layer
+    outside = model.num_params(value_head=value_head) - model.num_layers * per_layer
+    return FsdpUnits(
+        layers=lay.heaviest_stage_layers(model.num_layers),
+        layer_bytes=layer,
+        root_bytes=outside * model.dtype.num_bytes / (lay.t * lay.p),
+    )
+
+
+@functools.cache
+def zero3_tensor_bytes(model: ModelSpec, lay: TrainLayout) -> tuple[tuple[int, int], ...]:
+    """(bytes, count) of the weight tensors one training rank of `lay` holds on its first
+    stage, each in its tensor-parallel shard: what `TrainEngine.tp_shards` gathers over
+    the data-parallel group one tensor at a time under ZeRO-3 (`DTensor.full_tensor`).
+    Empty where the transfer plan cannot describe the model (replicated KV heads)."""
+    try:
+        shapes = TinyLlama.from_model_spec(model)
+    except SpecError:
+        return ()
+    one = TrainLayout(p=lay.p, t=lay.t, d=1)
+    sizes = Counter(
+        p.numel_of(ranges) * model.dtype.num_bytes
+        for p in shapes.params()
+        if (ranges := train_shard(shapes, p, one, 0)) is not None
+    )
+    return tuple(sorted(sizes.items()))
+
+
 def forward_cost(
     cm: CostModel,
     model: ModelSpec,
@@ -196,16 +243,18 @@ def forward_cost(
     gathered = 0.0
     replicas = lay.num_weight_replicas
     if par.zero == 3 and replicas > 1:
-        # ZeRO-3 / FSDP: every layer's weights are all-gathered over d before its
-        # forward, once per micro-batch; one gathered layer is live at a time.
-        gathered = memory.gathered_layer_bytes(model, lay.t)
-        stage += layers * cm.collective_s(
+        # ZeRO-3 / FSDP2: each unit (every layer, and the root) is all-gathered over d
+        # before its forward, once per micro-batch; one gathered layer is live at a time.
+        units = fsdp_units(model, lay, value_head=value_head)
+        gathered = units.layer_bytes
+        gather = functools.partial(
+            cm.collective_s,
             CollectiveKind.ALL_GATHER,
-            int(gathered),
-            replicas,
-            dp_scope,
+            world_size=replicas,
+            scope=dp_scope,
             ranks_per_node=dp_ranks_per_node,
         )
+        stage += layers * gather(int(units.layer_bytes)) + gather(int(units.root_bytes))
     head = compute.head_forward_s(cm, model, lay.t, split.tokens(mb * seq), value_head=value_head)
     p2p = (
         cm.collective_s(
@@ -522,16 +571,53 @@ def _dp_sync_and_optimizer_s(
             sync += reduce(CollectiveKind.ALL_REDUCE)
             opt_params += shard
             continue
+        opt_params += math.ceil(shard / d)
+        if zero == 3 and lora is None and d == lay.num_weight_replicas:
+            sync += _fsdp_update_s(cm, model, lay, num_micro, dp, value_head=value_head)
+            continue
         sync += reduce(CollectiveKind.REDUCE_SCATTER)
         gather = reduce(CollectiveKind.ALL_GATHER)
         sync += gather
         if zero == 3:
             sync += 2 * num_micro * gather
-        opt_params += math.ceil(shard / d)
     # Kernel time of AdamW over the rank's partition, plus the engine's host time of
     # its per-tensor loop over the heaviest stage's layers (0 without framework entries).
     layers = lay.heaviest_stage_layers(model.num_layers)
     return sync, cm.optimizer_s(opt_params) + compute.optimizer_host_s(cm, model, layers)
+
+
+def _fsdp_update_s(
+    cm: CostModel,
+    model: ModelSpec,
+    lay: TrainLayout,
+    num_micro: int,
+    dp: _DPGroups,
+    *,
+    value_head: bool,
+) -> float:
+    """ZeRO-3's collectives in one optimizer step of dense weights, as FSDP2 runs them
+    (`fsdp_units`): every micro-batch gathers each layer and the root before its forward
+    and each layer again before its backward (the root stays gathered between them,
+    FSDP2's `reshard_after_forward` heuristic for the root); the gradients are
+    reduce-scattered per unit once, on the last micro-batch (`set_requires_gradient_sync`);
+    the optimizer steps on the shards, so nothing is gathered after it."""
+    units = fsdp_units(model, lay, value_head=value_head)
+
+    def over_dp(kind: CollectiveKind, num_bytes: float) -> float:
+        return cm.collective_s(
+            kind,
+            int(num_bytes),
+            lay.num_weight_replicas,
+            dp.scope,
+            ranks_per_node=dp.ranks_per_node,
+        )
+
+    layer_ag = over_dp(CollectiveKind.ALL_GATHER, units.layer_bytes)
+    root_ag = over_dp(CollectiveKind.ALL_GATHER, units.root_bytes)
+    reduce_s = units.layers * over_dp(CollectiveKind.REDUCE_SCATTER, units.layer_bytes) + over_dp(
+        CollectiveKind.REDUCE_SCATTER, units.root_bytes
+    )
+    return num_micro * (2 * units.layers * layer_ag + root_ag) + reduce_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -580,21 +666,37 @@ def colocated_transfer(
     )
 
 
-def rollout_load_s(cm: CostModel, num_bytes: float) -> float:
-    """A rank's copy of `num_bytes` of generation weights into its rollout engine, which
-    keeps weights of its own (placeflow's engine copies them in with `load_shards`, vLLM
-    with `load_weights`): the bytes read and written once in the device's memory.
+def device_copy_s(cm: CostModel, num_bytes: float) -> float:
+    """A copy of `num_bytes` in the device's memory whose buffers were last touched a
+    phase ago (weights): the bytes read and written once.
 
-    On a CPU device that is a host-to-host copy, the CPU profile's copy entry (timed
-    between two host buffers). On a GPU it is a pass over device memory, priced as the
-    elementwise add that moves the same bytes: an add of B input bytes reads 2B and
-    writes B, a copy of C bytes reads C and writes C, so C = 2B/3 of add input.
+    On a CPU device that is a host-to-host copy streamed from memory
+    (`CostModel.stream_copy_s`: the weights are not in a cache after the phase before).
+    On a GPU it is a pass over device memory, priced as the elementwise add that moves
+    the same bytes: an add of B input bytes reads 2B and writes B, a copy of C bytes
+    reads C and writes C, so C = 2B/3 of add input.
     """
     if num_bytes <= 0:
         return 0.0
     if cm.device_kind == "cpu":
-        return cm.copy_s("h2d", int(num_bytes))
+        return cm.stream_copy_s("h2d", int(num_bytes))
     return cm.elementwise_s(ElementwiseKind.ADD, math.ceil(2 * num_bytes / 3))
+
+
+def rollout_load_s(cm: CostModel, model: ModelSpec, tg: int, pg: int) -> float:
+    """A generation rank's load of its shard (tg, pg) of `model` into its rollout engine,
+    which keeps weights of its own (placeflow's engine copies them in with
+    `load_shards`, vLLM with `load_weights`): the shard's bytes copied once
+    (`device_copy_s`), and the engine's host work per tensor where the profile measured
+    it (`FrameworkKind.LOAD_LAYER` for each layer of the rank's stage, `LOAD_CALL` for
+    the tensors outside the layers and the call's own; the reference model's copies,
+    timed inside those entries, taken off by `compute.framework_host_s`). The stage
+    with the most layers sets the time."""
+    shard = gen_shard_bytes(model.num_bytes(), tg, pg)
+    layers = max(generator_stage_layers(model.num_layers, pg))
+    per_layer = compute.framework_host_s(cm, FrameworkKind.LOAD_LAYER) or 0.0
+    per_call = compute.framework_host_s(cm, FrameworkKind.LOAD_CALL) or 0.0
+    return device_copy_s(cm, shard) + layers * per_layer + per_call
 
 
 def reshard_cost(
@@ -625,15 +727,15 @@ def reshard_cost(
     lay = gen.train
     g = ranks_per_node
     gen_shard = generation_shard_bytes(model_bytes, gen)
-    train_shard = memory.weight_bytes_per_gpu(model, lay.t, lay.p, value_head=False, e=lay.e)
+    train_bytes = memory.weight_bytes_per_gpu(model, lay.t, lay.p, value_head=False, e=lay.e)
     transfer = colocated_transfer(model, lay.p, lay.t, gen.tg, gen.pg) if lay.e == 1 else None
     if transfer is None:
-        group = max(2, round(gen_shard / train_shard))
+        group = max(2, round(gen_shard / train_bytes))
         time_s = cm.collective_s(
             CollectiveKind.ALL_GATHER, int(gen_shard), group, scope, ranks_per_node=g
         )
         detail: dict[str, Any] = {
-            "bytes_received_per_gpu": gen_shard - train_shard,
+            "bytes_received_per_gpu": gen_shard - train_bytes,
             "buckets": 1,
             "gather_group": group,
         }
@@ -652,7 +754,12 @@ def reshard_cost(
         }
     replicas = lay.num_weight_replicas
     if train_zero == 3 and replicas > 1:
-        time_s += cm.collective_s(CollectiveKind.ALL_GATHER, int(train_shard), replicas, scope)
+        # `TrainEngine.tp_shards` gathers the rank's weights over d one tensor at a time.
+        tensors = zero3_tensor_bytes(model, lay) or ((int(train_bytes), 1),)
+        time_s += sum(
+            n * cm.collective_s(CollectiveKind.ALL_GATHER, size, replicas, scope)
+            for size, n in tensors
+        )
     # The rank's own training weights become part of its generation shard.
     extra = memory.colocated_gen_extra_bytes(model, gen, train_zero)
     return CallCost(time_s=time_s, transient_bytes=extra, busy_s=time_s, detail=detail)
@@ -693,6 +800,12 @@ def weight_sync_cost(
     trainer rank: which rank sends does not change what a generator receives).
     With LoRA the generator keeps the frozen base and receives the adapters only,
     their 1/(tg·pg) share, in buckets (placeflow/lora.py).
+
+    Beyond the messages, as `executor.weight_sync.sync_disjoint` runs it: the sender
+    packs each bucket's slices into one message and the receiver copies the message's
+    rows into its shard (each a `device_copy_s` of the bytes), and the generator then
+    loads the full shard into its rollout engine (`rollout_load_s`; adapters are not
+    loaded that way).
     """
     buckets = (
         disjoint_buckets(model, tg, pg, train or TrainLayout(), WEIGHT_SYNC_BUCKET_BYTES)
@@ -708,12 +821,21 @@ def weight_sync_cost(
         buckets = (WEIGHT_SYNC_BUCKET_BYTES,) * full + ((rest,) if rest else ())
     sizes = Counter(buckets)
     # Each bucket is one message, so its latency is paid once per bucket.
-    time_s = sum(
+    messages_s = sum(
         n * cm.collective_s(CollectiveKind.BROADCAST, size, 2, scope) for size, n in sizes.items()
     )
+    copies_s = 2 * device_copy_s(cm, sum(buckets))
+    load_s = rollout_load_s(cm, model, tg, pg) if lora is None else 0.0
+    time_s = messages_s + copies_s + load_s
     return CallCost(
         time_s=time_s,
         transient_bytes=0.0,
         busy_s=time_s,
-        detail={"bytes_per_gen_rank": sum(buckets), "buckets": len(buckets)},
+        detail={
+            "bytes_per_gen_rank": sum(buckets),
+            "buckets": len(buckets),
+            "messages_s": messages_s,
+            "copies_s": copies_s,
+            "load_s": load_s,
+        },
     )

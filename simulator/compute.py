@@ -233,6 +233,11 @@ def _reference_kernels_s(cm: CostModel, kind: FrameworkKind, units: int = 1) -> 
     if kind is FrameworkKind.DECODE_STEP:
         return _head_forward_kernels_s(cm, model, 1, b, value_head=False)
     layer_params = _layer_params(model)
+    if kind is FrameworkKind.LOAD_LAYER:  # the layer's weights copied in
+        return cm.copy_s("h2d", layer_params * model.dtype.num_bytes)
+    if kind is FrameworkKind.LOAD_CALL:  # the weights outside the layers
+        outside = model.num_params(value_head=False) - model.num_layers * layer_params
+        return cm.copy_s("h2d", outside * model.dtype.num_bytes)
     if kind is FrameworkKind.OPTIMIZER_LAYER:
         return cm.optimizer_s(layer_params)
     assert kind is FrameworkKind.OPTIMIZER_CALL

@@ -28,7 +28,7 @@ from functools import cache
 
 from placeflow.dataflow import CallKind, ModelCall, dataflow_calls
 from placeflow.fields import SEQUENCE, call_inputs, call_outputs
-from placeflow.layout import GenLayout, TrainLayout, generation_shard_bytes
+from placeflow.layout import GenLayout, TrainLayout
 from placeflow.models import ModelSpec
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
@@ -161,8 +161,7 @@ def rollout_sync_cost(
     is needed the load is all there is, but it is still a call to every rank and a copy
     of the weights, as the executor's `sync_rollout` makes it. `scope` and
     `ranks_per_node` are the reshard groups' (`reshard_placement`)."""
-    shard = generation_shard_bytes(model.num_bytes(), gen)
-    load_s = callcosts.rollout_load_s(cm, shard)
+    load_s = callcosts.rollout_load_s(cm, model, gen.tg, gen.pg)
     if needs_reshard(gen, train_zero):
         base = callcosts.reshard_cost(
             cm, model, gen, scope, train_zero=train_zero, ranks_per_node=ranks_per_node

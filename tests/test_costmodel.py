@@ -269,3 +269,26 @@ def test_collectives_across_nodes_use_one_nic_per_rank_of_the_node():
     assert model.collective_s(sr, size, 2, Scope.INTER) == pytest.approx(20e-6 + size / 1e9)
     with pytest.raises(SpecError, match="has 1 to 15 of them per node; got ranks_per_node=16"):
         model.collective_s(ar, size, 16, Scope.INTER, ranks_per_node=16)
+
+
+def test_a_copy_from_memory_streams_at_the_largest_copys_bandwidth():
+    """Copies whose small sizes stay in cache: 1 MiB in 10 us (100 GB/s), 256 MiB in
+    25.6 ms (10 GB/s from memory). Streamed from memory 1 MiB takes 1/256 of 25.6 ms =
+    100 us; a size whose own entry is slower keeps it."""
+    mib = 1 << 20
+    entries = [
+        entry(Op.COPY, {"direction": "h2d", "num_bytes": mib}, 10e-6),
+        entry(Op.COPY, {"direction": "h2d", "num_bytes": 64 * mib}, 12.8e-3),  # 5 GB/s
+        entry(Op.COPY, {"direction": "h2d", "num_bytes": 256 * mib}, 25.6e-3),
+    ]
+    prov = Provenance(
+        source=Source.MEASURED, device_name="oracle", torch_version="n/a", dtype="fp32",
+        date="2026-11-26",
+    )  # fmt: skip
+    model = CostModel.fit(
+        Profile(name="oracle-copy", device_kind="cpu", provenance=prov, entries=tuple(entries))
+    )
+    assert model.copy_s("h2d", mib) == pytest.approx(10e-6)
+    assert model.stream_copy_s("h2d", mib) == pytest.approx(100e-6)
+    assert model.stream_copy_s("h2d", 64 * mib) == pytest.approx(12.8e-3)
+    assert model.stream_copy_s("h2d", 0) == 0.0

@@ -217,11 +217,17 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         "decode_short": decode(n1),
         "decode_long": decode(n2),
         "step": times(1000e-6, 700e-6),
+        "load": times(120e-6, 90e-6),
     }
-    # The same pieces at both sizes; the optimizer step is timed at the smallest only.
-    later = {k: v for k, v in fake.items() if k != "step"}
+    # The same pieces at both sizes; the optimizer step and the load at the smallest only.
+    later = {k: v for k, v in fake.items() if k not in ("step", "load")}
     sized = [fake] + [later] * (len(framework.FORWARD_SIZES) - 1)
-    monkeypatch.setattr(framework, "_paired_samples", lambda repeats, warmup, size: sized[size])
+
+    def samples(repeats: int, warmup: int, size: int, names: frozenset[str]) -> Any:
+        assert set(sized[size]) <= names
+        return sized[size]
+
+    monkeypatch.setattr(framework, "_paired_samples", samples)
     measured = framework.measure_framework()
     keys = [(FrameworkKind(e.params["kind"]), e.params["num_units"]) for e in measured]
     assert sorted(keys) == sorted(
@@ -238,6 +244,8 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         FrameworkKind.DECODE_STEP: 600e-6,
         FrameworkKind.OPTIMIZER_LAYER: 1000e-6,
         FrameworkKind.OPTIMIZER_CALL: 700e-6,
+        FrameworkKind.LOAD_LAYER: 120e-6,
+        FrameworkKind.LOAD_CALL: 90e-6,
     }
     assert set(entries) == set(FrameworkKind) - {FrameworkKind.SHARED_COLLECTIVE}
     for kind, value in expected.items():
@@ -253,10 +261,11 @@ def expected_kinds() -> set[FrameworkKind]:
 
 
 def test_the_timers_run_the_engine() -> None:
-    pieces = framework._pieces(2)
-    assert set(pieces) == {"forward", "train", "decode_short", "decode_long", "step"}
+    names = frozenset({"forward", "train", "decode_short", "decode_long", "step", "load"})
+    pieces = framework._pieces(2, 0, names)
+    assert set(pieces) == names
     assert all(timer() > 0 for timer in pieces.values())
-    large = framework._pieces(2, 1, optimizer=False)
+    large = framework._pieces(2, 1, names - {"step", "load"})
     assert set(large) == {"forward", "train", "decode_short", "decode_long"}
     assert all(timer() > 0 for timer in large.values())
 
@@ -341,3 +350,23 @@ def test_replacing_one_ops_entries_keeps_the_other_ops_notes() -> None:
     framework = with_op_entries(profile, Op.FRAMEWORK, (), op_note(Op.FRAMEWORK, ": none."))
     assert framework.provenance.notes.startswith(notes.split(op_note(Op.FRAMEWORK, ""))[0])
     assert framework.provenance.notes.endswith(op_note(Op.FRAMEWORK, ": none."))
+
+
+def test_some_kinds_are_measured_from_their_pieces_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--kinds load_layer load_call`: only the load piece is timed, at the smallest size,
+    and only its two kinds come back (20 us per layer, 50 us per call by hand)."""
+    asked: list[tuple[int, frozenset[str]]] = []
+    (l1, l2) = framework.LAYER_COUNTS
+
+    def samples(repeats: int, warmup: int, size: int, names: frozenset[str]) -> Any:
+        asked.append((size, names))
+        if size > 0:
+            return {}
+        return {"load": tuple([50e-6 + n * 20e-6] * 3 for n in (l1, l2))}
+
+    monkeypatch.setattr(framework, "_paired_samples", samples)
+    kinds = (FrameworkKind.LOAD_LAYER, FrameworkKind.LOAD_CALL)
+    measured = framework.measure_framework(kinds=kinds)
+    assert all(names == {"load"} for _, names in asked)
+    got = {FrameworkKind(e.params["kind"]): e.median_s for e in measured}
+    assert got == pytest.approx({FrameworkKind.LOAD_LAYER: 20e-6, FrameworkKind.LOAD_CALL: 50e-6})
