@@ -133,7 +133,7 @@ def test_the_note_is_kept_and_replaced() -> None:
     )
     assert shared_collective_note(again) == f"{SENTENCE} re-measured."
     notes = again.provenance.notes
-    assert notes.count(SENTENCE) == 1 and "Framework entries (op framework)" in notes
+    assert notes.count(SENTENCE) == 1 and "Framework entries (op framework" in notes
     framework = again.entries_for(Op.FRAMEWORK)
     assert len(framework) == len(profile.entries_for(Op.FRAMEWORK))
     assert [e.median_s for e in framework if e.params["kind"] == "shared_collective"] == [1e-3]
