@@ -247,24 +247,25 @@ def call_payload(workload: Workload, call: ModelCall, samples_per_rank: int) -> 
 
 @dataclass(frozen=True, kw_only=True)
 class DriverWork:
-    """The controller's own serial work for one call to `ranks` ranks, beyond the one
-    round trip the call's cost already holds (`with_dispatch`): the driver pickles and
-    submits the other ranks' arguments before the last rank starts (`launch_s`), and
-    unpickles the other ranks' results before it has the call's output (`collect_s`)."""
+    """The controller's own serial work for one call to `ranks` ranks, beyond what the
+    call's cost holds (`with_dispatch`: its round trip less one launch): the driver
+    pickles and submits every rank's arguments before the call's clock starts
+    (`launch_s`; the executor stamps a call's start once its `.remote()` calls have
+    returned, `executor.timeline.StepClock.launch`), and unpickles the other ranks'
+    results before it has the call's output (`collect_s`)."""
 
     launch_s: float
     collect_s: float
 
 
 def driver_work(cm: CostModel, ranks: int, payload: Payload) -> DriverWork | None:
-    """`DriverWork` of a call sent to `ranks` ranks, each with `payload`; None for one
-    rank or where the profile has no `ray_launch` and `ray_get` entries (its driver host
-    was not measured)."""
+    """`DriverWork` of a call sent to `ranks` ranks, each with `payload`; None where the
+    profile has no `ray_launch` and `ray_get` entries (its driver host was not measured)."""
     launch = cm.driver_s(DispatchKind.RAY_LAUNCH, payload.in_bytes, payload.in_tensors)
     get = cm.driver_s(DispatchKind.RAY_GET, payload.out_bytes, payload.out_tensors)
-    if launch is None or get is None or ranks <= 1:
+    if launch is None or get is None:
         return None
-    return DriverWork(launch_s=(ranks - 1) * launch, collect_s=(ranks - 1) * get)
+    return DriverWork(launch_s=ranks * launch, collect_s=(ranks - 1) * get)
 
 
 def call_driver_work(
@@ -291,8 +292,14 @@ def rank_samples(call: ModelCall, par: RoleParallelism, gen: GenLayout | None) -
 
 
 def with_dispatch(cm: CostModel, cost: callcosts.CallCost, payload: Payload) -> callcosts.CallCost:
-    """`cost` plus the Ray round trip of a call carrying `payload` there and back."""
+    """`cost` plus the Ray round trip of a call carrying `payload` there and back, less
+    the driver's launch of it where the profile measured one: that comes before the
+    call's clock starts, on the controller (`driver_work`)."""
     dispatch_s = cm.dispatch_s(DispatchKind.RAY_CALL, payload.num_bytes, payload.num_tensors)
+    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, payload.in_bytes, payload.in_tensors)
+    if launch is not None:
+        # Never below a tenth of the round trip: the call still goes there and back.
+        dispatch_s = max(dispatch_s / 10, dispatch_s - launch)
     return callcosts.CallCost(
         time_s=cost.time_s + dispatch_s,
         transient_bytes=cost.transient_bytes,

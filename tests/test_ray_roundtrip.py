@@ -134,23 +134,27 @@ def test_every_call_pays_its_round_trip_once() -> None:
     samples = wl.batch.num_samples
     bare = callcosts.forward_cost(cm, wl.models[Role.REF], par, samples, seq, value_head=False)
     payload = math.ceil(samples / 2) * seq * 13
-    # 4 sequence tensors there, the logprobs back.
-    expected = bare.time_s + cm.dispatch_s(DispatchKind.RAY_CALL, payload, 5)
+    # 4 sequence tensors there, the logprobs back; the driver's launch of the call comes
+    # before its clock starts (`driver_work`), the rest of the round trip inside it.
+    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, math.ceil(samples / 2) * seq * 9, 4)
+    assert launch is not None
+    expected = bare.time_s + cm.dispatch_s(DispatchKind.RAY_CALL, payload, 5) - launch
     cost = got[Phase.REF_LOGPROB]
     assert cost.time_s == pytest.approx(expected)
     assert cost.detail["payload_bytes"] == payload
     assert cost.detail["payload_tensors"] == 5
 
 
-def test_driver_work_counts_the_other_ranks() -> None:
+def test_driver_work_launches_every_rank_and_gets_the_others() -> None:
     cm = fitted_cost_model("cpu")
     launch = cm.driver_s(DispatchKind.RAY_LAUNCH, 4096)
     get = cm.driver_s(DispatchKind.RAY_GET, 1024)
     assert launch is not None and get is not None
-    # One round trip is in the call's cost already: 4 ranks add 3 launches and 3 gets.
+    # The executor's clock starts a call once all its launches returned; one get is in
+    # the call's round trip: 4 ranks, 4 launches before it and 3 gets after it.
     two = Payload(in_bytes=4096, out_bytes=1024, in_tensors=2, out_tensors=2)
-    assert driver_work(cm, 4, two) == DriverWork(launch_s=3 * launch, collect_s=3 * get)
-    assert driver_work(cm, 1, two) is None
+    assert driver_work(cm, 4, two) == DriverWork(launch_s=4 * launch, collect_s=3 * get)
+    assert driver_work(cm, 1, two) == DriverWork(launch_s=launch, collect_s=0.0)
     assert driver_work(fitted_cost_model("h100-sxm"), 8, two) is None
 
 
@@ -166,7 +170,7 @@ def test_call_driver_work_payloads_by_hand() -> None:
     launch = cm.driver_s(DispatchKind.RAY_LAUNCH, per_rank * seq * 9, 4)
     get = cm.driver_s(DispatchKind.RAY_GET, per_rank * seq * 4, 1)
     assert launch is not None and get is not None
-    assert got == DriverWork(launch_s=3 * launch, collect_s=3 * get)
+    assert got == DriverWork(launch_s=4 * launch, collect_s=3 * get)
 
 
 LAUNCH_S, GET_S = 2e-3, 1e-3
@@ -191,13 +195,15 @@ def test_driver_launches_and_gets_on_the_critical_path_by_hand() -> None:
     driven = simulate(plan, DriverCosts(profile_name="d", dtype_bytes=4, rooflines={}, series={}))
     before = {p.name: p.duration_s for p in base.phases}
     after = {p.name: p.duration_s for p in driven.phases}
-    # Two ranks: one more launch before each call, one more get after it. The calls run
-    # one after another on the set; ref and old are launched together after the rollout
-    # is collected, so old's launch hides behind ref's run and ref's get behind old's.
-    # Critical path: the rollout's sync (launch, get: a call to both ranks even with
-    # nothing to reshard), generate (launch, get), ref (launch), old (get), update
-    # (launch, get).
-    added = 2 * (LAUNCH_S + GET_S) + LAUNCH_S + GET_S + (LAUNCH_S + GET_S)
+    # Two ranks: two launches before each call (the fake's round trip is 0, so nothing
+    # comes off it), one more get after it. The calls run one after another on the set;
+    # ref and old are launched together after the rollout is collected, so old's
+    # launches hide behind ref's run and ref's get behind old's. Critical path: the
+    # rollout's sync (launches, get: a call to both ranks even with nothing to
+    # reshard), generate (launches, get), ref (launches), old (get), update (launches,
+    # get).
+    launches = 2 * LAUNCH_S
+    added = 2 * (launches + GET_S) + launches + GET_S + (launches + GET_S)
     assert driven.iteration_s == pytest.approx(base.iteration_s + added)
     # A call's interval ends at its last get and starts after its launches, or where the
     # previous call on its set ended, as the executor's clock stamps it: old starts
@@ -205,12 +211,12 @@ def test_driver_launches_and_gets_on_the_critical_path_by_hand() -> None:
     for phase in (Phase.GENERATE, Phase.REF_LOGPROB, Phase.ACTOR_UPDATE):
         assert after[phase] == pytest.approx(before[phase] + GET_S)
     assert after[Phase.OLD_LOGPROB] == pytest.approx(before[Phase.OLD_LOGPROB])
-    # One rank per set: no driver work at all.
+    # One rank per set: its launch only, on the same critical path (old's hidden).
     one = tiny_plan(
         [DeviceSet(roles=(Role.ACTOR, Role.REF), pool="cpu", first_device=0, num_devices=1)],
         {Role.ACTOR: dataclasses.replace(two, train=TrainLayout()), Role.REF: one_rank(two)},
     )
-    assert simulate(one, FAKE).iteration_s == pytest.approx(
+    assert simulate(one, FAKE).iteration_s + 4 * LAUNCH_S == pytest.approx(
         simulate(
             one, DriverCosts(profile_name="d", dtype_bytes=4, rooflines={}, series={})
         ).iteration_s
