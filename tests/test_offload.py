@@ -106,16 +106,21 @@ def test_frozen_role_with_zero3_shards_its_weights():
 
 
 def test_zero3_forward_gathers_each_layer(h100):
-    """Forward of a ZeRO-3 role: + L · micro-batches all-gathers of one layer's bytes."""
+    """Forward of a ZeRO-3 role: each micro-batch all-gathers every layer's bytes and the
+    root's (FSDP2's units: embedding, final norm and head are one)."""
     model = get_model("llama-2-7b")
     one = RoleParallelism(train=TrainLayout(d=2), zero=1, micro_batch=4)
     three = dataclasses.replace(one, zero=3)
     a = callcosts.forward_cost(h100, model, one, 16, 512, value_head=False)
     b = callcosts.forward_cost(h100, model, three, 16, 512, value_head=False)
     layer_bytes = model.num_params_per_layer * 2  # bf16, t = 1
+    root_bytes = (model.num_params() - model.num_layers * model.num_params_per_layer) * 2
+    # llama-2-7b's root: the embedding and the head, 32,000 x 4,096 each, and a norm.
+    assert root_bytes == 2 * (2 * 32_000 * 4_096 + 4_096)
     gather = h100.collective_s(CollectiveKind.ALL_GATHER, layer_bytes, 2, Scope.INTRA)
+    root = h100.collective_s(CollectiveKind.ALL_GATHER, root_bytes, 2, Scope.INTRA)
     micro = math.ceil(16 / 2 / 4)
-    assert b.time_s - a.time_s == pytest.approx(micro * model.num_layers * gather)
+    assert b.time_s - a.time_s == pytest.approx(micro * (model.num_layers * gather + root))
     assert b.transient_bytes - a.transient_bytes == pytest.approx(layer_bytes)
 
 
@@ -131,8 +136,17 @@ def test_zero3_actor_gathers_its_generation_weights(h100):
     assert memory.colocated_gen_extra_bytes(model, gen, 3) == pytest.approx(m - m / 8)
     assert not needs_reshard(gen, 1) and needs_reshard(gen, 3)
     cost = callcosts.reshard_cost(h100, model, gen, Scope.INTRA, train_zero=3)
-    gather = h100.collective_s(CollectiveKind.ALL_GATHER, m, 8, Scope.INTRA)
-    assert cost.time_s == pytest.approx(gather)
+    # `tp_shards` gathers one tensor at a time: per layer the fused qkv, its bias, o,
+    # the fused gate_up, down and two norms; outside them the embedding, the head and
+    # the final norm. Every byte of the model once.
+    tensors = callcosts.zero3_tensor_bytes(model, gen.train)
+    assert sum(n for _, n in tensors) == 7 * model.num_layers + 3
+    assert sum(size * n for size, n in tensors) == m
+    gathers = sum(
+        n * h100.collective_s(CollectiveKind.ALL_GATHER, size, 8, Scope.INTRA)
+        for size, n in tensors
+    )
+    assert cost.time_s == pytest.approx(gathers)
     assert cost.transient_bytes == pytest.approx(m - m / 8)
 
 
