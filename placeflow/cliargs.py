@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 def _number(text: str, kind: type[int] | type[float]) -> float:
@@ -78,3 +78,15 @@ def nonempty(text: str) -> str:
     if "\x00" in text:
         raise argparse.ArgumentTypeError("must not contain a NUL character")
     return text
+
+
+def add_kinds_option(parser: argparse.ArgumentParser, kinds: Sequence[str]) -> None:
+    """`--kinds`: which of a profiling module's `kinds` to measure, all by default (the
+    profile file's entries of the others are kept)."""
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=list(kinds),
+        default=list(kinds),
+        help="the kinds to measure (the file's entries of other kinds are kept)",
+    )

@@ -59,6 +59,7 @@ from pathlib import Path
 
 import torch
 
+from placeflow.cliargs import add_kinds_option
 from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
@@ -67,9 +68,9 @@ from placeflow.profiles.schema import (
     Source,
     load_profile_file,
     op_note,
-    op_note_text,
     save_profile,
     with_op_entries,
+    with_some_kinds,
 )
 from placeflow.profiles.shared_cores import shared_collective_note
 from placeflow.profiles.timing import summarize
@@ -331,13 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--add-to", type=Path, required=True, help="a CPU profile JSON file")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument(
-        "--kinds",
-        nargs="+",
-        choices=[k.value for k in ENGINE_KINDS],
-        default=[k.value for k in ENGINE_KINDS],
-        help="the kinds to measure (the file's entries of other kinds are kept)",
-    )
+    add_kinds_option(parser, [k.value for k in ENGINE_KINDS])
     args = parser.parse_args(argv)
     kinds = [FrameworkKind(k) for k in args.kinds]
     profile = load_profile_file(args.add_to)
@@ -383,24 +378,14 @@ def _save_some(
 ) -> int:
     """Replace the entries of `kinds` only; the file's others are kept, and what its note
     said of them."""
-    names = " ".join(k.value for k in kinds)
-    kept = [
-        e
-        for e in profile.entries
-        if e.op is Op.FRAMEWORK and FrameworkKind(str(e.params["kind"])) not in kinds
-    ]
-    note = op_note(
-        Op.FRAMEWORK,
-        f", kind {', '.join(k.value for k in kinds)}): measured {date} by "
-        f"`python -m placeflow.profiles.framework --add-to {path} --kinds {names}` (the "
-        f"engine's own code on {REFERENCE_MODEL}, {LAYER_COUNTS} layers, paired samples, 1 "
-        f"torch thread; CPU busy with other work before: "
-        f"{'?' if busy is None else f'{busy:.0%}'}).",
+    names = [k.value for k in kinds]
+    text = (
+        f"measured {date} by `python -m placeflow.profiles.framework --add-to {path} "
+        f"--kinds {' '.join(names)}` (the engine's own code on {REFERENCE_MODEL}, "
+        f"{LAYER_COUNTS} layers, paired samples, 1 torch thread; CPU busy with other work "
+        f"before: {'?' if busy is None else f'{busy:.0%}'})."
     )
-    text = op_note_text(profile.provenance.notes, Op.FRAMEWORK)
-    if kept and text is not None:
-        note += f" Kept from before (op {Op.FRAMEWORK.value}{text}"
-    save_profile(with_op_entries(profile, Op.FRAMEWORK, [*kept, *entries], note), path)
+    save_profile(with_some_kinds(profile, Op.FRAMEWORK, entries, names, text), path)
     _print(entries)
     return 0
 

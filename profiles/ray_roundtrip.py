@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from placeflow.cliargs import add_kinds_option
 from placeflow.profiles.grid import DISPATCH_BYTES, DISPATCH_TENSOR_BYTES
 from placeflow.profiles.schema import (
     DISPATCH_ENTRY_TENSORS,
@@ -54,13 +55,10 @@ from placeflow.profiles.schema import (
     DispatchKind,
     Entry,
     Op,
-    Profile,
     Source,
     load_profile_file,
-    op_note,
-    op_note_text,
     save_profile,
-    with_op_entries,
+    with_some_kinds,
 )
 from placeflow.profiles.timing import summarize
 
@@ -206,13 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--add-to", type=Path, required=True, help="a profile JSON file")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument(
-        "--kinds",
-        nargs="+",
-        choices=[k.value for k in DispatchKind],
-        default=[k.value for k in DispatchKind],
-        help="the kinds to measure (the file's entries of other kinds are kept)",
-    )
+    add_kinds_option(parser, [k.value for k in DispatchKind])
     args = parser.parse_args(argv)
     kinds = [DispatchKind(k) for k in args.kinds]
     profile = load_profile_file(args.add_to)
@@ -220,34 +212,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     busy = cpu_busy_fraction()
     entries = measure_dispatch(DISPATCH_BYTES, repeats=args.repeats, kinds=kinds)
-    kept = [
-        e
-        for e in profile.entries
-        if e.op is Op.DISPATCH and DispatchKind(str(e.params["kind"])) not in kinds
-    ]
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    note = op_note(
-        Op.DISPATCH,
-        f", kind {', '.join(k.value for k in kinds)}): measured {date} by "
-        f"`python -m placeflow.profiles.ray_roundtrip --add-to {args.add_to} --kinds "
-        f"{' '.join(k.value for k in kinds)}` (driver wall clock; CPU busy with other work "
-        f"before: {'?' if busy is None else f'{busy:.0%}'}).",
+    names = [k.value for k in kinds]
+    text = (
+        f"measured {date} by `python -m placeflow.profiles.ray_roundtrip --add-to "
+        f"{args.add_to} --kinds {' '.join(names)}` (driver wall clock; CPU busy with other "
+        f"work before: {'?' if busy is None else f'{busy:.0%}'})."
     )
-    if kept:
-        note += " " + _kept_note(profile, sorted({str(e.params["kind"]) for e in kept}))
-    updated = with_op_entries(profile, Op.DISPATCH, [*kept, *entries], note)
-    save_profile(updated, args.add_to)
+    save_profile(with_some_kinds(profile, Op.DISPATCH, entries, names, text), args.add_to)
     for e in entries:
         print(f"{e.params['kind']:<10} {e.params['num_bytes']:>10} B: {e.median_s * 1e3:.3f} ms")
     return 0
-
-
-def _kept_note(profile: Profile, kinds: list[str]) -> str:
-    """What the file said of the dispatch entries it keeps (the text after its marker)."""
-    text = op_note_text(profile.provenance.notes, Op.DISPATCH)
-    if text is None:
-        return f"Kinds {', '.join(kinds)}: kept from before (no note)."
-    return f"Kept from before (op {Op.DISPATCH.value}{text}"
 
 
 if __name__ == "__main__":

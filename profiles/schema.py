@@ -346,6 +346,24 @@ def op_note_text(notes: str, op: Op) -> str | None:
     return found.group(1) if found else None
 
 
+def with_some_kinds(
+    profile: Profile, op: Op, entries: Sequence[Entry], kinds: Sequence[str], text: str
+) -> Profile:
+    """`profile` with its entries of `op` of `kinds` replaced by `entries` (a measurement
+    of those kinds only, described by `text`: "measured DATE by ..."); the op's entries
+    of other kinds kept, and what the file's note said of them."""
+    kept = [e for e in profile.entries if e.op is op and str(e.params["kind"]) not in kinds]
+    note = op_note(op, f", kind {', '.join(kinds)}): {text}")
+    if kept:
+        kept_kinds = sorted({str(e.params["kind"]) for e in kept})
+        said = op_note_text(profile.provenance.notes, op)
+        if said is None:
+            note += f" Kinds {', '.join(kept_kinds)}: kept from before (no note)."
+        else:
+            note += f" Kept from before (op {op.value}{said}"
+    return with_op_entries(profile, op, [*kept, *entries], note)
+
+
 def with_op_entries(profile: Profile, op: Op, entries: Sequence[Entry], note: str) -> Profile:
     """`profile` with its entries of `op` replaced by `entries` and the provenance note
     about them (`op_note`) replaced by `note`; the other ops' entries and notes kept."""
