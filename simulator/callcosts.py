@@ -614,10 +614,10 @@ def _fsdp_update_s(
 
     layer_ag = over_dp(CollectiveKind.ALL_GATHER, units.layer_bytes)
     root_ag = over_dp(CollectiveKind.ALL_GATHER, units.root_bytes)
-    reduce_s = units.layers * over_dp(CollectiveKind.REDUCE_SCATTER, units.layer_bytes) + over_dp(
-        CollectiveKind.REDUCE_SCATTER, units.root_bytes
-    )
-    return num_micro * (2 * units.layers * layer_ag + root_ag) + reduce_s
+    layer_rs = over_dp(CollectiveKind.REDUCE_SCATTER, units.layer_bytes)
+    root_rs = over_dp(CollectiveKind.REDUCE_SCATTER, units.root_bytes)
+    gathers = num_micro * (2 * units.layers * layer_ag + root_ag)
+    return gathers + units.layers * layer_rs + root_rs
 
 
 @dataclass(frozen=True, kw_only=True)
