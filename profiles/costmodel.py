@@ -47,6 +47,7 @@ from placeflow.profiles.schema import (
     DISPATCH_ENTRY_TENSORS,
     PER_TENSOR,
     CollectiveKind,
+    CopyDirection,
     DispatchKind,
     Entry,
     FrameworkKind,
@@ -209,6 +210,9 @@ class CostModel:
     # they were timed. `shared`: this is the view `shared_cores()` returns.
     profile_cores: int | None = None
     shared: bool = False
+    # The last-level cache of the host a CPU profile was measured on (its provenance;
+    # None for other profiles or where it was not recorded).
+    host_cache_bytes: int | None = None
     # Per op: exact key parts, log numeric key parts and the series, for nearest lookups.
     series_index: Mapping[Op, tuple[list[tuple[int | str, ...]], np.ndarray, list[Series]]] = field(
         default_factory=dict, hash=False, compare=False, repr=False
@@ -246,6 +250,7 @@ class CostModel:
             host_local=profile.device_kind == "cpu",
             device_kind=profile.device_kind,
             profile_cores=_profile_cores(profile),
+            host_cache_bytes=_host_cache_bytes(profile),
             rooflines=rooflines,
             series=series,
             series_index=_index_series(series),
@@ -478,6 +483,11 @@ class CostModel:
         largest = int(series.sizes[-1])
         return max(at_size, num_bytes * self.copy_s(direction, largest) / largest)
 
+    def memory_read_s(self, num_bytes: int) -> float:
+        """Reading `num_bytes` from memory, not a cache: half a streamed copy of them
+        (`stream_copy_s`), since a copy reads each byte and writes it once."""
+        return self.stream_copy_s(CopyDirection.H2D.value, num_bytes) / 2
+
     def dispatch_s(
         self, kind: DispatchKind, num_bytes: int, tensors: int = DISPATCH_ENTRY_TENSORS
     ) -> float:
@@ -651,6 +661,13 @@ class LooReport:
     median_rel_err: float
     p90_rel_err: float
     per_op: Mapping[str, tuple[int, float, float]] = field(hash=False)  # n, median, p90
+
+
+def _host_cache_bytes(profile: Profile) -> int | None:
+    """The last-level cache of the host a CPU profile was measured on, from its
+    provenance (`profiles.profiler.last_level_cache_bytes`)."""
+    size = profile.provenance.host.get("llc_bytes")
+    return int(size) if profile.device_kind == "cpu" and size else None
 
 
 def _profile_cores(profile: Profile) -> int | None:

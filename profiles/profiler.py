@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import itertools
 import os
@@ -302,6 +303,23 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The size of this host's last-level CPU cache as the OS reports it (the highest
+    `level` under `root`, Linux's sysfs); None where it does not."""
+    best: tuple[int, int] | None = None
+    for index in sorted(root.glob("index*")):
+        try:
+            level = int((index / "level").read_text().strip())
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        num = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size)
+        if best is None or level > best[0]:
+            best = (level, num)
+    return None if best is None else best[1]
+
+
 def _host(device: str) -> dict[str, object]:
     host: dict[str, object] = {
         "hostname": socket.gethostname(),
@@ -310,6 +328,7 @@ def _host(device: str) -> dict[str, object]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "cpu_model": _cpu_model(),
+        "llc_bytes": last_level_cache_bytes(),
     }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
@@ -606,12 +625,21 @@ def add_cpu_copies(
     finally:
         torch.set_num_threads(previous_threads)
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    llc = last_level_cache_bytes()
     note = op_note(
         Op.COPY,
         f"): measured {date} by `python -m placeflow.profiles.profiler --copies-to {path}` "
         "(a copy between two host buffers, the offloads of a CPU worker; 1 torch thread, "
         f"time.perf_counter; CPU busy with other work before: "
-        f"{'?' if busy is None else f'{busy:.0%}'}).",
+        f"{'?' if busy is None else f'{busy:.0%}'}; the host's last-level cache, "
+        f"{llc if llc is not None else 'not reported'} bytes as the OS reports it, "
+        "recorded in the provenance's host as llc_bytes).",
+    )
+    # The copies' bandwidth falls where two buffers outgrow the last-level cache; the
+    # simulator reads its size from here (`CostModel.host_cache_bytes`).
+    host = {**profile.provenance.host, "llc_bytes": llc}
+    profile = dataclasses.replace(
+        profile, provenance=dataclasses.replace(profile.provenance, host=host)
     )
     save_profile(with_op_entries(profile, Op.COPY, entries, note), path)
     return entries

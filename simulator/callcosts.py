@@ -99,6 +99,9 @@ class GenerationShape:
     # Sequences still expected to run at the last decode step (LengthModel.last_step):
     # 0.5 is the expected longest; −ln q its quantile q (one draw of a varying step).
     tail_left: float = 0.5
+    # The host's busy workers' generation weights outgrow its last-level cache, so each
+    # pass over the weights reads them from memory (`weights_from_memory`).
+    weights_from_memory: bool = False
 
 
 def _decode_sum_s(
@@ -133,6 +136,19 @@ def _decode_sum_s(
     return integral + (values[0] + values[-1]) / 2, last
 
 
+def weights_from_memory(cm: CostModel, model: ModelSpec, gen: GenLayout, workers: int) -> bool:
+    """Whether `workers` generation ranks of `gen` busy on one host hold more weights
+    together than its last-level cache (`CostModel.host_cache_bytes`; never where the
+    profile does not record one: GPU profiles, whose kernels read device memory anyway).
+
+    On such a host a decode step's small GEMMs wait for their weights from memory:
+    in an ad-hoc probe of the engine's `Sampler` (tiny-llama-m, 8 sequences, one
+    thread each) a pass over the 12.3 MB of weights took 0.66 ms more with four
+    processes on the 2 cores (49 MB, over the 32 MiB cache) than alone."""
+    cache = cm.host_cache_bytes
+    return cache is not None and workers * generation_shard_bytes(model.num_bytes(), gen) > cache
+
+
 def generation_cost(
     cm: CostModel, model: ModelSpec, gen: GenLayout, shape: GenerationShape
 ) -> CallCost:
@@ -155,7 +171,14 @@ def generation_cost(
         * (prompt + shape.lengths.max_len)
         * memory.kv_bytes_per_token_per_gpu(model, gen.tg, gen.pg, shape.kv_dtype)
     )
-    time_s = prefill_s + steady_s + tail_s
+    reads_s = 0.0
+    if shape.weights_from_memory:
+        # Every prefill and every decode step passes over the replica's weights once;
+        # the profile's kernels were timed with theirs in cache.
+        passes = math.ceil(n / batch) + (steady_steps if n > c else 0.0) + steps
+        shard = generation_shard_bytes(model.num_bytes(), gen)
+        reads_s = passes * cm.memory_read_s(int(shard))
+    time_s = prefill_s + steady_s + tail_s + reads_s
     return CallCost(
         time_s=time_s,
         transient_bytes=kv_bytes,
@@ -163,6 +186,7 @@ def generation_cost(
         detail={
             "prefill_s": prefill_s,
             "decode_s": steady_s + tail_s,
+            "weight_reads_s": reads_s,
             "seqs_per_replica": n,
             "kv_capacity_seqs": c,
             "waves": math.ceil(n / c),

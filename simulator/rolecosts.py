@@ -61,6 +61,11 @@ def fewest_ranks_per_node(
     return fewest or 1
 
 
+def most_ranks_per_node(first_device: int, gpus_per_node: int, ranks: int) -> int:
+    """The most of `ranks` ranks (rank i on device first_device + i) on one node."""
+    return max(Counter((first_device + r) // gpus_per_node for r in range(ranks)).values())
+
+
 @cache
 def dp_ranks_per_node(first_device: int, gpus_per_node: int, layout: TrainLayout) -> int:
     """`fewest_ranks_per_node` of the data-parallel groups (gradient reduction, ZeRO)."""
@@ -389,6 +394,12 @@ def call_cost(
             engine=workload.rollout_engine,
             kv_dtype=workload.kv_cache_dtype,
             tail_left=tail_left,
+            weights_from_memory=callcosts.weights_from_memory(
+                cm,
+                model,
+                gen,
+                most_ranks_per_node(first_device, gpus_per_node, gen.train.world_size),
+            ),
         )
         cost = callcosts.generation_cost(gemm_model(workload, call, cm), model, gen, shape)
     elif call.kind == CallKind.FORWARD:
