@@ -306,15 +306,15 @@ def _cpu_model() -> str:
 def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
     """The size of this host's last-level CPU cache as the OS reports it (the highest
     `level` under `root`, Linux's sysfs); None where it does not."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     best: tuple[int, int] | None = None
     for index in sorted(root.glob("index*")):
         try:
             level = int((index / "level").read_text().strip())
             size = (index / "size").read_text().strip()
+            num = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size)
         except (OSError, ValueError):
-            continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-        num = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size)
+            continue  # an entry the OS does not fill in, or a size it writes otherwise
         if best is None or level > best[0]:
             best = (level, num)
     return None if best is None else best[1]
