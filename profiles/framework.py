@@ -26,7 +26,13 @@ the kernel inventory of `placeflow.simulator.compute`). For each kind
 - the rollout load (load_layer, load_call): the actor's sync of its rollout engine
   where the layouts match (t = tg, d = 1), as `ActorEngine.sync_rollout` runs it: the
   reshard plan's walk over the tensors (`reshard_colocated`, nothing to gather) and
-  the rollout model's `load_shards`, which copies each tensor in.
+  the rollout model's `load_shards`, which copies each tensor in;
+- the weight sync (sync_layer, sync_call): a generator set's sync of one trainer rank
+  and one generator rank, as `executor.weight_sync.sync_disjoint` runs it on each side:
+  the trainer packs its slices into the message, the generator allocates its shard
+  and copies the message's slices into it. Both sides run in this thread over
+  `_LoopbackLink`, which hands the packed message to the receive as one copy (the
+  gloo message is priced by the collective entries, not here).
 
 The clock is this thread's CPU time (`time.thread_time`), not the wall clock:
 the pieces are single-threaded host work, and CPU time leaves out the time the
@@ -56,6 +62,7 @@ import datetime
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -107,6 +114,7 @@ LAYER_KINDS = (
     FrameworkKind.LAYER_DECODE,
     FrameworkKind.OPTIMIZER_LAYER,
     FrameworkKind.LOAD_LAYER,
+    FrameworkKind.SYNC_LAYER,
 )
 # The kinds this module measures (the shared-collective entry is `shared_cores`'), and
 # the timed pieces each is computed from.
@@ -122,6 +130,8 @@ _PIECES_OF: dict[FrameworkKind, tuple[str, ...]] = {
     FrameworkKind.OPTIMIZER_CALL: ("step",),
     FrameworkKind.LOAD_LAYER: ("load",),
     FrameworkKind.LOAD_CALL: ("load",),
+    FrameworkKind.SYNC_LAYER: ("sync",),
+    FrameworkKind.SYNC_CALL: ("sync",),
 }
 
 
@@ -158,6 +168,23 @@ def _elapsed(fn: Callable[[], object], prepare: Callable[[], object] = lambda: N
     return total / CALLS_PER_SAMPLE
 
 
+class _LoopbackLink:
+    """The weight sync's `Link` inside one thread: a send is kept until the receive,
+    which copies it into the receiver's buffer (as gloo writes a message into it)."""
+
+    def __init__(self) -> None:
+        self.sent: list[torch.Tensor] = []
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        self.sent.append(tensor)
+
+    def post(self, tensor: torch.Tensor, dst: int) -> Any:
+        raise NotImplementedError("the framework profiler times blocking sends only")
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        tensor.copy_(self.sent.pop(0))
+
+
 def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Callable[[], float]]:
     """Timers of one run of each piece in `names` for a reference model of `num_layers`
     layers, the forward and decode pieces at the `size`-th pair of `_TIMED_UNITS` (0:
@@ -168,8 +195,15 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
     from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
     from placeflow.executor.engines.transformer import Arch, Transformer, random_full
     from placeflow.executor.reshard import MemoryMeter, reshard_colocated
+    from placeflow.executor.weight_sync import sync_disjoint
     from placeflow.layout import GenLayout, TrainLayout
-    from placeflow.reshard_plan import TinyLlama, plan_reshard
+    from placeflow.reshard_plan import (
+        WEIGHT_SYNC_BUCKET_BYTES,
+        GeneratorLayout,
+        TinyLlama,
+        plan_disjoint,
+        plan_reshard,
+    )
 
     spec = dataclasses.replace(get_model(REFERENCE_MODEL), num_layers=num_layers)
     model = Transformer(Arch.of(spec))
@@ -182,7 +216,10 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
     prompts = [[1] * REFERENCE_PROMPT] * DECODE_SIZES[decode_units]
     decoder = Decoder(model, pad_id=0)
     rollout = Transformer(Arch.of(spec))
-    plan = plan_reshard(TinyLlama.from_model_spec(spec), GenLayout(train=TrainLayout(), tg=1))
+    tiny = TinyLlama.from_model_spec(spec)
+    plan = plan_reshard(tiny, GenLayout(train=TrainLayout(), tg=1))
+    disjoint = plan_disjoint(tiny, TrainLayout(), GeneratorLayout(), WEIGHT_SYNC_BUCKET_BYTES)
+    link = _LoopbackLink()
 
     def forward() -> float:
         with torch.no_grad():
@@ -210,6 +247,11 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
         weights, _ = reshard_colocated(plan, 0, trainer.tp_shards(), None, MemoryMeter())
         rollout.load_shards(weights)
 
+    def weight_sync() -> None:
+        # Trainer rank 0 packs and sends; generator rank 1 (sync-world rank) receives.
+        sync_disjoint(disjoint, 0, trainer.tp_shards(), MemoryMeter(), link=link)
+        sync_disjoint(disjoint, 1, None, MemoryMeter(), link=link)
+
     timers: dict[str, Callable[[], float]] = {
         "forward": forward,
         "train": train,
@@ -217,12 +259,13 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
         "decode_long": lambda: generate(DECODE_STEPS[1]),
         "step": step,
         "load": lambda: _elapsed(sync),
+        "sync": lambda: _elapsed(weight_sync),
     }
     return {k: v for k, v in timers.items() if k in names}
 
 
 # The pieces whose size is the weights, timed at the smallest size only.
-_WEIGHT_PIECES = frozenset({"step", "load"})
+_WEIGHT_PIECES = frozenset({"step", "load", "sync"})
 
 
 def _paired_samples(
@@ -321,6 +364,8 @@ def _kinds_at(
         pairs.append(((FrameworkKind.OPTIMIZER_LAYER, FrameworkKind.OPTIMIZER_CALL), at("step")))
     if "load" in t:
         pairs.append(((FrameworkKind.LOAD_LAYER, FrameworkKind.LOAD_CALL), at("load")))
+    if "sync" in t:
+        pairs.append(((FrameworkKind.SYNC_LAYER, FrameworkKind.SYNC_CALL), at("sync")))
     out = {}
     for (per_layer, per_call), (small, large) in pairs:
         slope = (large - small) / (l2 - l1)
@@ -347,7 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Op.FRAMEWORK,
         f"): measured {date} by "
         f"`python -m placeflow.profiles.framework --add-to {args.add_to}` (the engine's "
-        f"own Transformer, Sampler, TrainEngine and rollout load on {REFERENCE_MODEL}, forward and "
+        f"own Transformer, Sampler, TrainEngine, rollout load and weight sync on "
+        f"{REFERENCE_MODEL}, forward and "
         f"backward at {' and '.join(f'{b}x{s}' for b, s in FORWARD_SIZES.values())} tokens "
         f"(num_units {', '.join(map(str, FORWARD_SIZES))}), decode steps of "
         f"{' and '.join(map(str, DECODE_SIZES.values()))} sequences (num_units "

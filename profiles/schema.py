@@ -141,6 +141,11 @@ class FrameworkKind(StrEnum):
     # moves them (the reshard plan's per-tensor bookkeeping and copies, `load_shards`):
     LOAD_LAYER = "load_layer"  # per decoder layer's tensors
     LOAD_CALL = "load_call"  # per load: the tensors outside the layers and the call's own
+    # A generator set's weight sync (`executor.weight_sync.sync_disjoint`) beyond its
+    # message: the trainer's packing of its slices and the generator's allocation of its
+    # shard and copy of each slice into it (the plan's per-tensor bookkeeping, the copies):
+    SYNC_LAYER = "sync_layer"  # per decoder layer's tensors
+    SYNC_CALL = "sync_call"  # per sync: the tensors outside the layers and the call's own
     # Not the engine's: the wall time one collective adds to each rank of a host that
     # runs two busy ranks per core (measured by `placeflow.profiles.shared_cores`).
     SHARED_COLLECTIVE = "shared_collective"

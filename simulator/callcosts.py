@@ -707,6 +707,21 @@ def device_copy_s(cm: CostModel, num_bytes: float) -> float:
     return cm.elementwise_s(ElementwiseKind.ADD, math.ceil(2 * num_bytes / 3))
 
 
+def sync_host_s(cm: CostModel, model: ModelSpec, pg: int) -> float:
+    """The weight sync's host work per tensor beyond its copies, as the profile measured
+    it through `sync_disjoint` (`FrameworkKind.SYNC_LAYER` for each layer of the
+    generator rank's stage, `SYNC_CALL` for the tensors outside the layers and the
+    call's own; the reference model's copies taken off by `compute.framework_host_s`):
+    the trainer's packing of the slices and the generator's allocation of its shard and
+    copy of each slice in, one after the other. With TP a layer's tensors are as many,
+    each smaller: the host work per tensor does not shrink with tg. 0 where the profile
+    has no such entries (the GPU profiles)."""
+    layers = max(generator_stage_layers(model.num_layers, pg))
+    per_layer = compute.framework_host_s(cm, FrameworkKind.SYNC_LAYER) or 0.0
+    per_call = compute.framework_host_s(cm, FrameworkKind.SYNC_CALL) or 0.0
+    return layers * per_layer + per_call
+
+
 def rollout_load_s(cm: CostModel, model: ModelSpec, tg: int, pg: int) -> float:
     """A generation rank's load of its shard (tg, pg) of `model` into its rollout engine,
     which keeps weights of its own (placeflow's engine copies them in with
@@ -827,9 +842,10 @@ def weight_sync_cost(
 
     Beyond the messages, as `executor.weight_sync.sync_disjoint` runs it: the sender
     packs each bucket's slices into one message and the receiver copies the message's
-    rows into its shard (each a `device_copy_s` of the bytes), and the generator then
-    loads the full shard into its rollout engine (`rollout_load_s`; adapters are not
-    loaded that way).
+    rows into its shard (each a `device_copy_s` of the bytes), both with the host work
+    per tensor the profile measured (`sync_host_s`), and the generator then loads the
+    full shard into its rollout engine (`rollout_load_s`; adapters are not loaded that
+    way).
     """
     buckets = (
         disjoint_buckets(model, tg, pg, train or TrainLayout(), WEIGHT_SYNC_BUCKET_BYTES)
@@ -849,8 +865,9 @@ def weight_sync_cost(
         n * cm.collective_s(CollectiveKind.BROADCAST, size, 2, scope) for size, n in sizes.items()
     )
     copies_s = 2 * device_copy_s(cm, sum(buckets))
+    host_s = sync_host_s(cm, model, pg)
     load_s = rollout_load_s(cm, model, tg, pg) if lora is None else 0.0
-    time_s = messages_s + copies_s + load_s
+    time_s = messages_s + copies_s + host_s + load_s
     return CallCost(
         time_s=time_s,
         transient_bytes=0.0,
@@ -860,6 +877,7 @@ def weight_sync_cost(
             "buckets": len(buckets),
             "messages_s": messages_s,
             "copies_s": copies_s,
+            "host_s": host_s,
             "load_s": load_s,
         },
     )

@@ -235,13 +235,19 @@ def _reference_kernels_s(cm: CostModel, kind: FrameworkKind, units: int = 1) -> 
     layer_params = _layer_params(model)
     if kind is FrameworkKind.LOAD_LAYER:  # the layer's weights copied in
         return cm.copy_s("h2d", layer_params * model.dtype.num_bytes)
+    outside = model.num_params(value_head=False) - model.num_layers * layer_params
     if kind is FrameworkKind.LOAD_CALL:  # the weights outside the layers
-        outside = model.num_params(value_head=False) - model.num_layers * layer_params
         return cm.copy_s("h2d", outside * model.dtype.num_bytes)
+    # The weight sync's three copies of the bytes: the trainer's pack, the loopback
+    # message (`profiles.framework._LoopbackLink`) and the generator's unpack.
+    if kind is FrameworkKind.SYNC_LAYER:
+        return 3 * cm.copy_s("h2d", layer_params * model.dtype.num_bytes)
+    if kind is FrameworkKind.SYNC_CALL:
+        return 3 * cm.copy_s("h2d", outside * model.dtype.num_bytes)
     if kind is FrameworkKind.OPTIMIZER_LAYER:
         return cm.optimizer_s(layer_params)
     assert kind is FrameworkKind.OPTIMIZER_CALL
-    return cm.optimizer_s(model.num_params(value_head=False) - model.num_layers * layer_params)
+    return cm.optimizer_s(outside)
 
 
 def _layer_params(model: ModelSpec) -> int:

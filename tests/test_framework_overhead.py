@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+import torch
 
 from placeflow.catalogue import get_model
 from placeflow.profiles import framework
@@ -218,9 +219,11 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         "decode_long": decode(n2),
         "step": times(1000e-6, 700e-6),
         "load": times(120e-6, 90e-6),
+        "sync": times(450e-6, 130e-6),
     }
-    # The same pieces at both sizes; the optimizer step and the load at the smallest only.
-    later = {k: v for k, v in fake.items() if k not in ("step", "load")}
+    # The same pieces at both sizes; the optimizer step, the load and the weight sync at
+    # the smallest only.
+    later = {k: v for k, v in fake.items() if k not in ("step", "load", "sync")}
     sized = [fake] + [later] * (len(framework.FORWARD_SIZES) - 1)
 
     def samples(repeats: int, warmup: int, size: int, names: frozenset[str]) -> Any:
@@ -246,6 +249,8 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         FrameworkKind.OPTIMIZER_CALL: 700e-6,
         FrameworkKind.LOAD_LAYER: 120e-6,
         FrameworkKind.LOAD_CALL: 90e-6,
+        FrameworkKind.SYNC_LAYER: 450e-6,
+        FrameworkKind.SYNC_CALL: 130e-6,
     }
     assert set(entries) == set(FrameworkKind) - {FrameworkKind.SHARED_COLLECTIVE}
     for kind, value in expected.items():
@@ -261,11 +266,11 @@ def expected_kinds() -> set[FrameworkKind]:
 
 
 def test_the_timers_run_the_engine() -> None:
-    names = frozenset({"forward", "train", "decode_short", "decode_long", "step", "load"})
+    names = frozenset({"forward", "train", "decode_short", "decode_long", "step", "load", "sync"})
     pieces = framework._pieces(2, 0, names)
     assert set(pieces) == names
     assert all(timer() > 0 for timer in pieces.values())
-    large = framework._pieces(2, 1, names - {"step", "load"})
+    large = framework._pieces(2, 1, names - {"step", "load", "sync"})
     assert set(large) == {"forward", "train", "decode_short", "decode_long"}
     assert all(timer() > 0 for timer in large.values())
 
@@ -370,3 +375,32 @@ def test_some_kinds_are_measured_from_their_pieces_only(monkeypatch: pytest.Monk
     assert all(names == {"load"} for _, names in asked)
     got = {FrameworkKind(e.params["kind"]): e.median_s for e in measured}
     assert got == pytest.approx({FrameworkKind.LOAD_LAYER: 20e-6, FrameworkKind.LOAD_CALL: 50e-6})
+
+
+def test_the_loopback_sync_delivers_the_trainers_weights_to_the_generator() -> None:
+    """The weight-sync piece runs the real sync: over `_LoopbackLink` the generator rank
+    ends with exactly the trainer's tensors (one trainer rank, one generator rank)."""
+    from placeflow.executor.engines.transformer import Arch, random_full
+    from placeflow.executor.reshard import MemoryMeter
+    from placeflow.executor.weight_sync import sync_disjoint
+    from placeflow.layout import TrainLayout
+    from placeflow.reshard_plan import (
+        WEIGHT_SYNC_BUCKET_BYTES,
+        GeneratorLayout,
+        TinyLlama,
+        plan_disjoint,
+    )
+
+    spec = get_model(framework.REFERENCE_MODEL)
+    weights = random_full(Arch.of(spec), seed=3)
+    plan = plan_disjoint(
+        TinyLlama.from_model_spec(spec), TrainLayout(), GeneratorLayout(), WEIGHT_SYNC_BUCKET_BYTES
+    )
+    link = framework._LoopbackLink()
+    _, sent = sync_disjoint(plan, 0, weights, MemoryMeter(), link=link)
+    received, got = sync_disjoint(plan, 1, None, MemoryMeter(), link=link)
+    assert sent == got == spec.num_bytes()
+    assert set(received) == set(weights)
+    for name, tensor in weights.items():
+        assert torch.equal(received[name], tensor), name
+    assert not link.sent

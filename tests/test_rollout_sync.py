@@ -1,6 +1,7 @@
 """The rollout's sync: a colocated reshard where the layouts call for one, and always the
 load of the generation shard into the rollout engine (`rolecosts.rollout_sync_cost`); a
-generator set's weight sync with its copies and the same load (`weight_sync_cost`)."""
+generator set's weight sync with its copies, its host work per tensor and the same load
+(`weight_sync_cost`)."""
 
 from __future__ import annotations
 
@@ -61,10 +62,30 @@ def test_a_generators_weight_sync_packs_sends_unpacks_and_loads() -> None:
     message = cpu.collective_s(CollectiveKind.BROADCAST, size, 2, Scope.INTRA)
     copies = 2 * cpu.stream_copy_s("h2d", size)
     load = callcosts.rollout_load_s(cpu, model, 1, 1)
+    host = callcosts.sync_host_s(cpu, model, 1)
     assert cost.detail["buckets"] == 1
-    assert cost.time_s == pytest.approx(message + copies + load)
+    assert cost.time_s == pytest.approx(message + copies + host + load)
     assert cost.detail["copies_s"] == pytest.approx(copies)
+    assert cost.detail["host_s"] == pytest.approx(host)
     assert cost.detail["load_s"] == pytest.approx(load)
+
+
+def test_the_weight_syncs_host_work_is_per_layer_of_the_stage_and_per_call() -> None:
+    """The entries were timed through `sync_disjoint` on tiny-llama with its three copies
+    of the bytes (pack, loopback message, unpack) inside: those come off; then each layer
+    of the generator rank's stage (tiny-llama-m: 4 layers, 2 per stage with pg = 2) and
+    the call once. A GPU profile has no such entries: no host work."""
+    cpu = fitted_cost_model("cpu")
+    layer_entry = cpu.framework_s(FrameworkKind.SYNC_LAYER)
+    call_entry = cpu.framework_s(FrameworkKind.SYNC_CALL)
+    assert layer_entry is not None and call_entry is not None
+    per_layer = layer_entry - 3 * cpu.copy_s("h2d", TINY_LAYER_BYTES)
+    per_call = call_entry - 3 * cpu.copy_s("h2d", TINY_OUTSIDE_BYTES)
+    assert per_layer > 0 and per_call > 0
+    model = get_model("tiny-llama-m")
+    assert callcosts.sync_host_s(cpu, model, 2) == pytest.approx(2 * per_layer + per_call)
+    assert callcosts.sync_host_s(cpu, model, 1) == pytest.approx(4 * per_layer + per_call)
+    assert callcosts.sync_host_s(fitted_cost_model("a100-80gb"), model, 1) == 0.0
 
 
 def test_sync_without_a_reshard_is_the_load_of_the_generation_shard() -> None:
