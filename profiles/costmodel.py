@@ -400,6 +400,27 @@ class CostModel:
             return 0.0
         return self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
 
+    def slice_overhead(self) -> float:
+        """What time slicing adds to compute on a host running two busy ranks per core,
+        beyond the 2x of sharing it (the cache refills and switches of the slices): the
+        profile's `shared_compute` entries (`profiles.shared_cores`), the wall time per
+        reference forward at two ranks per core over twice that at one, less 1; 0 where
+        the profile has no such entries (GPU profiles, older CPU ones) or they show none."""
+        kind = FrameworkKind.SHARED_COMPUTE
+        if (Op.FRAMEWORK, (kind.value,)) not in self.series:
+            return 0.0
+        alone = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
+        shared = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 2})
+        return max(0.0, shared / (2 * alone) - 1)
+
+    def slice_factor(self, contention: float) -> float:
+        """The extra stretch of compute at `contention` busy ranks per core (> 1 where
+        time slicing happens): the measured `slice_overhead` at two per core, linear from
+        none at one per core, held beyond two."""
+        if contention <= 1.0:
+            return 1.0
+        return 1.0 + self.slice_overhead() * min(1.0, contention - 1.0)
+
     def with_probe_wait(self) -> CostModel:
         """This model with every collective that `shared_cores` would charge a partner
         wait charged exactly 1 s more: a call priced with it, less the same call priced

@@ -79,7 +79,7 @@ from placeflow.profiles.schema import (
     with_op_entries,
     with_some_kinds,
 )
-from placeflow.profiles.shared_cores import shared_collective_note
+from placeflow.profiles.shared_cores import SHARED_KINDS, shared_collective_note
 from placeflow.profiles.timing import summarize
 
 REFERENCE_MODEL = "tiny-llama"
@@ -118,7 +118,7 @@ LAYER_KINDS = (
 )
 # The kinds this module measures (the shared-collective entry is `shared_cores`'), and
 # the timed pieces each is computed from.
-ENGINE_KINDS = tuple(k for k in FrameworkKind if k is not FrameworkKind.SHARED_COLLECTIVE)
+ENGINE_KINDS = tuple(k for k in FrameworkKind if k not in SHARED_KINDS)
 _PIECES_OF: dict[FrameworkKind, tuple[str, ...]] = {
     FrameworkKind.LAYER_FORWARD: ("forward",),
     FrameworkKind.CALL_FORWARD: ("forward",),
@@ -401,11 +401,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"1 torch thread; CPU busy with other work before: "
         f"{'?' if busy is None else f'{busy:.0%}'}).",
     )
-    # (the shared-cores entry is another module's measurement: kept, its note with it)
+    # (the shared-cores entries are another module's measurement: kept, their note with them)
     shared = [
         e
         for e in profile.entries
-        if e.op is Op.FRAMEWORK and e.params["kind"] == FrameworkKind.SHARED_COLLECTIVE.value
+        if e.op is Op.FRAMEWORK and e.params["kind"] in {k.value for k in SHARED_KINDS}
     ]
     if shared:
         note += shared_collective_note(profile)

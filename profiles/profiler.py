@@ -100,7 +100,7 @@ from placeflow.profiles.schema import (
     op_note,
     with_op_entries,
 )
-from placeflow.profiles.shared_cores import measure_shared_collective
+from placeflow.profiles.shared_cores import measure_shared_collective, measure_shared_compute
 from placeflow.profiles.timing import Clock, Timing, make_clock, time_fn
 
 Bench = Callable[[], object]
@@ -591,6 +591,7 @@ def profile_device(
             overhead = measure_framework() if framework and device == "cpu" else []
             if framework and device == "cpu":  # and the wait of collectives on shared cores
                 overhead.append(measure_shared_collective())
+                overhead.extend(measure_shared_compute())
         provenance = _provenance(device, grid, measured, load)
     finally:
         torch.set_num_threads(previous_threads)

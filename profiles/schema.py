@@ -149,6 +149,9 @@ class FrameworkKind(StrEnum):
     # Not the engine's: the wall time one collective adds to each rank of a host that
     # runs two busy ranks per core (measured by `placeflow.profiles.shared_cores`).
     SHARED_COLLECTIVE = "shared_collective"
+    # Not the engine's either: the wall time of one reference forward on every rank of a
+    # host with 1 (num_units 1) and 2 (num_units 2) busy ranks per core (`shared_cores`).
+    SHARED_COMPUTE = "shared_compute"
 
 
 class CopyDirection(StrEnum):

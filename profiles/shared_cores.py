@@ -11,7 +11,18 @@ the same all-reduce between two ranks on cores of their own: the tensor-parallel
 calls of a colocated CPU plan, a few dozen all-reduces a micro-batch, were
 priced 2-2.5x too fast before this was measured.
 
-`measure_shared_collective` measures it as the executor meets it: 2·c ranks on
+Compute stretches a little more than workers / cores, too: a rank that gets its
+core back in time slices finds its caches refilled by the other rank's slice
+and pays the switches. `measure_shared_compute` times the engine's forward of
+the framework profiler's reference model (`placeflow.profiles.framework`: its
+`REFERENCE_MODEL` at the `SHARED_COMPUTE_SHAPE` micro-batch) on every rank of
+c ranks (one per core) and of 2·c ranks (two per core), the slowest rank's
+wall time per forward: two `framework` entries of kind `shared_compute`, whose
+num_units is the busy ranks per core (1, 2). Their ratio less the 2x of sharing
+is the slicing overhead (`CostModel.slice_factor`), which the simulator adds
+to the stretch of every call on a host that runs more busy workers than cores.
+
+`measure_shared_collective` measures the collective's wait as the executor meets it: 2·c ranks on
 the c cores of this host (one torch thread each, gloo), in pairs, each rank
 running the same fixed compute chunk (small matmuls, about a millisecond of one
 core) and then, in the second loop, an all-reduce of `PROBE_BYTES` within its
@@ -23,7 +34,7 @@ collective of such ranks with it.
 
     python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json
 
-measures it and replaces the file's entry of that kind (its other framework
+measures both and replaces the file's entries of those kinds (its other framework
 entries are kept).
 """
 
@@ -60,6 +71,8 @@ from placeflow.profiles.schema import (
 PROBE_BYTES = 4096  # a small all-reduce: the wait, not the bandwidth, is measured
 CHUNK_MATMULS = 40  # 64 x 64 fp32 matmuls per compute chunk (about 1 ms of one core here)
 RANKS_PER_CORE = 2  # the oversubscription the entry is measured at
+SHARED_COMPUTE_SHAPE = (8, 32)  # (sequences, tokens) of the timed forward: a CPU micro-batch
+SHARED_KINDS = (FrameworkKind.SHARED_COLLECTIVE, FrameworkKind.SHARED_COMPUTE)
 
 
 class SharedCoresError(RuntimeError):
@@ -149,25 +162,109 @@ def measure_shared_collective(
         on_message=on_message,
         stall_timeout_s=stall_timeout_s,
     )
-    qs = statistics.quantiles(extra, n=10, method="inclusive") if len(extra) > 1 else extra * 9
     median = statistics.median(extra)
     if median <= 0:
         raise SharedCoresError(
             f"a collective added {median:.2e} s per iteration (no wait measured): the host "
             "has more cores than it reports, or the run was too noisy; measure again"
         )
+    return _entry(FrameworkKind.SHARED_COLLECTIVE, 1, extra)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeJob:
+    world_size: int
+    port: int
+    forwards: int
+    repeats: int
+    init_timeout_s: float = 60.0
+
+
+def _compute_rank(rank: int, job: ComputeJob, results: Any) -> None:
+    def body() -> None:
+        from placeflow.catalogue import get_model
+        from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+        from placeflow.profiles.framework import REFERENCE_MODEL
+
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{job.port}",
+            rank=rank,
+            world_size=job.world_size,
+            timeout=timedelta(seconds=job.init_timeout_s),
+        )
+        spec = get_model(REFERENCE_MODEL)
+        model = Transformer(Arch.of(spec))
+        model.load_shards(random_full(model.arch, seed=rank))
+        ids = torch.randint(0, spec.vocab_size, SHARED_COMPUTE_SHAPE)
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        with torch.no_grad():
+            for _ in range(3):  # warm-up
+                model(ids, mask)
+            for _ in range(job.repeats):
+                dist.barrier()  # every rank busy from the same moment
+                t0 = time.perf_counter()
+                for _ in range(job.forwards):
+                    model(ids, mask)
+                per = torch.tensor([(time.perf_counter() - t0) / job.forwards])
+                dist.all_reduce(per, op=dist.ReduceOp.MAX)
+                if rank == 0:
+                    results.put(("sample", float(per.item())))
+        dist.destroy_process_group()
+
+    report_rank(rank, results, body)
+
+
+def measure_shared_compute(
+    *,
+    cores: int | None = None,
+    forwards: int = 40,
+    repeats: int = 7,
+    stall_timeout_s: float = 180.0,
+) -> list[Entry]:
+    """The two `shared_compute` entries (module docstring): the slowest rank's seconds per
+    reference forward with 1 and with RANKS_PER_CORE busy ranks per core of this host
+    (`cores`: os.cpu_count())."""
+    cores = cores or os.cpu_count() or 1
+    entries = []
+    for per_core in (1, RANKS_PER_CORE):
+        job = ComputeJob(
+            world_size=per_core * cores, port=free_port(), forwards=forwards, repeats=repeats
+        )
+        samples: list[float] = []
+
+        def on_message(msg: tuple[Any, ...], samples: list[float] = samples) -> None:
+            samples.append(msg[1])
+
+        run_ranks(
+            _compute_rank,
+            job,
+            job.world_size,
+            label="shared-compute rank",
+            error=SharedCoresError,
+            on_message=on_message,
+            stall_timeout_s=stall_timeout_s,
+        )
+        entries.append(_entry(FrameworkKind.SHARED_COMPUTE, per_core, samples))
+    return entries
+
+
+def _entry(kind: FrameworkKind, num_units: int, samples: list[float]) -> Entry:
+    qs = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else []
+    median = statistics.median(samples)
     return Entry(
         op=Op.FRAMEWORK,
-        params={"kind": FrameworkKind.SHARED_COLLECTIVE.value, "num_units": 1},
+        params={"kind": kind.value, "num_units": num_units},
         median_s=median,
-        p10_s=min(qs[0], median),
-        p90_s=max(qs[-1], median),
-        repeats=len(extra),
+        p10_s=min(qs[0], median) if qs else median,
+        p90_s=max(qs[-1], median) if qs else median,
+        repeats=len(samples),
         source=Source.MEASURED,
     )
 
 
-SENTENCE = " Kind shared_collective:"  # where its part of the framework note starts
+SENTENCE = " Kind shared_collective"  # where its part of the framework note starts
 
 
 def shared_collective_note(profile: Profile) -> str:
@@ -177,20 +274,18 @@ def shared_collective_note(profile: Profile) -> str:
     return text[at:] if at >= 0 else ""
 
 
-def with_shared_collective(profile: Profile, entry: Entry, note: str) -> Profile:
-    """`profile` with `entry` as its only `shared_collective` entry; the other framework
-    entries and their note kept, `note` (a SENTENCE) in place of the old one."""
-    kept = [
-        e
-        for e in profile.entries
-        if e.op is Op.FRAMEWORK and e.params["kind"] != FrameworkKind.SHARED_COLLECTIVE.value
-    ]
+def with_shared_entries(profile: Profile, entries: Sequence[Entry], note: str) -> Profile:
+    """`profile` with `entries` as its only entries of the shared-cores kinds
+    (`SHARED_KINDS`); the other framework entries and their note kept, `note` (a
+    SENTENCE) in place of the old one."""
+    shared = {k.value for k in SHARED_KINDS}
+    kept = [e for e in profile.entries if e.op is Op.FRAMEWORK and e.params["kind"] not in shared]
     text = op_note_text(profile.provenance.notes, Op.FRAMEWORK)
     if text is None:
         body = op_note(Op.FRAMEWORK, "):")
     else:
         body = op_note(Op.FRAMEWORK, text.replace(shared_collective_note(profile), ""))
-    return with_op_entries(profile, Op.FRAMEWORK, [*kept, entry], f"{body}{note}")
+    return with_op_entries(profile, Op.FRAMEWORK, [*kept, *entries], f"{body}{note}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -203,19 +298,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     busy = cpu_busy_fraction()
     entry = measure_shared_collective(repeats=args.repeats)
+    compute = measure_shared_compute(repeats=args.repeats)
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    cores = os.cpu_count() or 1
+    batch, tokens = SHARED_COMPUTE_SHAPE
     note = (
-        f"{SENTENCE} measured {date} by "
+        f"{SENTENCE} and shared_compute: measured {date} by "
         f"`python -m placeflow.profiles.shared_cores --add-to {args.add_to}` "
-        f"({RANKS_PER_CORE * (os.cpu_count() or 1)} gloo ranks on {os.cpu_count()} cores in "
+        f"(shared_collective: {RANKS_PER_CORE * cores} gloo ranks on {cores} cores in "
         f"pairs, a {PROBE_BYTES}-byte all-reduce after each compute chunk, less the chunks "
-        f"alone; CPU busy with other work before: {'?' if busy is None else f'{busy:.0%}'})."
+        f"alone; shared_compute: the engine's forward of the reference model at {batch}x"
+        f"{tokens} tokens on {cores} and on {RANKS_PER_CORE * cores} ranks, the slowest "
+        f"rank's wall time per forward; CPU busy with other work before: "
+        f"{'?' if busy is None else f'{busy:.0%}'})."
     )
-    save_profile(with_shared_collective(profile, entry, note), args.add_to)
+    save_profile(with_shared_entries(profile, [entry, *compute], note), args.add_to)
     print(
         f"shared_collective: {entry.median_s * 1e3:.3f} ms per collective "
         f"(p10 {entry.p10_s * 1e3:.3f}, p90 {entry.p90_s * 1e3:.3f})"
     )
+    for e in compute:
+        print(
+            f"shared_compute at {e.params['num_units']} busy ranks per core: "
+            f"{e.median_s * 1e3:.3f} ms per forward (p10 {e.p10_s * 1e3:.3f}, "
+            f"p90 {e.p90_s * 1e3:.3f})"
+        )
     return 0
 
 

@@ -36,6 +36,11 @@ crowding, a = max(1, W/c) − max(1, w/c) in busy workers per core, linear
 between none (a = 0) and the measured point (a = 1). Run in that state
 throughout, the call would take duration/r + collectives·waits[h]·a; its rate
 is its duration over that.
+
+Time slicing also costs compute beyond the share of a core (cache refills and
+switches): with the host's measured overhead o at two busy workers per core
+(`CostModel.slice_overhead`, `slicing[h]`), a stretch x > 1 becomes
+x · (1 + o · min(1, x − 1)), in both the call's own stretch and the crowd's.
 """
 
 from __future__ import annotations
@@ -71,12 +76,13 @@ def schedule(
     tasks: Sequence[Work],
     cores: Mapping[Hashable, int] | None = None,
     waits: Mapping[Hashable, float] | None = None,
+    slicing: Mapping[Hashable, float] | None = None,
 ) -> dict[Hashable, Span]:
     """Start and end of every task; raises ValueError on a dependency cycle or unknown id.
 
     `cores`: the cores of each shared host that `Work.hosts` names; `waits`: the seconds
-    a collective waits for its partner there at two busy workers per core (module
-    docstring; none where a host is missing).
+    a collective waits for its partner there at two busy workers per core; `slicing`:
+    the overhead of time slicing there (module docstring; none where a host is missing).
     """
     by_id = {t.id: t for t in tasks}
     for t in tasks:
@@ -84,7 +90,7 @@ def schedule(
             if p not in by_id:
                 raise ValueError(f"task {t.id!r} depends on unknown task {p!r}")
     if cores and any(h in cores for t in tasks for h, _ in t.hosts):
-        return _shared_schedule(tasks, cores, waits or {})
+        return _shared_schedule(tasks, cores, waits or {}, slicing or {})
     set_free: dict[int, float] = {}
     done: dict[Hashable, Span] = {}
     pending = list(tasks)
@@ -109,8 +115,16 @@ def schedule(
     return done
 
 
+def _sliced(stretch: float, overhead: float) -> float:
+    """A stretch with the time slices' overhead (module docstring)."""
+    return stretch * (1.0 + overhead * min(1.0, stretch - 1.0)) if stretch > 1.0 else stretch
+
+
 def _rates(
-    running: Sequence[Work], cores: Mapping[Hashable, int], waits: Mapping[Hashable, float]
+    running: Sequence[Work],
+    cores: Mapping[Hashable, int],
+    waits: Mapping[Hashable, float],
+    slicing: Mapping[Hashable, float],
 ) -> list[float]:
     """Each running task's progress per second (module docstring)."""
     busy: dict[Hashable, float] = {}
@@ -124,7 +138,8 @@ def _rates(
             if h in cores:
                 c = cores[h]
                 own, crowd = max(1.0, w / c), max(1.0, busy[h] / c)
-                r = own / crowd
+                o = slicing.get(h, 0.0)
+                r = _sliced(own, o) / _sliced(crowd, o)
                 extra = t.collectives * waits.get(h, 0.0) * (crowd - own)
                 if extra > 0 and t.duration_s > 0:
                     r = t.duration_s / (t.duration_s / r + extra)
@@ -134,7 +149,10 @@ def _rates(
 
 
 def _shared_schedule(
-    tasks: Sequence[Work], cores: Mapping[Hashable, int], waits: Mapping[Hashable, float]
+    tasks: Sequence[Work],
+    cores: Mapping[Hashable, int],
+    waits: Mapping[Hashable, float],
+    slicing: Mapping[Hashable, float],
 ) -> dict[Hashable, Span]:
     """The schedule advanced event by event, with rates from shared host cores."""
     now = 0.0
@@ -154,7 +172,7 @@ def _shared_schedule(
         pending = [t for t in pending if t.id not in started]
         if not running:
             raise ValueError(f"dependency cycle among {[t.id for t in pending]}")
-        rates = _rates(running, cores, waits)
+        rates = _rates(running, cores, waits, slicing)
         step = min(remaining[t.id] / r for t, r in zip(running, rates, strict=True))
         now += step
         still = []

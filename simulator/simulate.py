@@ -186,7 +186,7 @@ def _role_costs_on(
 ) -> dict[Phase, tuple[int, callcosts.CallCost]]:
     """`role`'s call costs on set `set_index`'s devices, priced with its pool's profile."""
     found = _priced(plan, _set_cm(plan, cms, set_index), role, set_index, gen, kv_seqs, tail_left)
-    return {phase: (set_index, _contended(plan, set_index, c)) for phase, c in found.items()}
+    return {phase: (set_index, _contended(plan, cms, set_index, c)) for phase, c in found.items()}
 
 
 def collectives_on(
@@ -318,22 +318,33 @@ def busy_fraction(cost: callcosts.CallCost) -> float:
     return min(1.0, cost.busy_s / cost.time_s)
 
 
+def _stretch(plan: Plan, cms: CostModels, set_index: int, busy_fraction: float = 1.0) -> float:
+    """How much longer a call of the set takes than on cores of its own: the share of a
+    core each busy worker gets (`_contention`) and what the time slices cost beyond it
+    (`CostModel.slice_factor`, measured)."""
+    contention = _contention(plan, set_index, busy_fraction)
+    return contention * _cm(plan, cms, set_index).slice_factor(contention)
+
+
 def _set_cm(plan: Plan, cms: CostModels, set_index: int) -> CostModel:
     """The cost model of a set's calls: its pool's, with the collectives of ranks that
     share their cores (`CostModel.shared_cores`) where the set oversubscribes them."""
-    return _cm(plan, cms, set_index).shared_cores(_contention(plan, set_index))
+    return _cm(plan, cms, set_index).shared_cores(_stretch(plan, cms, set_index))
 
 
-def _contended(plan: Plan, set_index: int, cost: callcosts.CallCost) -> callcosts.CallCost:
+def _contended(
+    plan: Plan, cms: CostModels, set_index: int, cost: callcosts.CallCost
+) -> callcosts.CallCost:
     """Stretch a call on CPU workers that share fewer cores than the call keeps busy.
 
     A call keeps `busy_fraction` of the set's devices busy on average (all of them
     but for a pipeline's bubbles: with m micro-batches over p stages each stage
     works m of every m + p − 1 slots); on a node with fewer physical cores than that
-    (PoolSpec.cores_per_node) each busy worker gets cores / busy workers of a core.
-    GPU pools are never stretched.
+    (PoolSpec.cores_per_node) each busy worker gets cores / busy workers of a core,
+    and pays the time slices' measured overhead (`_stretch`). GPU pools are never
+    stretched.
     """
-    factor = _contention(plan, set_index, busy_fraction(cost))
+    factor = _stretch(plan, cms, set_index, busy_fraction(cost))
     if factor == 1.0:
         return cost
     return dataclasses.replace(cost, time_s=cost.time_s * factor, busy_s=cost.busy_s * factor)
@@ -380,7 +391,7 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         )
         phase, sets = Phase.RESHARD, (actor_set,)
     # The transition is one Ray call per rank too; its bytes go over the collectives.
-    cost = _contended(plan, actor_set, with_dispatch(cm, cost, NO_PAYLOAD))
+    cost = _contended(plan, cms, actor_set, with_dispatch(cm, cost, NO_PAYLOAD))
     ranks = sum(plan.sets[i].num_devices for i in sets)
     transition = _Call(
         phase=phase,
@@ -435,6 +446,17 @@ def _partner_waits(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
             for n in range(pool.num_nodes):
                 out[pool.name, n] = wait
     return out
+
+
+def _slice_overheads(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
+    """The measured overhead of time slicing (`CostModel.slice_overhead`) on every node
+    of the pools that declare their cores, from the pool's profile."""
+    return {
+        (plan.pool_of(i).name, n): _cm(plan, cms, i).slice_overhead()
+        for i in range(len(plan.sets))
+        if plan.pool_of(i).cores_per_node is not None
+        for n in range(plan.pool_of(i).num_nodes)
+    }
 
 
 def _driver_hosts(plan: Plan) -> tuple[tuple[Hashable, float], ...]:
@@ -567,7 +589,9 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
     # too with staleness 1) follows the window's last update, as in a longer run.
     num_steps = warm_up + window + (1 if staleness else 0)
     tasks = _tasks(plan, costed, num_steps, staleness, draws)
-    raw_slots = schedule(tasks, _shared_cores(plan), _partner_waits(plan, cms))
+    raw_slots = schedule(
+        tasks, _shared_cores(plan), _partner_waits(plan, cms), _slice_overheads(plan, cms)
+    )
     sets_of = {t.id: t.sets for t in tasks}  # a k-step-off sync holds the generator only
     slots = _call_intervals(cast(dict[tuple[Any, ...], Span], raw_slots), sets_of)
     by_phase = {c.phase: c for c in costed}

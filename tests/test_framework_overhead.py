@@ -27,6 +27,7 @@ from placeflow.profiles.schema import (
     Scope,
     Source,
 )
+from placeflow.profiles.shared_cores import SHARED_KINDS
 from placeflow.simulator import compute
 from placeflow.simulator.schedule import Work, schedule
 
@@ -252,7 +253,7 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         FrameworkKind.SYNC_LAYER: 450e-6,
         FrameworkKind.SYNC_CALL: 130e-6,
     }
-    assert set(entries) == set(FrameworkKind) - {FrameworkKind.SHARED_COLLECTIVE}
+    assert set(entries) == expected_kinds()
     for kind, value in expected.items():
         e = entries[kind]
         assert e.median_s == pytest.approx(value), kind
@@ -262,7 +263,7 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def expected_kinds() -> set[FrameworkKind]:
-    return set(FrameworkKind) - {FrameworkKind.SHARED_COLLECTIVE}
+    return set(FrameworkKind) - set(SHARED_KINDS)
 
 
 def test_the_timers_run_the_engine() -> None:
@@ -283,7 +284,7 @@ def test_the_cpu_profile_carries_measured_framework_entries_and_gpu_profiles_non
     for e in entries:  # the fitted model answers each entry exactly
         kind = FrameworkKind(e.params["kind"])
         assert cm.framework_s(kind, int(e.params["num_units"])) == e.median_s
-        if kind is not FrameworkKind.SHARED_COLLECTIVE:  # (timed by profiles.shared_cores)
+        if kind not in SHARED_KINDS:  # (timed by profiles.shared_cores)
             assert cm.framework_units(kind) == framework.measured_units(kind)
     for gpu in ("h100-sxm", "a100-80gb"):
         assert not load_profile(gpu).entries_for(Op.FRAMEWORK)

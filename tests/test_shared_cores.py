@@ -8,7 +8,9 @@ layout (per optimizer step: one gradient reduce-scatter and one parameter
 all-gather for ZeRO-1); a call beside another set's on a crowded host ends when
 the rates and each collective's wait, worked out by hand, say; the count of a
 tensor-parallel forward's collectives, by hand from its layers and
-micro-batches; the measurement spawns real gloo ranks.
+micro-batches; the time slices' overhead from hand-made entries, and a call's
+stretch and a crowded host's rates with it, by hand; the measurements spawn
+real gloo ranks.
 """
 
 from __future__ import annotations
@@ -19,16 +21,18 @@ from pathlib import Path
 import pytest
 from fidelity_cpu import make_plan
 
+from placeflow.frozen import FrozenMap
 from placeflow.phases import Phase
 from placeflow.plan import load_plan
-from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.costmodel import CostModel, Series
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import CollectiveKind, FrameworkKind, Op, Scope, Source
 from placeflow.profiles.shared_cores import (
     SENTENCE,
     measure_shared_collective,
+    measure_shared_compute,
     shared_collective_note,
-    with_shared_collective,
+    with_shared_entries,
 )
 from placeflow.simulator import simulate
 from placeflow.simulator.estimate import StepEstimate
@@ -128,8 +132,14 @@ def test_the_note_is_kept_and_replaced() -> None:
         for e in profile.entries_for(Op.FRAMEWORK)
         if e.params["kind"] == FrameworkKind.SHARED_COLLECTIVE.value
     )
-    again = with_shared_collective(
-        profile, dataclasses.replace(entry, median_s=1e-3), f"{SENTENCE} re-measured."
+    compute = [
+        e
+        for e in profile.entries_for(Op.FRAMEWORK)
+        if e.params["kind"] == FrameworkKind.SHARED_COMPUTE.value
+    ]
+    assert sorted(e.params["num_units"] for e in compute) == [1, 2]
+    again = with_shared_entries(
+        profile, [dataclasses.replace(entry, median_s=1e-3), *compute], f"{SENTENCE} re-measured."
     )
     assert shared_collective_note(again) == f"{SENTENCE} re-measured."
     notes = again.provenance.notes
@@ -145,6 +155,74 @@ def test_measure_shared_collective_spawns_ranks_that_wait() -> None:
     assert entry.op is Op.FRAMEWORK and entry.params["kind"] == "shared_collective"
     assert entry.source is Source.MEASURED and entry.repeats == 3
     assert 0 < entry.p10_s <= entry.median_s <= entry.p90_s < 1.0
+
+
+@pytest.mark.slow
+def test_measure_shared_compute_spawns_one_and_two_ranks_per_core() -> None:
+    entries = measure_shared_compute(cores=1, forwards=2, repeats=2)
+    assert [e.params for e in entries] == [
+        {"kind": "shared_compute", "num_units": 1},
+        {"kind": "shared_compute", "num_units": 2},
+    ]
+    for e in entries:
+        assert e.op is Op.FRAMEWORK and e.source is Source.MEASURED and e.repeats == 2
+        assert 0 < e.p10_s <= e.median_s <= e.p90_s < 10.0
+
+
+def _with_slicing(cm: CostModel, alone_s: float | None, shared_s: float | None) -> CostModel:
+    """`cm` with hand-made `shared_compute` entries (None: left out of its profile)."""
+    key = (Op.FRAMEWORK, ("shared_compute",))
+    kept = {k: v for k, v in cm.series.items() if k != key}
+    if alone_s is not None and shared_s is not None:
+        params = tuple(FrozenMap({"kind": "shared_compute", "num_units": n}) for n in (1, 2))
+        kept[key] = Series(sizes=(1.0, 2.0), times_s=(alone_s, shared_s), params=params)
+    return dataclasses.replace(cm, series=kept, _memo={})
+
+
+def test_the_slice_overhead_is_the_shared_forward_over_twice_the_alone_one() -> None:
+    # 4 ms alone, 10 ms at two ranks per core: 10 / (2 x 4) - 1 = 0.25.
+    cm = _with_slicing(fitted_cost_model("cpu"), 4e-3, 10e-3)
+    assert cm.slice_overhead() == pytest.approx(0.25)
+    assert cm.slice_factor(1.0) == 1.0 and cm.slice_factor(0.5) == 1.0
+    assert cm.slice_factor(1.5) == pytest.approx(1.125)  # half way to two per core
+    assert cm.slice_factor(2.0) == pytest.approx(1.25)
+    assert cm.slice_factor(3.0) == pytest.approx(1.25)  # held beyond the measured point
+    # Faster when shared than twice alone (noise): no overhead, never a speed-up.
+    assert _with_slicing(cm, 4e-3, 7e-3).slice_overhead() == 0.0
+    assert _with_slicing(cm, None, None).slice_factor(2.0) == 1.0
+    assert fitted_cost_model("h100-sxm").slice_factor(2.0) == 1.0
+
+
+def test_an_oversubscribed_forward_is_stretched_by_the_slices_too() -> None:
+    # The colocated plan: 4 workers on 2 cores, every forward stretched 2x; with a
+    # slicing overhead o of 0.25 by hand, 2 x 1.25 = 2.5x: 1.25 times the call without.
+    # (The calls' costs; a phase's interval adds the driver's launches, not stretched.)
+    from placeflow.simulator.simulate import _cost_calls
+
+    plan = make_plan("colocate", "tiny-llama", 8)
+    cm = fitted_cost_model("cpu")
+    resident = [0.0] * len(plan.sets)
+
+    def call_s(model: CostModel) -> dict[str, float]:
+        calls, _ = _cost_calls(plan, {"*": model}, resident)
+        return {c.phase.value: c.cost.time_s for c in calls}
+
+    sliced, bare = call_s(_with_slicing(cm, 4e-3, 10e-3)), call_s(_with_slicing(cm, None, None))
+    for phase in ("ref_logprob", "old_logprob", "generate"):
+        assert sliced[phase] == pytest.approx(1.25 * bare[phase], rel=1e-9), phase
+
+
+def test_a_crowded_host_slows_calls_by_the_slices_overhead_by_hand() -> None:
+    # Two 2-worker calls on a 2-core host, each on cores of its own when alone (10 s and
+    # 4 s). Together 4 workers on 2 cores: stretch 2, with the overhead 0.1 2.2, so each
+    # runs at 1/2.2: the short one ends at 8.8 s, the long one has done 4 s by then and
+    # runs its other 6 s alone: ends at 14.8 s.
+    host = ("cpu", 0)
+    long = Work(id="long", sets=(0,), duration_s=10.0, hosts=((host, 2.0),))
+    short = Work(id="short", sets=(1,), duration_s=4.0, hosts=((host, 2.0),))
+    spans = schedule([long, short], {host: 2}, {}, {host: 0.1})
+    assert spans["short"].end_s == pytest.approx(8.8)
+    assert spans["long"].end_s == pytest.approx(14.8)
 
 
 def test_a_host_crowded_by_another_set_adds_each_collectives_wait_by_hand() -> None:
