@@ -322,12 +322,13 @@ def test_pipeline_bubbles_leave_cores_free(micro_batch: int, shared_ms: float) -
 def without_host_waits(cm: CostModel) -> CostModel:
     """`cm` without what the host adds around the sets' work: the driver's per-rank
     launches and gets (the controller's own work, which shares the head node's cores
-    too) and the collectives' wait for partners on shared cores; only the rates left."""
+    too), the collectives' wait for partners on shared cores and the time slices'
+    overhead; only the rates left."""
     kept = {
         k: v
         for k, v in cm.series.items()
         if (k[0] != "dispatch" or k[1] == ("ray_call",))
-        and (k[0] != "framework" or k[1] != ("shared_collective",))
+        and (k[0] != "framework" or k[1] not in {("shared_collective",), ("shared_compute",)})
     }
     return dataclasses.replace(cm, series=kept, _memo={})
 
