@@ -365,27 +365,29 @@ class CostModel:
             )
         return view
 
-    def shared_cores(self, contention: float) -> CostModel:
-        """This model for ranks whose host runs `contention` (> 1) busy ranks per core.
+    def shared_cores(self, stretch: float) -> CostModel:
+        """This model for ranks whose calls the simulator stretches by `stretch` (> 1):
+        their host runs more busy ranks than cores, each getting a share of one and
+        paying the time slices' overhead (`PoolSpec.contention` · `slice_factor`).
 
-        Compute is stretched by the simulator's rate (`PoolSpec.contention`); a
-        collective also waits for its partners to be scheduled, which the profile's
+        A collective also waits for its partners to be scheduled, which the profile's
         `shared_collective` entry measured (2 ranks per core, `profiles.shared_cores`):
-        the view adds it to every collective within a host, divided by `contention`
+        the view adds it to every collective within a host, divided by `stretch`
         because the simulator stretches the call's whole time by it afterwards. A
         collective of more ranks than the profiling host had cores was timed with its
-        ranks sharing those cores, its waits included: the view takes its entry back
-        to a core per rank (times cores / ranks) and adds no wait, and the stretch
-        gives it this host's sharing. The model itself where none of this applies (no
+        ranks sharing those cores, its waits and slices included: the view takes its
+        entry back to a core per rank (times cores / ranks, and less the slices'
+        overhead at that sharing) and adds no wait, and the stretch gives it this
+        host's sharing. The model itself where none of this applies (no
         oversubscription, or not a CPU profile); no wait where the entry is missing."""
-        if contention <= 1.0 or not self.host_local:
+        if stretch <= 1.0 or not self.host_local:
             return self
-        key = ("shared view", contention)
+        key = ("shared view", stretch)
         view = self._memo.get(key)
         if view is None:
             view = self._memo[key] = dataclasses.replace(
                 self,
-                shared_wait_s=self.partner_wait_s() / contention,
+                shared_wait_s=self.partner_wait_s() / stretch,
                 shared=True,
                 _memo={},
             )
@@ -415,11 +417,10 @@ class CostModel:
 
     def slice_factor(self, contention: float) -> float:
         """The extra stretch of compute at `contention` busy ranks per core (> 1 where
-        time slicing happens): the measured `slice_overhead` at two per core, linear from
-        none at one per core, held beyond two."""
+        time slicing happens): `sliced` with the measured `slice_overhead`."""
         if contention <= 1.0:
             return 1.0
-        return 1.0 + self.slice_overhead() * min(1.0, contention - 1.0)
+        return sliced(contention, self.slice_overhead()) / contention
 
     def with_probe_wait(self) -> CostModel:
         """This model with every collective that `shared_cores` would charge a partner
@@ -585,11 +586,13 @@ class CostModel:
         timed_on = self.profile_cores
         if timed_on is not None and world_size > timed_on:
             # Its ranks outnumbered the profiling host's cores: the entry holds their
-            # waits for one another already, at world_size / cores ranks per core. The
-            # simulator stretches the call by its own contention afterwards (module
-            # `simulator.simulate`), so the shared view takes the entry back to one rank
-            # per core, and adds no wait.
-            return flat * timed_on / world_size if self.shared else flat
+            # waits for one another and the slices' overhead already, at world_size /
+            # cores ranks per core. The simulator stretches the call by its own
+            # contention and slices afterwards (module `simulator.simulate`), so the
+            # shared view takes the entry back to one rank per core, and adds no wait.
+            if not self.shared:
+                return flat
+            return flat / sliced(world_size / timed_on, self.slice_overhead())
         return flat + self.shared_wait_s
 
     def _flat_collective_s(
@@ -682,6 +685,16 @@ class LooReport:
     median_rel_err: float
     p90_rel_err: float
     per_op: Mapping[str, tuple[int, float, float]] = field(hash=False)  # n, median, p90
+
+
+def sliced(stretch: float, overhead: float) -> float:
+    """A stretch of `stretch` busy ranks per core (> 1 where time slicing happens) with
+    the slices' `overhead` measured at two per core (`CostModel.slice_overhead`):
+    x · (1 + o · min(1, x − 1)), linear from none at one rank per core, held beyond
+    two. The stretch itself where it is at most 1 (cores of their own)."""
+    if stretch <= 1.0:
+        return stretch
+    return stretch * (1.0 + overhead * min(1.0, stretch - 1.0))
 
 
 def _host_cache_bytes(profile: Profile) -> int | None:

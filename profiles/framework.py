@@ -116,7 +116,7 @@ LAYER_KINDS = (
     FrameworkKind.LOAD_LAYER,
     FrameworkKind.SYNC_LAYER,
 )
-# The kinds this module measures (the shared-collective entry is `shared_cores`'), and
+# The kinds this module measures (the shared-cores kinds are `shared_cores`'), and
 # the timed pieces each is computed from.
 ENGINE_KINDS = tuple(k for k in FrameworkKind if k not in SHARED_KINDS)
 _PIECES_OF: dict[FrameworkKind, tuple[str, ...]] = {

@@ -34,10 +34,12 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   (`ray_get`)
   (`placeflow.profiles.ray_roundtrip`), driver wall clock.
 - framework (CPU only): the engine's own host time per layer forward,
-  backward and decode step, per call and per optimizer step, timed through
-  its Transformer, Sampler and TrainEngine on a tiny model
-  (`placeflow.profiles.framework`), thread CPU time; and what a collective adds
-  when two busy ranks share each core (`placeflow.profiles.shared_cores`).
+  backward and decode step, per call, per optimizer step, per rollout load and
+  per weight sync, timed through its Transformer, Sampler, TrainEngine, load and
+  `sync_disjoint` on a tiny model (`placeflow.profiles.framework`), thread CPU
+  time; and what a collective adds when two busy ranks share each core, and the
+  engine's forward with one and with two busy ranks per core
+  (`placeflow.profiles.shared_cores`).
 
 Inputs of GEMMs, decode and elementwise ops are views into one scratch buffer
 filled once with uniform(-1, 1) values (no denormals, no per-point allocation
@@ -589,7 +591,8 @@ def profile_device(
             )
             # The engine's host overhead is measured where the engine runs: on CPU here.
             overhead = measure_framework() if framework and device == "cpu" else []
-            if framework and device == "cpu":  # and the wait of collectives on shared cores
+            # and, on shared cores, the wait of collectives and the cost of time slices
+            if framework and device == "cpu":
                 overhead.append(measure_shared_collective())
                 overhead.extend(measure_shared_compute())
         provenance = _provenance(device, grid, measured, load)

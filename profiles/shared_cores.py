@@ -19,7 +19,7 @@ the framework profiler's reference model (`placeflow.profiles.framework`: its
 c ranks (one per core) and of 2·c ranks (two per core), the slowest rank's
 wall time per forward: two `framework` entries of kind `shared_compute`, whose
 num_units is the busy ranks per core (1, 2). Their ratio less the 2x of sharing
-is the slicing overhead (`CostModel.slice_factor`), which the simulator adds
+is the slicing overhead (`CostModel.slice_overhead`), which the simulator adds
 to the stretch of every call on a host that runs more busy workers than cores.
 
 `measure_shared_collective` measures the collective's wait as the executor meets it: 2·c ranks on
@@ -107,16 +107,21 @@ def _loop_s(iterations: int, a: torch.Tensor, pair: Any, buf: torch.Tensor | Non
     return float(per.item())
 
 
+def _init_rank(rank: int, job: SharedJob) -> None:
+    """One torch thread, and this rank in the job's gloo world."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{job.port}",
+        rank=rank,
+        world_size=job.world_size,
+        timeout=timedelta(seconds=job.init_timeout_s),
+    )
+
+
 def _rank(rank: int, job: SharedJob, results: Any) -> None:
     def body() -> None:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{job.port}",
-            rank=rank,
-            world_size=job.world_size,
-            timeout=timedelta(seconds=job.init_timeout_s),
-        )
+        _init_rank(rank, job)
         # Every rank creates every pair's group, in the same order (torch.distributed).
         pairs = [dist.new_group([r, r + 1]) for r in range(0, job.world_size, 2)]
         pair = pairs[rank // 2]
@@ -171,29 +176,15 @@ def measure_shared_collective(
     return _entry(FrameworkKind.SHARED_COLLECTIVE, 1, extra)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ComputeJob:
-    world_size: int
-    port: int
-    forwards: int
-    repeats: int
-    init_timeout_s: float = 60.0
+def _compute_rank(rank: int, job: SharedJob, results: Any) -> None:
+    """A rank of `measure_shared_compute`: `job.iterations` forwards a sample."""
 
-
-def _compute_rank(rank: int, job: ComputeJob, results: Any) -> None:
     def body() -> None:
         from placeflow.catalogue import get_model
         from placeflow.executor.engines.transformer import Arch, Transformer, random_full
         from placeflow.profiles.framework import REFERENCE_MODEL
 
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{job.port}",
-            rank=rank,
-            world_size=job.world_size,
-            timeout=timedelta(seconds=job.init_timeout_s),
-        )
+        _init_rank(rank, job)
         spec = get_model(REFERENCE_MODEL)
         model = Transformer(Arch.of(spec))
         model.load_shards(random_full(model.arch, seed=rank))
@@ -205,9 +196,9 @@ def _compute_rank(rank: int, job: ComputeJob, results: Any) -> None:
             for _ in range(job.repeats):
                 dist.barrier()  # every rank busy from the same moment
                 t0 = time.perf_counter()
-                for _ in range(job.forwards):
+                for _ in range(job.iterations):
                     model(ids, mask)
-                per = torch.tensor([(time.perf_counter() - t0) / job.forwards])
+                per = torch.tensor([(time.perf_counter() - t0) / job.iterations])
                 dist.all_reduce(per, op=dist.ReduceOp.MAX)
                 if rank == 0:
                     results.put(("sample", float(per.item())))
@@ -229,8 +220,8 @@ def measure_shared_compute(
     cores = cores or os.cpu_count() or 1
     entries = []
     for per_core in (1, RANKS_PER_CORE):
-        job = ComputeJob(
-            world_size=per_core * cores, port=free_port(), forwards=forwards, repeats=repeats
+        job = SharedJob(
+            world_size=per_core * cores, port=free_port(), iterations=forwards, repeats=repeats
         )
         samples: list[float] = []
 
@@ -268,7 +259,9 @@ SENTENCE = " Kind shared_collective"  # where its part of the framework note sta
 
 
 def shared_collective_note(profile: Profile) -> str:
-    """The framework note's sentence about the `shared_collective` entry ("" if none)."""
+    """The framework note's sentence about the entries of `SHARED_KINDS` ("" if none):
+    from SENTENCE, which starts both its old form (shared_collective alone) and its
+    form since shared_compute was added, to the note's end."""
     text = op_note_text(profile.provenance.notes, Op.FRAMEWORK) or ""
     at = text.find(SENTENCE)
     return text[at:] if at >= 0 else ""

@@ -707,19 +707,21 @@ def device_copy_s(cm: CostModel, num_bytes: float) -> float:
     return cm.elementwise_s(ElementwiseKind.ADD, math.ceil(2 * num_bytes / 3))
 
 
-def sync_host_s(cm: CostModel, model: ModelSpec, pg: int) -> float:
+def sync_host_s(cm: CostModel, model: ModelSpec, pg: int, slices_ratio: float = 1.0) -> float:
     """The weight sync's host work per tensor beyond its copies, as the profile measured
     it through `sync_disjoint` (`FrameworkKind.SYNC_LAYER` for each layer of the
     generator rank's stage, `SYNC_CALL` for the tensors outside the layers and the
     call's own; the reference model's copies taken off by `compute.framework_host_s`):
     the trainer's packing of the slices and the generator's allocation of its shard and
-    copy of each slice in, one after the other. With TP a layer's tensors are as many,
-    each smaller: the host work per tensor does not shrink with tg. 0 where the profile
-    has no such entries (the GPU profiles)."""
+    copy of each slice in, one after the other. The entries were timed with one trainer
+    rank sending; where several send a generator rank its tensors, in `slices_ratio`
+    times as many slices, the work grows with them.
+    With TP a layer's tensors are as many, each smaller: the host work per tensor does
+    not shrink with tg. 0 where the profile has no such entries (the GPU profiles)."""
     layers = max(generator_stage_layers(model.num_layers, pg))
     per_layer = compute.framework_host_s(cm, FrameworkKind.SYNC_LAYER) or 0.0
     per_call = compute.framework_host_s(cm, FrameworkKind.SYNC_CALL) or 0.0
-    return layers * per_layer + per_call
+    return (layers * per_layer + per_call) * slices_ratio
 
 
 def rollout_load_s(cm: CostModel, model: ModelSpec, tg: int, pg: int) -> float:
@@ -807,8 +809,10 @@ def reshard_cost(
 @functools.cache
 def disjoint_buckets(
     model: ModelSpec, tg: int, pg: int, train: TrainLayout, bucket_bytes: int
-) -> tuple[int, ...] | None:
-    """Bucket sizes (bytes) of the generator rank receiving the most; None if unplannable.
+) -> tuple[tuple[int, ...], int] | None:
+    """Bucket sizes (bytes) of the generator rank receiving the most, and the slices it
+    receives them in (a tensor's rows from each trainer rank holding part of them, a
+    fused tensor's parts apart); None if unplannable.
 
     One generator replica suffices: every replica receives the same shards.
     None when TP exceeds the KV heads (replicated KV heads, not in the plan).
@@ -820,7 +824,7 @@ def disjoint_buckets(
     except SpecError:
         return None
     top = max(plan.ranks, key=lambda t: sum(b.num_bytes for b in t.buckets))
-    return tuple(b.num_bytes for b in top.buckets)
+    return tuple(b.num_bytes for b in top.buckets), sum(len(b.sends) for b in top.buckets)
 
 
 def weight_sync_cost(
@@ -836,22 +840,35 @@ def weight_sync_cost(
     """Trainer -> generator on other devices: each generator rank receives its shard in buckets.
 
     Bytes and buckets come from the disjoint plan (`train` defaults to one
-    trainer rank: which rank sends does not change what a generator receives).
+    trainer rank: which rank sends does not change what a generator receives, only
+    in how many slices, which the host work counts).
     With LoRA the generator keeps the frozen base and receives the adapters only,
     their 1/(tg·pg) share, in buckets (placeflow/lora.py).
 
     Beyond the messages, as `executor.weight_sync.sync_disjoint` runs it: the sender
     packs each bucket's slices into one message and the receiver copies the message's
     rows into its shard (each a `device_copy_s` of the bytes), both with the host work
-    per tensor the profile measured (`sync_host_s`), and the generator then loads the
+    per slice the profile measured (`sync_host_s`), and the generator then loads the
     full shard into its rollout engine (`rollout_load_s`; adapters are not loaded that
     way).
     """
-    buckets = (
-        disjoint_buckets(model, tg, pg, train or TrainLayout(), WEIGHT_SYNC_BUCKET_BYTES)
+    one_rank = TrainLayout()
+    planned = (
+        disjoint_buckets(model, tg, pg, train or one_rank, WEIGHT_SYNC_BUCKET_BYTES)
         if lora is None
         else None
     )
+    buckets: tuple[int, ...] | None = None
+    slices_ratio = 1.0
+    if planned is not None:
+        buckets, slices = planned
+        # The host entries were timed from one trainer rank: its slices are the unit.
+        reference = (
+            disjoint_buckets(model, tg, pg, one_rank, WEIGHT_SYNC_BUCKET_BYTES)
+            if train not in (None, one_rank)
+            else planned
+        )
+        slices_ratio = slices / reference[1] if reference is not None else 1.0
     if buckets is None:
         # Adapters, or replicated KV heads (no disjoint plan): bytes/(tg·pg) in full
         # buckets plus the rest.
@@ -865,7 +882,8 @@ def weight_sync_cost(
         n * cm.collective_s(CollectiveKind.BROADCAST, size, 2, scope) for size, n in sizes.items()
     )
     copies_s = 2 * device_copy_s(cm, sum(buckets))
-    host_s = sync_host_s(cm, model, pg)
+    # (adapters: their own few tensors a layer, host work not measured for them)
+    host_s = sync_host_s(cm, model, pg, slices_ratio) if lora is None else 0.0
     load_s = rollout_load_s(cm, model, tg, pg) if lora is None else 0.0
     time_s = messages_s + copies_s + host_s + load_s
     return CallCost(

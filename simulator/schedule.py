@@ -40,13 +40,16 @@ is its duration over that.
 Time slicing also costs compute beyond the share of a core (cache refills and
 switches): with the host's measured overhead o at two busy workers per core
 (`CostModel.slice_overhead`, `slicing[h]`), a stretch x > 1 becomes
-x · (1 + o · min(1, x − 1)), in both the call's own stretch and the crowd's.
+x · (1 + o · min(1, x − 1)) (`costmodel.sliced`), in both the call's own stretch
+and the crowd's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+
+from placeflow.profiles.costmodel import sliced
 
 # Remaining work below this (seconds) counts as done: float residue of rate changes.
 _DONE_S = 1e-12
@@ -115,11 +118,6 @@ def schedule(
     return done
 
 
-def _sliced(stretch: float, overhead: float) -> float:
-    """A stretch with the time slices' overhead (module docstring)."""
-    return stretch * (1.0 + overhead * min(1.0, stretch - 1.0)) if stretch > 1.0 else stretch
-
-
 def _rates(
     running: Sequence[Work],
     cores: Mapping[Hashable, int],
@@ -139,7 +137,7 @@ def _rates(
                 c = cores[h]
                 own, crowd = max(1.0, w / c), max(1.0, busy[h] / c)
                 o = slicing.get(h, 0.0)
-                r = _sliced(own, o) / _sliced(crowd, o)
+                r = sliced(own, o) / sliced(crowd, o)
                 extra = t.collectives * waits.get(h, 0.0) * (crowd - own)
                 if extra > 0 and t.duration_s > 0:
                     r = t.duration_s / (t.duration_s / r + extra)

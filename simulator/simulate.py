@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -367,7 +367,13 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         )
         scope = Scope.INTRA if same_node else Scope.INTER
         cost = callcosts.weight_sync_cost(
-            cm, actor, par.tg, par.pg, scope, lora=plan.workload.lora_of(Role.ACTOR)
+            cm,
+            actor,
+            par.tg,
+            par.pg,
+            scope,
+            train=par.train,
+            lora=plan.workload.lora_of(Role.ACTOR),
         )
         # An offloaded actor's trainer reloads its shard to send it (rolecosts).
         weights, _ = memory.offloaded_param_bytes(
@@ -435,28 +441,26 @@ def _shared_cores(plan: Plan) -> dict[Hashable, int]:
     }
 
 
-def _partner_waits(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
-    """The measured partner wait of a collective (`CostModel.partner_wait_s`) on every
-    node of the pools that declare their cores, from the pool's profile."""
-    out: dict[Hashable, float] = {}
-    for i in range(len(plan.sets)):
-        pool = plan.pool_of(i)
-        if pool.cores_per_node is not None:
-            wait = _cm(plan, cms, i).partner_wait_s()
-            for n in range(pool.num_nodes):
-                out[pool.name, n] = wait
-    return out
-
-
-def _slice_overheads(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
-    """The measured overhead of time slicing (`CostModel.slice_overhead`) on every node
-    of the pools that declare their cores, from the pool's profile."""
+def _per_node(
+    plan: Plan, cms: CostModels, fact: Callable[[CostModel], float]
+) -> dict[Hashable, float]:
+    """`fact` of the pool's profile on every node of the pools that declare their cores."""
     return {
-        (plan.pool_of(i).name, n): _cm(plan, cms, i).slice_overhead()
+        (plan.pool_of(i).name, n): fact(_cm(plan, cms, i))
         for i in range(len(plan.sets))
         if plan.pool_of(i).cores_per_node is not None
         for n in range(plan.pool_of(i).num_nodes)
     }
+
+
+def _partner_waits(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
+    """The measured partner wait of a collective (`CostModel.partner_wait_s`) per node."""
+    return _per_node(plan, cms, CostModel.partner_wait_s)
+
+
+def _slice_overheads(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
+    """The measured overhead of time slicing (`CostModel.slice_overhead`) per node."""
+    return _per_node(plan, cms, CostModel.slice_overhead)
 
 
 def _driver_hosts(plan: Plan) -> tuple[tuple[Hashable, float], ...]:

@@ -10,6 +10,7 @@ on paper.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -405,3 +406,37 @@ def test_the_loopback_sync_delivers_the_trainers_weights_to_the_generator() -> N
     for name, tensor in weights.items():
         assert torch.equal(received[name], tensor), name
     assert not link.sent
+
+
+def test_a_full_remeasure_keeps_the_shared_cores_entries_and_their_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m placeflow.profiles.framework --add-to FILE` replaces the engine's kinds
+    and keeps what `profiles.shared_cores` measured: its entries and its note sentence."""
+    from placeflow.profiles import profiler
+    from placeflow.profiles.schema import load_profile_file
+    from placeflow.profiles.shared_cores import shared_collective_note
+
+    source = Path(framework.__file__).parent / "data" / "cpu.json"
+    path = tmp_path / "cpu.json"
+    path.write_text(source.read_text())
+    before = load_profile_file(path)
+    shared = {k.value for k in SHARED_KINDS}
+    kept = [e for e in before.entries_for(Op.FRAMEWORK) if e.params["kind"] in shared]
+    assert {e.params["kind"] for e in kept} == shared
+    engine = [
+        dataclasses.replace(e, median_s=2 * e.median_s, p10_s=2 * e.p10_s, p90_s=2 * e.p90_s)
+        for e in before.entries_for(Op.FRAMEWORK)
+        if e.params["kind"] not in shared
+    ]
+    monkeypatch.setattr(framework, "measure_framework", lambda **_: engine)
+    monkeypatch.setattr(profiler, "cpu_busy_fraction", lambda: 0.0)
+    assert framework.main(["--add-to", str(path)]) == 0
+    after = load_profile_file(path)
+    got = after.entries_for(Op.FRAMEWORK)
+    assert [e for e in got if e.params["kind"] in shared] == kept
+    remeasured = sorted((e.params["kind"], e.median_s) for e in got if e not in kept)
+    assert remeasured == sorted((e.params["kind"], e.median_s) for e in engine)
+    sentence = shared_collective_note(before)
+    assert sentence and shared_collective_note(after) == sentence
+    assert "shared_compute" in sentence

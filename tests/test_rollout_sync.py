@@ -114,3 +114,33 @@ def test_sync_with_a_reshard_adds_the_load_to_the_gather() -> None:
     assert cost.time_s == pytest.approx(gather.time_s + load)
     assert cost.transient_bytes == gather.transient_bytes
     assert cost.detail["buckets"] == gather.detail["buckets"]
+
+
+def test_the_weight_syncs_host_work_grows_with_the_slices_from_several_trainer_ranks() -> None:
+    """With a TP-2 trainer each sharded tensor reaches the generator rank in two slices,
+    one from each trainer rank: the host work (timed from one trainer rank) grows by the
+    plan's slices over those of one trainer rank, counted here from the plans; the
+    message bytes do not change."""
+    from placeflow.reshard_plan import (
+        WEIGHT_SYNC_BUCKET_BYTES,
+        GeneratorLayout,
+        TinyLlama,
+        plan_disjoint,
+    )
+
+    cpu = fitted_cost_model("cpu")
+    model = get_model("tiny-llama")
+
+    def slices(train: TrainLayout) -> int:
+        plan = plan_disjoint(
+            TinyLlama.from_model_spec(model), train, GeneratorLayout(), WEIGHT_SYNC_BUCKET_BYTES
+        )
+        return sum(len(b.sends) for b in plan.ranks[0].buckets)
+
+    one, two = slices(TrainLayout()), slices(TrainLayout(t=2))
+    assert two > one
+    base = callcosts.weight_sync_cost(cpu, model, 1, 1, Scope.INTRA)
+    tp2 = callcosts.weight_sync_cost(cpu, model, 1, 1, Scope.INTRA, train=TrainLayout(t=2))
+    assert tp2.detail["host_s"] == pytest.approx(base.detail["host_s"] * two / one)
+    assert tp2.detail["bytes_per_gen_rank"] == base.detail["bytes_per_gen_rank"]
+    assert tp2.time_s - tp2.detail["host_s"] == pytest.approx(base.time_s - base.detail["host_s"])

@@ -75,10 +75,13 @@ def test_the_view_adds_the_measured_wait_to_collectives_within_a_host() -> None:
     # 4 ranks on the profiling host's 2 cores: the entry was timed with them sharing the
     # cores, their waits in it; back to a core per rank (x 2/4), no wait added.
     assert load_profile("cpu").provenance.host["cpu_count"] == 2
+    # Its slices' overhead at 2 ranks per core is in the entry too: off as well.
+    o = cm.slice_overhead()
+    assert o > 0
     for size in (4096, 1 << 20):
         base = cm.collective_s(CollectiveKind.ALL_REDUCE, size, 4, Scope.INTRA)
         got = view.collective_s(CollectiveKind.ALL_REDUCE, size, 4, Scope.INTRA)
-        assert got == pytest.approx(base * 2 / 4)
+        assert got == pytest.approx(base * 2 / 4 / (1 + o))
     # The rest of the model is the same; GPU profiles have no such entry.
     assert view.gemm_s(64, 64, 64) == cm.gemm_s(64, 64, 64)
     assert cm.shared_cores(3.0).shared_wait_s == pytest.approx(wait / 3)
@@ -103,15 +106,17 @@ def test_an_oversubscribed_dp_update_pays_its_collectives_as_timed_by_hand() -> 
     update_bare = {p.name.value: p.duration_s for p in bare.phases}["actor_update"]
     # Per optimizer step a reduce-scatter and an all-gather over d = 4: their entries
     # hold the waits of 4 ranks on 2 cores already, so the measured wait adds nothing;
-    # each is priced at its entry (x 2/4 before the call is stretched 2x).
+    # each is priced at its entry, taken back to a core per rank (x 2/4) and less the
+    # slices' overhead o at 2 ranks per core, before the call is stretched 2 (1 + o).
     assert update == pytest.approx(update_bare, rel=1e-9)
+    o = cm.slice_overhead()
     detail = next(p.detail for p in shared.phases if p.name.value == "actor_update")
     lay = par.train
     shard = plan.workload.models[Role.ACTOR].num_params(value_head=False) * 4  # fp32 grads
     assert lay.d == 4 and steps == 2
     assert detail["dp_sync_s"] == pytest.approx(
         sum(
-            cm.collective_s(kind, shard, 4, Scope.INTRA) / 2
+            cm.collective_s(kind, shard, 4, Scope.INTRA) / 2 / (1 + o)
             for kind in (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_GATHER)
         ),
         rel=1e-6,
@@ -212,6 +217,16 @@ def test_an_oversubscribed_forward_is_stretched_by_the_slices_too() -> None:
         assert sliced[phase] == pytest.approx(1.25 * bare[phase], rel=1e-9), phase
 
 
+def test_a_set_s_collectives_wait_less_the_slices_in_its_stretch() -> None:
+    # The colocated plan (4 workers on 2 cores) with o = 0.25 by hand: its calls are
+    # stretched 2 x 1.25 afterwards, so the view adds the partner wait / 2.5.
+    from placeflow.simulator.simulate import _set_cm
+
+    plan = make_plan("colocate", "tiny-llama", 8)
+    cm = _with_slicing(fitted_cost_model("cpu"), 4e-3, 10e-3)
+    assert _set_cm(plan, {"*": cm}, 0).shared_wait_s == pytest.approx(_entry_s() / 2.5)
+
+
 def test_a_crowded_host_slows_calls_by_the_slices_overhead_by_hand() -> None:
     # Two 2-worker calls on a 2-core host, each on cores of its own when alone (10 s and
     # 4 s). Together 4 workers on 2 cores: stretch 2, with the overhead 0.1 2.2, so each
@@ -275,3 +290,16 @@ def test_the_probe_counts_a_tensor_parallel_forwards_collectives() -> None:
         return next(p.duration_s for p in est.phases if p.name is Phase.VALUES)
 
     assert values(shared) > values(bare) * 1.05
+
+
+def test_a_call_stretched_on_its_own_is_slowed_by_the_crowd_s_slices_only_beyond() -> None:
+    # On a 2-core host with o = 0.1: A keeps 4 workers busy (its duration, 6.6 s, holds
+    # its own stretch 2 x 1.1 = 2.2), B 2 workers (1.1 s, no stretch). Together 6 on 2
+    # cores: 3 x 1.1 = 3.3, so A runs at 2.2 / 3.3 = 2/3 and B at 1 / 3.3. B ends at
+    # 1.1 x 3.3 = 3.63 s; A has done 2.42 s by then and its other 4.18 s alone: 7.81 s.
+    host = ("cpu", 0)
+    a = Work(id="a", sets=(0,), duration_s=6.6, hosts=((host, 4.0),))
+    b = Work(id="b", sets=(1,), duration_s=1.1, hosts=((host, 2.0),))
+    spans = schedule([a, b], {host: 2}, {}, {host: 0.1})
+    assert spans["b"].end_s == pytest.approx(3.63)
+    assert spans["a"].end_s == pytest.approx(7.81)

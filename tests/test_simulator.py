@@ -18,6 +18,7 @@ from placeflow.plan import DeviceSet, Plan, RoleParallelism, load_plan
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.simulator import memory, simulate
+from placeflow.simulator.estimate import StepEstimate
 from placeflow.workload import Algorithm, BatchSpec, Role, Workload
 
 PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"
@@ -292,6 +293,36 @@ def test_cpu_workers_sharing_cores_are_stretched() -> None:
     assert sorted((shared[Phase.REF_LOGPROB], shared[Phase.OLD_LOGPROB])) == pytest.approx(
         [2 * short, long + short]
     )
+
+
+def test_calls_of_two_sets_crowding_a_host_pay_its_slices_overhead() -> None:
+    """The split plan's reference and old-policy forwards (2 workers each, alone on the 2
+    cores unstretched) run at once: 4 workers on 2 cores, with a slicing overhead of 0.25
+    by hand 2 x 1.25 = 2.5, so both run at 0.4 until the shorter (s alone) ends at 2.5 s;
+    the longer (l alone) has done s by then, and ends at 2.5 s + l - s."""
+    from placeflow.frozen import FrozenMap
+    from placeflow.profiles.costmodel import Series
+    from placeflow.profiles.schema import Op
+    from placeflow.simulator.simulate import cost_models_for
+
+    plans = Path(__file__).resolve().parents[1] / "examples" / "plans"
+    plan = load_plan(plans / "grpo-tiny-cpu4-split.toml")
+    cm = without_host_waits(cost_models_for(plan, "cpu")["*"])
+    params = tuple(FrozenMap({"kind": "shared_compute", "num_units": n}) for n in (1, 2))
+    series = {**cm.series, (Op.FRAMEWORK, ("shared_compute",)): Series(
+        sizes=(1.0, 2.0), times_s=(4e-3, 10e-3), params=params
+    )}  # fmt: skip
+    sliced = simulate(plan, {"*": dataclasses.replace(cm, series=series, _memo={})})
+    bare = simulate(plan, {"*": cm})  # the same crowd without slices: 2s and l + s
+
+    def forwards(estimate: StepEstimate) -> list[float]:
+        totals = estimate.phase_totals_s()
+        return sorted((totals[Phase.REF_LOGPROB], totals[Phase.OLD_LOGPROB]))
+
+    crowded_short, crowded_long = forwards(bare)
+    short = crowded_short / 2
+    long = crowded_long - short
+    assert forwards(sliced) == pytest.approx([2.5 * short, 2.5 * short + long - short])
 
 
 @pytest.mark.parametrize(("micro_batch", "shared_ms"), [(4, 9.0), (2, 18.0)])
