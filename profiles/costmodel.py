@@ -368,7 +368,7 @@ class CostModel:
     def shared_cores(self, stretch: float) -> CostModel:
         """This model for ranks whose calls the simulator stretches by `stretch` (> 1):
         their host runs more busy ranks than cores, each getting a share of one and
-        paying the time slices' overhead (`PoolSpec.contention` · `slice_factor`).
+        paying the time slices' overhead (`sliced(PoolSpec.contention, slice_overhead)`).
 
         A collective also waits for its partners to be scheduled, which the profile's
         `shared_collective` entry measured (2 ranks per core, `profiles.shared_cores`):
@@ -414,13 +414,6 @@ class CostModel:
         alone = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
         shared = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 2})
         return max(0.0, shared / (2 * alone) - 1)
-
-    def slice_factor(self, contention: float) -> float:
-        """The extra stretch of compute at `contention` busy ranks per core (> 1 where
-        time slicing happens): `sliced` with the measured `slice_overhead`."""
-        if contention <= 1.0:
-            return 1.0
-        return sliced(contention, self.slice_overhead()) / contention
 
     def with_probe_wait(self) -> CostModel:
         """This model with every collective that `shared_cores` would charge a partner

@@ -79,7 +79,7 @@ from placeflow.profiles.schema import (
     with_op_entries,
     with_some_kinds,
 )
-from placeflow.profiles.shared_cores import SHARED_KINDS, shared_collective_note
+from placeflow.profiles.shared_cores import SHARED_KINDS, is_shared_entry, shared_collective_note
 from placeflow.profiles.timing import summarize
 
 REFERENCE_MODEL = "tiny-llama"
@@ -402,11 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{'?' if busy is None else f'{busy:.0%}'}).",
     )
     # (the shared-cores entries are another module's measurement: kept, their note with them)
-    shared = [
-        e
-        for e in profile.entries
-        if e.op is Op.FRAMEWORK and e.params["kind"] in {k.value for k in SHARED_KINDS}
-    ]
+    shared = [e for e in profile.entries if is_shared_entry(e)]
     if shared:
         note += shared_collective_note(profile)
     save_profile(with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared], note), args.add_to)

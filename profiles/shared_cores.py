@@ -242,14 +242,14 @@ def measure_shared_compute(
 
 
 def _entry(kind: FrameworkKind, num_units: int, samples: list[float]) -> Entry:
-    qs = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else []
+    qs = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else samples
     median = statistics.median(samples)
     return Entry(
         op=Op.FRAMEWORK,
         params={"kind": kind.value, "num_units": num_units},
         median_s=median,
-        p10_s=min(qs[0], median) if qs else median,
-        p90_s=max(qs[-1], median) if qs else median,
+        p10_s=min(qs[0], median),
+        p90_s=max(qs[-1], median),
         repeats=len(samples),
         source=Source.MEASURED,
     )
@@ -267,12 +267,16 @@ def shared_collective_note(profile: Profile) -> str:
     return text[at:] if at >= 0 else ""
 
 
+def is_shared_entry(entry: Entry) -> bool:
+    """Whether `entry` is one of this module's (a framework entry of `SHARED_KINDS`)."""
+    return entry.op is Op.FRAMEWORK and entry.params["kind"] in {k.value for k in SHARED_KINDS}
+
+
 def with_shared_entries(profile: Profile, entries: Sequence[Entry], note: str) -> Profile:
     """`profile` with `entries` as its only entries of the shared-cores kinds
     (`SHARED_KINDS`); the other framework entries and their note kept, `note` (a
     SENTENCE) in place of the old one."""
-    shared = {k.value for k in SHARED_KINDS}
-    kept = [e for e in profile.entries if e.op is Op.FRAMEWORK and e.params["kind"] not in shared]
+    kept = [e for e in profile.entries if e.op is Op.FRAMEWORK and not is_shared_entry(e)]
     text = op_note_text(profile.provenance.notes, Op.FRAMEWORK)
     if text is None:
         body = op_note(Op.FRAMEWORK, "):")

@@ -852,23 +852,16 @@ def weight_sync_cost(
     full shard into its rollout engine (`rollout_load_s`; adapters are not loaded that
     way).
     """
-    one_rank = TrainLayout()
-    planned = (
-        disjoint_buckets(model, tg, pg, train or one_rank, WEIGHT_SYNC_BUCKET_BYTES)
-        if lora is None
-        else None
-    )
     buckets: tuple[int, ...] | None = None
     slices_ratio = 1.0
-    if planned is not None:
-        buckets, slices = planned
-        # The host entries were timed from one trainer rank: its slices are the unit.
-        reference = (
-            disjoint_buckets(model, tg, pg, one_rank, WEIGHT_SYNC_BUCKET_BYTES)
-            if train not in (None, one_rank)
-            else planned
-        )
-        slices_ratio = slices / reference[1] if reference is not None else 1.0
+    if lora is None:
+        planned = disjoint_buckets(model, tg, pg, train or TrainLayout(), WEIGHT_SYNC_BUCKET_BYTES)
+        # The host entries were timed from one trainer rank: its slices are the unit
+        # (the same cached plan where `train` is that rank).
+        one_rank = disjoint_buckets(model, tg, pg, TrainLayout(), WEIGHT_SYNC_BUCKET_BYTES)
+        if planned is not None:
+            buckets = planned[0]
+            slices_ratio = planned[1] / one_rank[1] if one_rank is not None else 1.0
     if buckets is None:
         # Adapters, or replicated KV heads (no disjoint plan): bytes/(tg·pg) in full
         # buckets plus the rest.

@@ -51,7 +51,7 @@ from placeflow.dataflow import CallKind, dataflow_calls
 from placeflow.layout import GenLayout, gen_shard_bytes
 from placeflow.phases import Phase
 from placeflow.plan import Plan
-from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.costmodel import CostModel, sliced
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
@@ -321,9 +321,9 @@ def busy_fraction(cost: callcosts.CallCost) -> float:
 def _stretch(plan: Plan, cms: CostModels, set_index: int, busy_fraction: float = 1.0) -> float:
     """How much longer a call of the set takes than on cores of its own: the share of a
     core each busy worker gets (`_contention`) and what the time slices cost beyond it
-    (`CostModel.slice_factor`, measured)."""
-    contention = _contention(plan, set_index, busy_fraction)
-    return contention * _cm(plan, cms, set_index).slice_factor(contention)
+    (`costmodel.sliced` with the measured `CostModel.slice_overhead`)."""
+    overhead = _cm(plan, cms, set_index).slice_overhead()
+    return sliced(_contention(plan, set_index, busy_fraction), overhead)
 
 
 def _set_cm(plan: Plan, cms: CostModels, set_index: int) -> CostModel:

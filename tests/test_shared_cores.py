@@ -24,7 +24,7 @@ from fidelity_cpu import make_plan
 from placeflow.frozen import FrozenMap
 from placeflow.phases import Phase
 from placeflow.plan import load_plan
-from placeflow.profiles.costmodel import CostModel, Series
+from placeflow.profiles.costmodel import CostModel, Series, sliced
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import CollectiveKind, FrameworkKind, Op, Scope, Source
 from placeflow.profiles.shared_cores import (
@@ -188,14 +188,15 @@ def test_the_slice_overhead_is_the_shared_forward_over_twice_the_alone_one() -> 
     # 4 ms alone, 10 ms at two ranks per core: 10 / (2 x 4) - 1 = 0.25.
     cm = _with_slicing(fitted_cost_model("cpu"), 4e-3, 10e-3)
     assert cm.slice_overhead() == pytest.approx(0.25)
-    assert cm.slice_factor(1.0) == 1.0 and cm.slice_factor(0.5) == 1.0
-    assert cm.slice_factor(1.5) == pytest.approx(1.125)  # half way to two per core
-    assert cm.slice_factor(2.0) == pytest.approx(1.25)
-    assert cm.slice_factor(3.0) == pytest.approx(1.25)  # held beyond the measured point
+    o = cm.slice_overhead()
+    assert sliced(1.0, o) == 1.0 and sliced(0.5, o) == 0.5  # cores of their own
+    assert sliced(1.5, o) == pytest.approx(1.5 * 1.125)  # half way to two per core
+    assert sliced(2.0, o) == pytest.approx(2.0 * 1.25)
+    assert sliced(3.0, o) == pytest.approx(3.0 * 1.25)  # held beyond the measured point
     # Faster when shared than twice alone (noise): no overhead, never a speed-up.
     assert _with_slicing(cm, 4e-3, 7e-3).slice_overhead() == 0.0
-    assert _with_slicing(cm, None, None).slice_factor(2.0) == 1.0
-    assert fitted_cost_model("h100-sxm").slice_factor(2.0) == 1.0
+    assert _with_slicing(cm, None, None).slice_overhead() == 0.0
+    assert fitted_cost_model("h100-sxm").slice_overhead() == 0.0
 
 
 def test_an_oversubscribed_forward_is_stretched_by_the_slices_too() -> None:
