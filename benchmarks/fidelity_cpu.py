@@ -10,7 +10,11 @@ shipped `cpu` profile, and compares per phase and per step (median over the
 steps after the first `--warmup`: the executor's steps on this CPU take several
 steps to settle, 200 ms falling to 135 ms over the first seven steps of the
 split plan, so the default measures 16 steps and scores the last 8). Every plan
-generates exactly response_len tokens (`fixed_lengths`). Writes
+generates exactly response_len tokens (`fixed_lengths`), and its prompt_len is the
+length the run pads its prompts to (`executor.loop.as_run`: the shipped arithmetic
+prompts are 4-6 tokens, so 6, where the plans say 16; the simulator prices every
+prompt at prompt_len tokens, so results files before 2026-11-26 17:00 UTC compared a
+simulated 32-token sequence with a measured 22-token one). Writes
 benchmarks/results/fidelity_cpu.json with every row, the machine's load
 average around each run, and the summary (median and worst absolute error over
 all phases, and over steps), and prints a markdown table.
@@ -41,6 +45,7 @@ from typing import Any
 import ray
 import torch
 
+from placeflow.executor.loop import as_run
 from placeflow.executor.run import RunConfig, read_metrics, run_plan
 from placeflow.plan import Plan, load_plan, plan_from_dict
 from placeflow.simulator import simulate
@@ -156,7 +161,7 @@ def plans() -> list[tuple[str, Plan]]:
     for file, label in EXAMPLES:
         out.append((label, load_plan(PLANS / file)))
     out.append(("generator", generator_sync(load_plan(PLANS / "grpo-tiny-cpu2-async.toml"))))
-    return [(label, fixed_lengths(plan)) for label, plan in out]
+    return [(label, as_run(fixed_lengths(plan))) for label, plan in out]
 
 
 def main() -> None:

@@ -91,6 +91,41 @@ def derived_seed(*parts: int | str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+def encode_prompts(
+    tok: Tokenizer, examples: Sequence[Example], chat_template: bool, prompt_len: int
+) -> list[list[int]]:
+    """Each example's prompt as `tok` encodes it (rendered with the chat template where
+    the data asks), cut to its last `prompt_len` tokens."""
+    return [tok.encode(prompt_text(ex, tok, chat_template))[-prompt_len:] for ex in examples]
+
+
+def padded_prompt_len(plan: Plan) -> int:
+    """The prompt length a run of `plan` pads its steps' prompts to at most: the longest
+    prompt of its training data as the actor's tokenizer encodes it, cut at the workload's
+    `prompt_len`. A step's batch is padded to its longest prompt, so a dataset of short
+    prompts runs shorter sequences than `prompt_len` (the shipped arithmetic data: 4 to 6
+    tokens, most of them 6, under the examples' prompt_len of 16)."""
+    w = plan.workload
+    data = data_of(w)
+    tok = tokenizer_for(plan)
+    prompts = encode_prompts(
+        tok, load_examples(data.train, data), data.chat_template, w.batch.prompt_len
+    )
+    return max(len(p) for p in prompts)
+
+
+def as_run(plan: Plan) -> Plan:
+    """`plan` with the prompt length its run pads to (`padded_prompt_len`): the workload the
+    simulator should price to compare with a run of `plan`, which prices every prompt at
+    `prompt_len` tokens."""
+    n = padded_prompt_len(plan)
+    w = plan.workload
+    if n == w.batch.prompt_len:
+        return plan
+    batch = dataclasses.replace(w.batch, prompt_len=n)
+    return dataclasses.replace(plan, workload=dataclasses.replace(w, batch=batch))
+
+
 def tokenizer_for(plan: Plan) -> Tokenizer:
     spec = plan.workload.models[Role.ACTOR]
     if _checkpoint(spec.name) is not None:
@@ -241,8 +276,7 @@ class RLLoop:
 
     def encode(self, examples: Sequence[Example]) -> list[list[int]]:
         """Prompt token ids, cut to the workload's prompt length (from the left)."""
-        chat, n = self.data.chat_template, self.w.batch.prompt_len
-        return [self.tok.encode(prompt_text(ex, self.tok, chat))[-n:] for ex in examples]
+        return encode_prompts(self.tok, examples, self.data.chat_template, self.w.batch.prompt_len)
 
     def step(self, step: int) -> StepRecord:
         if self.staleness >= 2:

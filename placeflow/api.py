@@ -202,10 +202,13 @@ def validate(
     """Simulate `plan`, run it, and compare them phase by phase (`placeflow validate`).
 
     Writes RUN_DIR/fidelity.json, fidelity.md, estimate.json and the run report.
-    The first measured step is a warm-up and is not compared.
+    The first measured step is a warm-up and is not compared. The simulated workload
+    has the prompt length the run pads to, the data's longest prompt up to the
+    workload's `prompt_len` (`executor.loop.padded_prompt_len`).
     """
     import json
 
+    from placeflow.executor.loop import as_run
     from placeflow.executor.run import RunConfig, read_metrics
     from placeflow.fsio import check_output_dir, check_output_path, safe_name
     from placeflow.reports.run import run_report
@@ -218,8 +221,10 @@ def validate(
     )
     if report is not None:
         check_output_path(report, "report")
-    # Simulate first: a profile or plan problem shows before any worker starts.
-    estimate = simulate(p, profile=profile)
+    # Simulate first: a profile or plan problem shows before any worker starts. The run
+    # pads each step's prompts to its longest, so the simulator prices the data's
+    # prompt length, not the workload's maximum (`as_run`).
+    estimate = simulate(as_run(p), profile=profile)
     if not estimate.feasible:
         raise SpecError(f"the plan does not fit: {estimate.infeasible_reason}")
     cfg = replace(config or RunConfig(steps=steps), profile=profile)

@@ -477,6 +477,27 @@ def test_ppo_run_logs_verl_timing_names_and_tokens_per_gpu(
         assert [v for _, v in tb[name]] == pytest.approx([m[name] for m in lines]), name
 
 
+def test_a_run_is_simulated_with_the_prompt_length_it_pads_to(tmp_path: Path) -> None:
+    """`as_run`: the workload's prompt_len (a maximum) becomes its data's longest prompt
+    as the byte tokenizer encodes it (a token a byte), cut at prompt_len; the shipped
+    arithmetic prompts ("24+48=") are at most 6 bytes."""
+    from placeflow.executor.loop import as_run, padded_prompt_len
+
+    plan = load_plan(PLANS / "grpo-tiny-cpu4-colocate.toml")
+    assert plan.workload.batch.prompt_len == 16
+    assert padded_prompt_len(plan) == 6
+    train = tmp_path / "train.jsonl"
+    write_rows([{"prompt": "ab", "answer": "1"}, {"prompt": "x" * 11, "answer": "2"}], train)
+    w = dataclasses.replace(plan.workload, data=DataSpec(train=train), reward_function="arith")
+    mine = dataclasses.replace(plan, workload=w)
+    assert as_run(mine).workload.batch.prompt_len == 11
+    assert as_run(mine).workload.batch.response_len == w.batch.response_len
+    short = dataclasses.replace(w, batch=dataclasses.replace(w.batch, prompt_len=8))
+    cut = dataclasses.replace(plan, workload=short)
+    assert padded_prompt_len(cut) == 8  # the 11-byte prompt is cut to its last 8
+    assert as_run(cut) is cut
+
+
 def test_epochs_bound_the_steps(tmp_path: Path) -> None:
     from placeflow.executor.run import preflight
 

@@ -15,6 +15,7 @@ from test_simulator import without_host_waits
 
 from placeflow.cli import main
 from placeflow.errors import SpecError
+from placeflow.executor.loop import as_run
 from placeflow.phases import Phase
 from placeflow.plan import load_plan
 from placeflow.reports.run import run_report
@@ -177,10 +178,17 @@ def test_validate_and_report_commands(
     out = capsys.readouterr().out
     assert "measured vs simulated" in out and "actor_update" in out
     assert "overlap: measured " in out
+    assert "simulated with prompts of 6 tokens" in out
     fidelity = json.loads((run_dir / "fidelity.json").read_text())
     assert fidelity["simulated_overlap"] > 0
     assert fidelity["steps"] == 2 and fidelity["profile"] == "cpu"
     assert {p["phase"] for p in fidelity["phases"]} >= {"generate", "actor_update"}
+    # Simulated as it runs: prompts of the data's longest (6 tokens), not the plan's 16.
+    declared = load_plan(SPLIT)
+    cms = cost_models_for(declared, "cpu")
+    estimate = json.loads((run_dir / "estimate.json").read_text())
+    assert estimate["iteration_s"] == pytest.approx(simulate(as_run(declared), cms).iteration_s)
+    assert estimate["iteration_s"] < simulate(declared, cms).iteration_s
     html = (run_dir / "report.html").read_text()
     assert "Measured vs simulated" in html and "plotly" in html
     assert main(["report", str(run_dir), "--out", str(tmp_path / "r.html")]) == 0
