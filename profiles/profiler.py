@@ -28,7 +28,8 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   timed by CUDA events; on CPU between two host buffers (an offload on a CPU
   worker, whose device is the host: the executor's offloads copy so). Added to
   an existing CPU profile by `python -m placeflow.profiles.profiler
-  --copies-to FILE`.
+  --copies-to FILE`. `--kernels-to FILE` re-times a CPU profile's kernel entries
+  (every op above but copies, at the points it holds) on this machine.
 - dispatch: a Ray actor call's round trip with a payload of num_bytes (`ray_call`), and the
   driver's own share of one rank's call: its launch (`ray_launch`) and its result's get
   (`ray_get`)
@@ -522,13 +523,15 @@ class _Measured:
     skipped: list[str]  # labels of points that ran out of GPU memory
 
 
-def _measure_points(device: str, grid: ProfilerGrid, report: Report) -> _Measured:
-    """Time every non-collective point.
+def _measure_points(
+    device: str, grid: ProfilerGrid, report: Report, points: tuple[GridPoint, ...] | None = None
+) -> _Measured:
+    """Time every non-collective point of `grid` (or `points`, timed with its settings).
 
     Suspect points (see `suspect_points`) are re-timed up to MAX_RETRIES times,
     keeping the lowest median: interference only ever adds time.
     """
-    points = grid.points()
+    points = grid.points() if points is None else points
     ctx = _make_ctx(device, grid, points)
     clock = make_clock(device)
     timings = []
@@ -649,10 +652,85 @@ def add_cpu_copies(
     return entries
 
 
+# The kernels `add_cpu_kernels` re-times: every op of a profile's grid but its copies.
+KERNEL_OPS = (
+    Op.GEMM,
+    Op.ATTN_PREFILL_FWD,
+    Op.ATTN_PREFILL_BWD,
+    Op.ATTN_DECODE,
+    Op.ELEMENTWISE,
+    Op.OPTIMIZER,
+)
+
+
+def add_cpu_kernels(path: Path, *, progress: bool = True) -> list[Entry]:
+    """Re-time, on this machine, every kernel point the CPU profile at `path` holds
+    (`KERNEL_OPS`, each at the parameters of its entries, with the profile's grid
+    settings) and replace those entries, with a provenance note per op; the other
+    entries (collectives, copies, dispatch, framework) and their notes are kept.
+
+    A profile describes the machine the plans run on: a session on another machine of
+    the same kind (the same CPU model name) may time its kernels differently, and the
+    simulator's framework entries are priced against these kernels
+    (`simulator.compute.framework_host_s`), so both should come from the same host."""
+    from placeflow.profiles.schema import load_profile_file, save_profile
+
+    profile = load_profile_file(path)
+    if profile.device_kind != "cpu":
+        raise SpecError(
+            f"{path}: CPU kernels go into a CPU profile; this one is {profile.device_kind}"
+        )
+    stored = profile.grid or {}
+    grid = ProfilerGrid(
+        device="cpu",
+        dtype=profile.provenance.dtype,
+        warmup=int(stored.get("warmup", 2)),
+        repeats=int(stored.get("repeats", 10)),
+        point_budget_s=float(stored.get("point_budget_s", 1.0)),
+    )
+    points = tuple(
+        GridPoint(op=e.op, params=e.params) for e in profile.entries if e.op in KERNEL_OPS
+    )
+    if not points:
+        raise SpecError(f"{path}: no kernel entries to re-time ({', '.join(KERNEL_OPS)})")
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    busy = cpu_busy_fraction()
+    start = time.monotonic()
+    try:
+        with _progress(len(points), progress) as report:
+            entries = _measure_points("cpu", grid, report, points).entries
+    finally:
+        torch.set_num_threads(previous_threads)
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    text = (
+        f"): re-timed {date} by `python -m placeflow.profiles.profiler --kernels-to {path}` "
+        f"at the points the profile held (1 torch thread, time.perf_counter; "
+        f"{len(points)} points in {time.monotonic() - start:.0f} s; CPU busy with other work "
+        f"before: {'?' if busy is None else f'{busy:.0%}'})."
+    )
+    for op in KERNEL_OPS:
+        mine = [e for e in entries if e.op is op]
+        if mine:
+            profile = with_op_entries(profile, op, mine, op_note(op, text))
+    save_profile(profile, path)
+    return entries
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Add measured host copies to a CPU profile.")
-    parser.add_argument("--copies-to", type=Path, required=True, help="a CPU profile JSON file")
+    parser = argparse.ArgumentParser(
+        description="Add measured host copies to a CPU profile, or re-time its kernels here."
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--copies-to", type=Path, help="a CPU profile JSON file")
+    what.add_argument(
+        "--kernels-to", type=Path, help="a CPU profile JSON file whose kernels to re-time here"
+    )
     args = parser.parse_args(argv)
+    if args.kernels_to is not None:
+        entries = add_cpu_kernels(args.kernels_to)
+        print(f"re-timed {len(entries)} kernel entries into {args.kernels_to}")
+        return 0
     for e in add_cpu_copies(args.copies_to):
         size = int(e.params["num_bytes"])
         print(

@@ -8,6 +8,7 @@ collective worker surfaces as an exception instead of a hang.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -381,3 +382,32 @@ def test_cpu_copies_are_added_to_a_profile_with_their_note(profile: Profile, tmp
     assert len(back.entries) == len(profile.entries) - sum(
         e.op is Op.COPY for e in profile.entries
     ) + len(copies)
+
+
+def test_cpu_kernels_are_re_timed_in_place_with_their_note(profile: Profile, tmp_path) -> None:
+    """`--kernels-to`: every kernel entry re-timed at its own parameters, each kernel op's
+    note says so, and the other entries (collectives, copies, dispatch) are kept as
+    they were."""
+    from placeflow.profiles.profiler import KERNEL_OPS, add_cpu_kernels
+    from placeflow.profiles.schema import load_profile_file, save_profile
+
+    path = save_profile(profile, tmp_path / "p.json")
+    entries = add_cpu_kernels(path, progress=False)
+    back = load_profile_file(path)
+
+    def key(e: object) -> tuple[str, tuple[tuple[str, object], ...]]:
+        return e.op.value, tuple(sorted(e.params.items()))  # type: ignore[attr-defined]
+
+    kernels = [e for e in profile.entries if e.op in KERNEL_OPS]
+    assert sorted(map(key, entries)) == sorted(map(key, kernels))
+    assert sorted(map(key, (e for e in back.entries if e.op in KERNEL_OPS))) == sorted(
+        map(key, kernels)
+    )
+    assert all(e.median_s > 0 and e.source is Source.MEASURED for e in entries)
+    others = [e for e in profile.entries if e.op not in KERNEL_OPS]
+    assert [e for e in back.entries if e.op not in KERNEL_OPS] == others
+    ops = {e.op for e in kernels}
+    assert back.provenance.notes.count("--kernels-to") == len(ops)
+    with pytest.raises(SpecError, match="no kernel entries"):
+        bare = dataclasses.replace(profile, entries=tuple(others))
+        add_cpu_kernels(save_profile(bare, tmp_path / "bare.json"), progress=False)
