@@ -186,6 +186,8 @@ class Validation:
     fidelity: FidelityTable
     run: RunResult
     report: Path
+    # The prompt length simulated: what the run pads to (`executor.loop.as_run`).
+    prompt_len: int
 
 
 def validate(
@@ -224,7 +226,8 @@ def validate(
     # Simulate first: a profile or plan problem shows before any worker starts. The run
     # pads each step's prompts to its longest, so the simulator prices the data's
     # prompt length, not the workload's maximum (`as_run`).
-    estimate = simulate(as_run(p), profile=profile)
+    simulated = as_run(p)
+    estimate = simulate(simulated, profile=profile)
     if not estimate.feasible:
         raise SpecError(f"the plan does not fit: {estimate.infeasible_reason}")
     cfg = replace(config or RunConfig(steps=steps), profile=profile)
@@ -234,7 +237,13 @@ def validate(
     (directory / "fidelity.md").write_text(table.to_markdown())
     (directory / "estimate.json").write_text(json.dumps(estimate.to_json(), indent=2) + "\n")
     written = run_report(directory, report)
-    return Validation(estimate=estimate, fidelity=table, run=result, report=written)
+    return Validation(
+        estimate=estimate,
+        fidelity=table,
+        run=result,
+        report=written,
+        prompt_len=simulated.workload.batch.prompt_len,
+    )
 
 
 def export(plan: Plan | PathLike, to: str = "verl") -> Export:

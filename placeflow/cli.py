@@ -526,7 +526,6 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     from placeflow.api import validate
     from placeflow.executor.errors import ExecutorError
-    from placeflow.executor.loop import padded_prompt_len
     from placeflow.executor.run import RunConfig
     from placeflow.plan import load_plan
     from placeflow.simulator.fidelity import overlap_text
@@ -569,7 +568,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         + (f"{worst.phase} {abs(worst.rel_error):.1%}" if worst else "-")
     )
     console.print(overlap_text(table.measured_overlap, table.simulated_overlap))
-    padded = padded_prompt_len(plan)
+    padded = checked.prompt_len
     if padded != plan.workload.batch.prompt_len:
         console.print(
             f"simulated with prompts of {padded} tokens, the longest of the data the run "

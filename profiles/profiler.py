@@ -610,27 +610,42 @@ def profile_device(
     )
 
 
+def _cpu_profile(path: Path, what: str) -> Profile:
+    """The CPU profile at `path`, which `what` (e.g. "CPU copies") is added to."""
+    from placeflow.profiles.schema import load_profile_file
+
+    profile = load_profile_file(path)
+    if profile.device_kind != "cpu":
+        raise SpecError(f"{path}: {what} go into a CPU profile; this one is {profile.device_kind}")
+    return profile
+
+
+def _time_on_one_thread(
+    grid: ProfilerGrid, points: tuple[GridPoint, ...], progress: bool
+) -> tuple[list[Entry], float | None]:
+    """`points` timed on the CPU with one torch thread (restored afterwards) and `grid`'s
+    settings, and how busy the CPU was with other work before."""
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    busy = cpu_busy_fraction()
+    try:
+        with _progress(len(points), progress) as report:
+            entries = _measure_points("cpu", grid, report, points).entries
+    finally:
+        torch.set_num_threads(previous_threads)
+    return entries, busy
+
+
 def add_cpu_copies(
     path: Path, *, sizes: Sequence[int] = CPU_COPY_BYTES, progress: bool = True
 ) -> list[Entry]:
     """Time host copies of `sizes` bytes (both directions, one torch thread) and put them
     into the CPU profile at `path` as its `copy` entries, with a provenance note."""
-    from placeflow.profiles.schema import load_profile_file, save_profile
+    from placeflow.profiles.schema import save_profile
 
-    profile = load_profile_file(path)
-    if profile.device_kind != "cpu":
-        raise SpecError(
-            f"{path}: CPU copies go into a CPU profile; this one is {profile.device_kind}"
-        )
+    profile = _cpu_profile(path, "CPU copies")
     grid = ProfilerGrid(device="cpu", dtype="fp32", copy_bytes=tuple(sizes), repeats=10)
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    busy = cpu_busy_fraction()
-    try:
-        with _progress(len(grid.points()), progress) as report:
-            entries = _measure_points("cpu", grid, report).entries
-    finally:
-        torch.set_num_threads(previous_threads)
+    entries, busy = _time_on_one_thread(grid, grid.points(), progress)
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     llc = last_level_cache_bytes()
     note = op_note(
@@ -673,35 +688,20 @@ def add_cpu_kernels(path: Path, *, progress: bool = True) -> list[Entry]:
     the same kind (the same CPU model name) may time its kernels differently, and the
     simulator's framework entries are priced against these kernels
     (`simulator.compute.framework_host_s`), so both should come from the same host."""
-    from placeflow.profiles.schema import load_profile_file, save_profile
+    from placeflow.profiles.schema import save_profile
 
-    profile = load_profile_file(path)
-    if profile.device_kind != "cpu":
-        raise SpecError(
-            f"{path}: CPU kernels go into a CPU profile; this one is {profile.device_kind}"
-        )
-    stored = profile.grid or {}
-    grid = ProfilerGrid(
-        device="cpu",
-        dtype=profile.provenance.dtype,
-        warmup=int(stored.get("warmup", 2)),
-        repeats=int(stored.get("repeats", 10)),
-        point_budget_s=float(stored.get("point_budget_s", 1.0)),
-    )
+    profile = _cpu_profile(path, "CPU kernels")
+    # The stored grid's timing settings where it recorded them, else the grid's defaults.
+    settings = ("warmup", "repeats", "point_budget_s")
+    stored = {k: v for k, v in (profile.grid or {}).items() if k in settings}
+    grid = ProfilerGrid(device="cpu", dtype=profile.provenance.dtype, **stored)
     points = tuple(
         GridPoint(op=e.op, params=e.params) for e in profile.entries if e.op in KERNEL_OPS
     )
     if not points:
         raise SpecError(f"{path}: no kernel entries to re-time ({', '.join(KERNEL_OPS)})")
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    busy = cpu_busy_fraction()
     start = time.monotonic()
-    try:
-        with _progress(len(points), progress) as report:
-            entries = _measure_points("cpu", grid, report, points).entries
-    finally:
-        torch.set_num_threads(previous_threads)
+    entries, busy = _time_on_one_thread(grid, points, progress)
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     text = (
         f"): re-timed {date} by `python -m placeflow.profiles.profiler --kernels-to {path}` "
