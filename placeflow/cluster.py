@@ -88,9 +88,14 @@ class PoolSpec:
     def contention(self, busy_devices_per_node: float) -> float:
         """How much slower each of that many busy devices of one node runs (>= 1; a
         fraction where devices are busy part of the time, on average)."""
+        return max(1.0, self.busy_per_core(busy_devices_per_node))
+
+    def busy_per_core(self, busy_devices_per_node: float) -> float:
+        """That many busy devices of one node per core of it (CPU workers; below 1 where
+        they leave cores idle); 1 where the pool does not declare its cores."""
         if self.cores_per_node is None:
             return 1.0
-        return max(1.0, min(busy_devices_per_node, self.gpus_per_node) / self.cores_per_node)
+        return min(busy_devices_per_node, self.gpus_per_node) / self.cores_per_node
 
     @property
     def num_gpus(self) -> int:

@@ -368,7 +368,8 @@ class CostModel:
     def shared_cores(self, stretch: float) -> CostModel:
         """This model for ranks whose calls the simulator stretches by `stretch` (> 1):
         their host runs more busy ranks than cores, each getting a share of one and
-        paying the time slices' overhead (`sliced(PoolSpec.contention, slice_overhead)`).
+        paying the time slices' overhead (`sliced` of the busy ranks per core on the
+        measured `slicing` curve); the simulator asks for it only there.
 
         A collective also waits for its partners to be scheduled, which the profile's
         `shared_collective` entry measured (2 ranks per core, `profiles.shared_cores`):
@@ -402,18 +403,54 @@ class CostModel:
             return 0.0
         return self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
 
-    def slice_overhead(self) -> float:
-        """What time slicing adds to compute on a host running two busy ranks per core,
-        beyond the 2x of sharing it (the cache refills and switches of the slices): the
-        profile's `shared_compute` entries (`profiles.shared_cores`), the wall time per
-        reference forward at two ranks per core over twice that at one, less 1; 0 where
-        the profile has no such entries (GPU profiles, older CPU ones) or they show none."""
+    def slicing(self) -> SliceCurve:
+        """How much longer a rank's compute takes as the host's busy ranks grow: the
+        profile's `shared_compute` entries (`profiles.shared_cores`), the slowest rank's
+        wall time per reference forward with W busy ranks on the profiling host over that
+        with one, as points (W / cores, stretch) in busy ranks per core. It holds the
+        share of a core each rank gets, the time slices' cost beyond it (cache refills,
+        switches), the slowest rank's bad luck where ranks do not divide evenly among
+        the cores, and what ranks on cores of their own cost one another (memory and the
+        shared cache). () where the profile has no such entries or does not record its
+        cores (GPU profiles, older CPU ones): `sliced` is then the share alone."""
         kind = FrameworkKind.SHARED_COMPUTE
-        if (Op.FRAMEWORK, (kind.value,)) not in self.series:
-            return 0.0
-        alone = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
-        shared = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 2})
-        return max(0.0, shared / (2 * alone) - 1)
+        units = self.framework_units(kind)
+        cores = self.profile_cores
+        if not units or units[0] != 1 or cores is None:
+            return ()
+
+        def curve() -> SliceCurve:
+            alone = self.framework_s(kind, 1)
+            assert alone is not None and alone > 0
+            points = []
+            for w in units:
+                t = self.framework_s(kind, w)
+                assert t is not None
+                points.append((w / cores, max(1.0, t / alone)))
+            return tuple(points)
+
+        return self.remember(("slicing",), curve)
+
+    def shared_calls(self) -> tuple[tuple[float, float], ...]:
+        """The measured fixed time of a driver's call to W Ray actor ranks on the
+        profiling host (the profile's `shared_call` entries, `profiles.shared_cores`), as
+        points (W / cores in busy ranks per core, seconds); () where the profile has
+        none or does not record its cores (GPU profiles, older CPU ones)."""
+        kind = FrameworkKind.SHARED_CALL
+        units = self.framework_units(kind)
+        cores = self.profile_cores
+        if not units or cores is None:
+            return ()
+
+        def points() -> tuple[tuple[float, float], ...]:
+            out = []
+            for w in units:
+                t = self.framework_s(kind, w)
+                assert t is not None
+                out.append((w / cores, t))
+            return tuple(out)
+
+        return self.remember(("shared calls",), points)
 
     def with_probe_wait(self) -> CostModel:
         """This model with every collective that `shared_cores` would charge a partner
@@ -585,7 +622,7 @@ class CostModel:
             # shared view takes the entry back to one rank per core, and adds no wait.
             if not self.shared:
                 return flat
-            return flat / sliced(world_size / timed_on, self.slice_overhead())
+            return flat / sliced(world_size / timed_on, self.slicing())
         return flat + self.shared_wait_s
 
     def _flat_collective_s(
@@ -680,14 +717,35 @@ class LooReport:
     per_op: Mapping[str, tuple[int, float, float]] = field(hash=False)  # n, median, p90
 
 
-def sliced(stretch: float, overhead: float) -> float:
-    """A stretch of `stretch` busy ranks per core (> 1 where time slicing happens) with
-    the slices' `overhead` measured at two per core (`CostModel.slice_overhead`):
-    x · (1 + o · min(1, x − 1)), linear from none at one rank per core, held beyond
-    two. The stretch itself where it is at most 1 (cores of their own)."""
-    if stretch <= 1.0:
-        return stretch
-    return stretch * (1.0 + overhead * min(1.0, stretch - 1.0))
+# Measured stretch of a rank's compute by busy ranks per core (`CostModel.slicing`).
+SliceCurve = tuple[tuple[float, float], ...]
+
+
+def sliced(per_core: float, curve: SliceCurve = ()) -> float:
+    """How much longer a busy rank's work takes on a host running `per_core` busy ranks
+    per core than alone: piecewise linear through the measured `curve`
+    (`CostModel.slicing`), 1 below its first point (one rank alone), and beyond its last
+    point (x_n, s_n) that point's stretch scaled with the crowd, s_n · x / x_n (the
+    slices' overhead held). Without a curve: the share of a core alone, max(1, x)."""
+    if not curve:
+        return max(1.0, per_core)
+    last_x, last_s = curve[-1]
+    if per_core > last_x:
+        return last_s * per_core / last_x
+    return piecewise(curve, per_core)
+
+
+def piecewise(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """The piecewise-linear curve through `points` (ascending x) at `x`, held at the
+    first point's value below them and at the last's beyond."""
+    x0, y0 = points[0]
+    if x <= x0:
+        return y0
+    for x1, y1 in points[1:]:
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        x0, y0 = x1, y1
+    return y0
 
 
 def _host_cache_bytes(profile: Profile) -> int | None:

@@ -103,7 +103,11 @@ from placeflow.profiles.schema import (
     op_note,
     with_op_entries,
 )
-from placeflow.profiles.shared_cores import measure_shared_collective, measure_shared_compute
+from placeflow.profiles.shared_cores import (
+    measure_shared_call,
+    measure_shared_collective,
+    measure_shared_compute,
+)
 from placeflow.profiles.timing import Clock, Timing, make_clock, time_fn
 
 Bench = Callable[[], object]
@@ -594,10 +598,12 @@ def profile_device(
             )
             # The engine's host overhead is measured where the engine runs: on CPU here.
             overhead = measure_framework() if framework and device == "cpu" else []
-            # and, on shared cores, the wait of collectives and the cost of time slices
+            # and, on shared cores, the wait of collectives, the cost of time slices and
+            # a call's fixed time
             if framework and device == "cpu":
                 overhead.append(measure_shared_collective())
                 overhead.extend(measure_shared_compute())
+                overhead.extend(measure_shared_call())
         provenance = _provenance(device, grid, measured, load)
     finally:
         torch.set_num_threads(previous_threads)

@@ -149,9 +149,12 @@ class FrameworkKind(StrEnum):
     # Not the engine's: the wall time one collective adds to each rank of a host that
     # runs two busy ranks per core (measured by `placeflow.profiles.shared_cores`).
     SHARED_COLLECTIVE = "shared_collective"
-    # Not the engine's either: the wall time of one reference forward on every rank of a
-    # host with 1 (num_units 1) and 2 (num_units 2) busy ranks per core (`shared_cores`).
+    # Not the engine's either: the slowest rank's wall time of one reference forward with
+    # num_units busy ranks on the profiling host (`shared_cores`; its cores: provenance).
     SHARED_COMPUTE = "shared_compute"
+    # Not the engine's either: the fixed time of a driver's call to num_units Ray actor
+    # ranks on the profiling host, beyond their forwards (`shared_cores`).
+    SHARED_CALL = "shared_call"
 
 
 class CopyDirection(StrEnum):

@@ -11,16 +11,20 @@ the same all-reduce between two ranks on cores of their own: the tensor-parallel
 calls of a colocated CPU plan, a few dozen all-reduces a micro-batch, were
 priced 2-2.5x too fast before this was measured.
 
-Compute stretches a little more than workers / cores, too: a rank that gets its
-core back in time slices finds its caches refilled by the other rank's slice
-and pays the switches. `measure_shared_compute` times the engine's forward of
-the framework profiler's reference model (`placeflow.profiles.framework`: its
+Compute stretches more than workers / cores, too: a rank that gets its core
+back in time slices finds its caches refilled by the other rank's slice and
+pays the switches; where the busy ranks do not divide evenly among the cores
+(three on two) the slowest rank of a call shares its core more than the
+average; and ranks on cores of their own still share the memory and the last
+cache. `measure_shared_compute` times the engine's forward of the framework
+profiler's reference model (`placeflow.profiles.framework`: its
 `REFERENCE_MODEL` at the `SHARED_COMPUTE_SHAPE` micro-batch) on every rank of
-c ranks (one per core) and of 2·c ranks (two per core), the slowest rank's
-wall time per forward: two `framework` entries of kind `shared_compute`, whose
-num_units is the busy ranks per core (1, 2). Their ratio less the 2x of sharing
-is the slicing overhead (`CostModel.slice_overhead`), which the simulator adds
-to the stretch of every call on a host that runs more busy workers than cores.
+W = 1, 2, ..., 2·c ranks of this host's c cores, the slowest rank's wall time
+per forward: `framework` entries of kind `shared_compute` whose num_units is W,
+the busy ranks on the host (its cores: the profile's provenance). Each over the
+first (one rank alone) is the stretch at W / c busy ranks per core
+(`CostModel.slicing`), which the simulator applies to every call on a host whose
+cores it shares (`simulator.schedule`).
 
 `measure_shared_collective` measures the collective's wait as the executor meets it: 2·c ranks on
 the c cores of this host (one torch thread each, gloo), in pairs, each rank
@@ -32,10 +36,23 @@ first's, the slowest rank's: what one collective adds to each rank's time when
 the host runs two busy ranks per core. `CostModel.shared_cores` prices a
 collective of such ranks with it.
 
+A call to a set of such ranks costs more than its ranks' work and an idle round
+trip, too: the driver launches its ranks one after another while the first already
+run, each rank wakes on a cold cache after sleeping through the others' calls, and
+the replies wait for a core. `measure_shared_call` times it as the executor meets
+it: W = 1 ... 2·c Ray actors started as the executor's workers are
+(`executor.worker.WORKER_RUNTIME_ENV`, one torch thread, a gloo world), the driver
+calling all W and waiting for their results, with one reference forward per rank and
+with `CALL_FORWARDS`, alternated; one call's time is a + b·n in its n forwards,
+so a = T(1) − (T(n) − T(1)) / (n − 1) is the call's fixed time at W busy ranks on the
+host: `framework` entries of kind `shared_call`, num_units W (the median over the
+pairs). The simulator adds what its composition of the idle round trip, the driver's
+launches and gets and the stretch leaves out of it (`rolecosts.crowded_call_s`).
+
     python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json
 
-measures both and replaces the file's entries of those kinds (its other framework
-entries are kept).
+measures all three and replaces the file's entries of those kinds (its other
+framework entries are kept).
 """
 
 from __future__ import annotations
@@ -72,7 +89,12 @@ PROBE_BYTES = 4096  # a small all-reduce: the wait, not the bandwidth, is measur
 CHUNK_MATMULS = 40  # 64 x 64 fp32 matmuls per compute chunk (about 1 ms of one core here)
 RANKS_PER_CORE = 2  # the oversubscription the entry is measured at
 SHARED_COMPUTE_SHAPE = (8, 32)  # (sequences, tokens) of the timed forward: a CPU micro-batch
-SHARED_KINDS = (FrameworkKind.SHARED_COLLECTIVE, FrameworkKind.SHARED_COMPUTE)
+CALL_FORWARDS = 8  # forwards per rank of the long call of `measure_shared_call`'s pairs
+SHARED_KINDS = (
+    FrameworkKind.SHARED_COLLECTIVE,
+    FrameworkKind.SHARED_COMPUTE,
+    FrameworkKind.SHARED_CALL,
+)
 
 
 class SharedCoresError(RuntimeError):
@@ -214,15 +236,13 @@ def measure_shared_compute(
     repeats: int = 7,
     stall_timeout_s: float = 180.0,
 ) -> list[Entry]:
-    """The two `shared_compute` entries (module docstring): the slowest rank's seconds per
-    reference forward with 1 and with RANKS_PER_CORE busy ranks per core of this host
+    """The `shared_compute` entries (module docstring): the slowest rank's seconds per
+    reference forward with W = 1 ... RANKS_PER_CORE · cores busy ranks on this host
     (`cores`: os.cpu_count())."""
     cores = cores or os.cpu_count() or 1
     entries = []
-    for per_core in (1, RANKS_PER_CORE):
-        job = SharedJob(
-            world_size=per_core * cores, port=free_port(), iterations=forwards, repeats=repeats
-        )
+    for ranks in range(1, RANKS_PER_CORE * cores + 1):
+        job = SharedJob(world_size=ranks, port=free_port(), iterations=forwards, repeats=repeats)
         samples: list[float] = []
 
         def on_message(msg: tuple[Any, ...], samples: list[float] = samples) -> None:
@@ -237,8 +257,73 @@ def measure_shared_compute(
             on_message=on_message,
             stall_timeout_s=stall_timeout_s,
         )
-        entries.append(_entry(FrameworkKind.SHARED_COMPUTE, per_core, samples))
+        entries.append(_entry(FrameworkKind.SHARED_COMPUTE, ranks, samples))
     return entries
+
+
+class CallRank:
+    """A rank of `measure_shared_call`: the reference model in a Ray actor, in a gloo
+    world with the other ranks of the call, as an executor worker holds its engine."""
+
+    def __init__(self, rank: int, world_size: int, port: int) -> None:
+        from placeflow.catalogue import get_model
+        from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+        from placeflow.profiles.framework import REFERENCE_MODEL
+
+        _init_rank(rank, SharedJob(world_size=world_size, port=port, iterations=0, repeats=0))
+        spec = get_model(REFERENCE_MODEL)
+        self.model = Transformer(Arch.of(spec))
+        self.model.load_shards(random_full(self.model.arch, seed=rank))
+        self.ids = torch.randint(0, spec.vocab_size, SHARED_COMPUTE_SHAPE)
+        self.mask = torch.ones_like(self.ids, dtype=torch.bool)
+
+    def forwards(self, count: int) -> int:
+        with torch.no_grad():
+            for _ in range(count):
+                self.model(self.ids, self.mask)
+        return count
+
+
+def measure_shared_call(
+    *, cores: int | None = None, pairs: int = 30, warmup: int = 3
+) -> list[Entry]:
+    """The `shared_call` entries (module docstring): the fixed seconds of a call to W =
+    1 ... RANKS_PER_CORE · cores Ray actor ranks on this host (`cores`: os.cpu_count()).
+    Starts a local Ray instance unless Ray is up (then uses it and leaves it running)."""
+    import ray
+
+    from placeflow.executor.worker import WORKER_RUNTIME_ENV
+
+    cores = cores or os.cpu_count() or 1
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        actor = ray.remote(num_cpus=0, runtime_env=WORKER_RUNTIME_ENV)(CallRank)
+        entries = []
+        for ranks in range(1, RANKS_PER_CORE * cores + 1):
+            port = free_port()
+            # Any: Ray's handle types do not know the remote methods of a class made here.
+            world: list[Any] = [actor.remote(r, ranks, port) for r in range(ranks)]
+
+            def call(count: int, world: list[Any] = world) -> float:
+                t0 = time.perf_counter()
+                ray.get([w.forwards.remote(count) for w in world])
+                return time.perf_counter() - t0
+
+            for _ in range(warmup):
+                call(1), call(CALL_FORWARDS)
+            samples = []
+            for _ in range(pairs):
+                one, many = call(1), call(CALL_FORWARDS)
+                samples.append(one - (many - one) / (CALL_FORWARDS - 1))
+            for w in world:
+                ray.kill(w)
+            entries.append(_entry(FrameworkKind.SHARED_CALL, ranks, samples))
+        return entries
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _entry(kind: FrameworkKind, num_units: int, samples: list[float]) -> Entry:
@@ -291,34 +376,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
     profile = load_profile_file(args.add_to)
+    recorded = profile.provenance.host.get("cpu_count")
+    if recorded is not None and int(recorded) != (os.cpu_count() or 1):
+        # The shared_compute entries count busy ranks on the host; the cost model reads
+        # them per core with the cores the profile records.
+        parser.error(
+            f"{args.add_to} was profiled on a host of {recorded} cores and this one has "
+            f"{os.cpu_count()}: measure its shared-cores entries on a host like the "
+            "profile's, or profile this host first (`python -m placeflow.profiles.profiler`)"
+        )
     from placeflow.profiles.profiler import cpu_busy_fraction
 
     busy = cpu_busy_fraction()
     entry = measure_shared_collective(repeats=args.repeats)
     compute = measure_shared_compute(repeats=args.repeats)
+    calls = measure_shared_call()
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     cores = os.cpu_count() or 1
     batch, tokens = SHARED_COMPUTE_SHAPE
     note = (
-        f"{SENTENCE} and shared_compute: measured {date} by "
+        f"{SENTENCE}, shared_compute and shared_call: measured {date} by "
         f"`python -m placeflow.profiles.shared_cores --add-to {args.add_to}` "
         f"(shared_collective: {RANKS_PER_CORE * cores} gloo ranks on {cores} cores in "
         f"pairs, a {PROBE_BYTES}-byte all-reduce after each compute chunk, less the chunks "
         f"alone; shared_compute: the engine's forward of the reference model at {batch}x"
-        f"{tokens} tokens on {cores} and on {RANKS_PER_CORE * cores} ranks, the slowest "
-        f"rank's wall time per forward; CPU busy with other work before: "
+        f"{tokens} tokens on 1 to {RANKS_PER_CORE * cores} ranks (num_units) of the "
+        f"{cores} cores, the slowest rank's wall time per forward; shared_call: a call "
+        f"to 1 to {RANKS_PER_CORE * cores} Ray actor ranks (num_units) of one and of "
+        f"{CALL_FORWARDS} such forwards each, alternated, its time at no forward; CPU "
+        f"busy with other work before: "
         f"{'?' if busy is None else f'{busy:.0%}'})."
     )
-    save_profile(with_shared_entries(profile, [entry, *compute], note), args.add_to)
+    save_profile(with_shared_entries(profile, [entry, *compute, *calls], note), args.add_to)
     print(
         f"shared_collective: {entry.median_s * 1e3:.3f} ms per collective "
         f"(p10 {entry.p10_s * 1e3:.3f}, p90 {entry.p90_s * 1e3:.3f})"
     )
     for e in compute:
         print(
-            f"shared_compute at {e.params['num_units']} busy ranks per core: "
+            f"shared_compute with {e.params['num_units']} busy ranks on {cores} cores: "
             f"{e.median_s * 1e3:.3f} ms per forward (p10 {e.p10_s * 1e3:.3f}, "
             f"p90 {e.p90_s * 1e3:.3f})"
+        )
+    for e in calls:
+        print(
+            f"shared_call with {e.params['num_units']} ranks on {cores} cores: "
+            f"{e.median_s * 1e3:.3f} ms per call beyond its forwards (p10 "
+            f"{e.p10_s * 1e3:.3f}, p90 {e.p90_s * 1e3:.3f})"
         )
     return 0
 

@@ -32,7 +32,7 @@ from placeflow.layout import GenLayout, TrainLayout
 from placeflow.models import ModelSpec
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
-from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.costmodel import CostModel, piecewise, sliced
 from placeflow.profiles.schema import DispatchKind, Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.lengths import LengthModel
@@ -544,3 +544,36 @@ def resident_bytes(
             model, par, value_head=role.has_value_head, lora=lora
         )
     return memory.frozen_resident_bytes_per_gpu(model, par, value_head=role.has_value_head)
+
+
+def crowded_call_s(cm: CostModel, ranks_per_core: float) -> float:
+    """What a call to the ranks of a set that keeps `ranks_per_core` busy ranks per core
+    of a shared CPU host costs beyond what the simulator composes for it (the launches
+    staggered while the first ranks already run, each rank's cold start after sleeping
+    through the others' calls, the replies' wait for a core): the profile's measured
+    fixed time of such a call (`CostModel.shared_calls`) less the simulator's price of
+    the same call with nothing to do, its round trip (`with_dispatch`) stretched as
+    the call is (`sliced` on `CostModel.slicing`) and the driver's launches and gets
+    (`driver_work`); at least 0. Piecewise linear in `ranks_per_core` between the
+    measured points, the first's below them and the last's beyond; 0 where the profile
+    has no such entries (GPU profiles)."""
+    points = cm.shared_calls()
+    if not points:
+        return 0.0
+
+    def excess() -> tuple[tuple[float, float], ...]:
+        idle = callcosts.CallCost(time_s=0.0, transient_bytes=0.0, busy_s=0.0)
+        round_trip = with_dispatch(cm, idle, NO_PAYLOAD).time_s
+        cores = cm.profile_cores
+        assert cores is not None  # shared_calls needs them
+        out = []
+        for per_core, measured in points:
+            ranks = round(per_core * cores)
+            driver = driver_work(cm, ranks, NO_PAYLOAD)
+            priced = round_trip * sliced(per_core, cm.slicing())
+            if driver is not None:
+                priced += driver.launch_s + driver.collect_s
+            out.append((per_core, max(0.0, measured - priced)))
+        return tuple(out)
+
+    return piecewise(cm.remember(("crowded call excess",), excess), ranks_per_core)

@@ -16,12 +16,15 @@ hosts its workers run on and how many of them it keeps busy there on average
 Where calls on different sets run at the same time on one host with `c`
 cores, the host's cores are shared among all their busy workers (processor
 sharing): with W workers busy on the host, a call of w of them, whose duration
-already counts its own max(1, w/c) stretch, progresses at rate
+already counts its own stretch S(w/c), progresses at rate
 
-    r = max(1, w/c) / max(1, W/c)           (the slowest of its hosts)
+    r = S(w/c) / S(W/c)                     (the slowest of its hosts)
 
-so that two 2-worker calls on a 2-core host each run at half speed, and a
-call alone keeps its duration. Rates change only when a call starts or ends,
+where S(x) is the measured stretch of a busy rank's work at x busy ranks per
+core (`costmodel.sliced` on the host's `CostModel.slicing` curve, `slicing[h]`;
+max(1, x), the share of a core alone, where the host has none): two 2-worker
+calls on a 2-core host each run at about half speed, and a call alone keeps
+its duration. Rates change only when a call starts or ends,
 so the schedule advances from event to event. Without shared hosts every rate
 is 1 and the schedule is the list schedule above.
 
@@ -37,11 +40,9 @@ between none (a = 0) and the measured point (a = 1). Run in that state
 throughout, the call would take duration/r + collectives·waits[h]·a; its rate
 is its duration over that.
 
-Time slicing also costs compute beyond the share of a core (cache refills and
-switches): with the host's measured overhead o at two busy workers per core
-(`CostModel.slice_overhead`, `slicing[h]`), a stretch x > 1 becomes
-x · (1 + o · min(1, x − 1)) (`costmodel.sliced`), in both the call's own stretch
-and the crowd's.
+S holds what time slicing costs beyond the share of a core (cache refills and
+switches) and the slowest rank's bad luck where busy ranks do not divide evenly
+among the cores, both measured (`profiles.shared_cores`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-from placeflow.profiles.costmodel import sliced
+from placeflow.profiles.costmodel import SliceCurve, sliced
 
 # Remaining work below this (seconds) counts as done: float residue of rate changes.
 _DONE_S = 1e-12
@@ -79,13 +80,13 @@ def schedule(
     tasks: Sequence[Work],
     cores: Mapping[Hashable, int] | None = None,
     waits: Mapping[Hashable, float] | None = None,
-    slicing: Mapping[Hashable, float] | None = None,
+    slicing: Mapping[Hashable, SliceCurve] | None = None,
 ) -> dict[Hashable, Span]:
     """Start and end of every task; raises ValueError on a dependency cycle or unknown id.
 
     `cores`: the cores of each shared host that `Work.hosts` names; `waits`: the seconds
     a collective waits for its partner there at two busy workers per core; `slicing`:
-    the overhead of time slicing there (module docstring; none where a host is missing).
+    the measured stretch curve there (module docstring; none where a host is missing).
     """
     by_id = {t.id: t for t in tasks}
     for t in tasks:
@@ -122,7 +123,7 @@ def _rates(
     running: Sequence[Work],
     cores: Mapping[Hashable, int],
     waits: Mapping[Hashable, float],
-    slicing: Mapping[Hashable, float],
+    slicing: Mapping[Hashable, SliceCurve],
 ) -> list[float]:
     """Each running task's progress per second (module docstring)."""
     busy: dict[Hashable, float] = {}
@@ -135,9 +136,9 @@ def _rates(
         for h, w in t.hosts:
             if h in cores:
                 c = cores[h]
+                curve = slicing.get(h, ())
+                r = sliced(w / c, curve) / sliced(busy[h] / c, curve)
                 own, crowd = max(1.0, w / c), max(1.0, busy[h] / c)
-                o = slicing.get(h, 0.0)
-                r = sliced(own, o) / sliced(crowd, o)
                 extra = t.collectives * waits.get(h, 0.0) * (crowd - own)
                 if extra > 0 and t.duration_s > 0:
                     r = t.duration_s / (t.duration_s / r + extra)
@@ -150,7 +151,7 @@ def _shared_schedule(
     tasks: Sequence[Work],
     cores: Mapping[Hashable, int],
     waits: Mapping[Hashable, float],
-    slicing: Mapping[Hashable, float],
+    slicing: Mapping[Hashable, SliceCurve],
 ) -> dict[Hashable, Span]:
     """The schedule advanced event by event, with rates from shared host cores."""
     now = 0.0

@@ -45,13 +45,13 @@ import dataclasses
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from placeflow.dataflow import CallKind, dataflow_calls
 from placeflow.layout import GenLayout, gen_shard_bytes
 from placeflow.phases import Phase
 from placeflow.plan import Plan
-from placeflow.profiles.costmodel import CostModel, sliced
+from placeflow.profiles.costmodel import CostModel, SliceCurve, sliced
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
@@ -61,6 +61,7 @@ from placeflow.simulator.rolecosts import (
     DriverWork,
     call_driver_work,
     colocated_generation_bytes,
+    crowded_call_s,
     driver_work,
     kv_bytes_per_seq,
     reshard_placement,
@@ -73,6 +74,7 @@ from placeflow.simulator.schedule import Span, Work, schedule
 from placeflow.workload import Role
 
 CONTROLLER = -1  # the controller's "set": its work runs one piece at a time
+_Fact = TypeVar("_Fact")  # a per-node fact of a cost model (`_per_node`)
 # The driver's serial work around a call (`rolecosts.DriverWork`), as work ids
 # (step, phase, LAUNCH) and (step, phase, COLLECT) beside the call's (step, phase).
 LAUNCH, COLLECT = "launch", "collect"
@@ -301,12 +303,18 @@ def _snapshot_bytes(plan: Plan) -> float:
     return total / (lay.t * lay.p)
 
 
-def _contention(plan: Plan, set_index: int, busy_fraction: float = 1.0) -> float:
+def _contention(
+    plan: Plan, set_index: int, busy_fraction: float = 1.0, *, clamp: bool = True
+) -> float:
     """How much slower each worker of the set runs when `busy_fraction` of them are busy
-    on average (>= 1; `PoolSpec.contention` of its most crowded node)."""
+    on average (>= 1; `PoolSpec.contention` of its most crowded node); with `clamp`
+    False its busy workers per core there (`PoolSpec.busy_per_core`, below 1 where they
+    leave cores idle)."""
     s, pool = plan.sets[set_index], plan.pool_of(set_index)
     nodes = {d // pool.gpus_per_node for d in s.devices()}
     per_node = max(sum(1 for d in s.devices() if d // pool.gpus_per_node == n) for n in nodes)
+    if not clamp:
+        return pool.busy_per_core(per_node * busy_fraction)
     return pool.contention(per_node * busy_fraction)
 
 
@@ -319,17 +327,25 @@ def busy_fraction(cost: callcosts.CallCost) -> float:
 
 
 def _stretch(plan: Plan, cms: CostModels, set_index: int, busy_fraction: float = 1.0) -> float:
-    """How much longer a call of the set takes than on cores of its own: the share of a
-    core each busy worker gets (`_contention`) and what the time slices cost beyond it
-    (`costmodel.sliced` with the measured `CostModel.slice_overhead`)."""
-    overhead = _cm(plan, cms, set_index).slice_overhead()
-    return sliced(_contention(plan, set_index, busy_fraction), overhead)
+    """How much longer a call of the set takes than one rank alone on the host: the
+    measured stretch at its busy workers per core of its most crowded node
+    (`costmodel.sliced` on `CostModel.slicing`: the share of a core each gets, the
+    slices' cost, what ranks on cores of their own cost one another); 1 on a pool
+    that does not declare its cores (GPU pools)."""
+    pool = plan.pool_of(set_index)
+    if pool.cores_per_node is None:
+        return 1.0
+    per_core = _contention(plan, set_index, busy_fraction, clamp=False)
+    return sliced(per_core, _cm(plan, cms, set_index).slicing())
 
 
 def _set_cm(plan: Plan, cms: CostModels, set_index: int) -> CostModel:
     """The cost model of a set's calls: its pool's, with the collectives of ranks that
     share their cores (`CostModel.shared_cores`) where the set oversubscribes them."""
-    return _cm(plan, cms, set_index).shared_cores(_stretch(plan, cms, set_index))
+    cm = _cm(plan, cms, set_index)
+    if _contention(plan, set_index) <= 1.0:
+        return cm
+    return cm.shared_cores(_stretch(plan, cms, set_index))
 
 
 def _contended(
@@ -341,13 +357,23 @@ def _contended(
     but for a pipeline's bubbles: with m micro-batches over p stages each stage
     works m of every m + p − 1 slots); on a node with fewer physical cores than that
     (PoolSpec.cores_per_node) each busy worker gets cores / busy workers of a core,
-    and pays the time slices' measured overhead (`_stretch`). GPU pools are never
-    stretched.
+    and pays the time slices' measured overhead (`_stretch`). A call on such a pool
+    also pays the fixed time its ranks' crowd adds to a Ray call beyond the round
+    trip and the driver's work (`rolecosts.crowded_call_s`, at the set's ranks per
+    core). GPU pools are never stretched.
     """
     factor = _stretch(plan, cms, set_index, busy_fraction(cost))
-    if factor == 1.0:
+    extra = 0.0
+    if plan.pool_of(set_index).cores_per_node is not None:
+        extra = crowded_call_s(_cm(plan, cms, set_index), _contention(plan, set_index, clamp=False))
+    if factor == 1.0 and extra == 0.0:
         return cost
-    return dataclasses.replace(cost, time_s=cost.time_s * factor, busy_s=cost.busy_s * factor)
+    return dataclasses.replace(
+        cost,
+        time_s=cost.time_s * factor + extra,
+        busy_s=cost.busy_s * factor,
+        detail={**cost.detail, "crowded_call_s": extra} if extra else cost.detail,
+    )
 
 
 def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[_Call]:
@@ -442,8 +468,8 @@ def _shared_cores(plan: Plan) -> dict[Hashable, int]:
 
 
 def _per_node(
-    plan: Plan, cms: CostModels, fact: Callable[[CostModel], float]
-) -> dict[Hashable, float]:
+    plan: Plan, cms: CostModels, fact: Callable[[CostModel], _Fact]
+) -> dict[Hashable, _Fact]:
     """`fact` of the pool's profile on every node of the pools that declare their cores."""
     return {
         (plan.pool_of(i).name, n): fact(_cm(plan, cms, i))
@@ -458,9 +484,9 @@ def _partner_waits(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
     return _per_node(plan, cms, CostModel.partner_wait_s)
 
 
-def _slice_overheads(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
-    """The measured overhead of time slicing (`CostModel.slice_overhead`) per node."""
-    return _per_node(plan, cms, CostModel.slice_overhead)
+def _slicings(plan: Plan, cms: CostModels) -> dict[Hashable, SliceCurve]:
+    """The measured stretch by busy ranks per core (`CostModel.slicing`) per node."""
+    return _per_node(plan, cms, CostModel.slicing)
 
 
 def _driver_hosts(plan: Plan) -> tuple[tuple[Hashable, float], ...]:
@@ -594,7 +620,7 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
     num_steps = warm_up + window + (1 if staleness else 0)
     tasks = _tasks(plan, costed, num_steps, staleness, draws)
     raw_slots = schedule(
-        tasks, _shared_cores(plan), _partner_waits(plan, cms), _slice_overheads(plan, cms)
+        tasks, _shared_cores(plan), _partner_waits(plan, cms), _slicings(plan, cms)
     )
     sets_of = {t.id: t.sets for t in tasks}  # a k-step-off sync holds the generator only
     slots = _call_intervals(cast(dict[tuple[Any, ...], Span], raw_slots), sets_of)

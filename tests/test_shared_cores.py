@@ -75,13 +75,14 @@ def test_the_view_adds_the_measured_wait_to_collectives_within_a_host() -> None:
     # 4 ranks on the profiling host's 2 cores: the entry was timed with them sharing the
     # cores, their waits in it; back to a core per rank (x 2/4), no wait added.
     assert load_profile("cpu").provenance.host["cpu_count"] == 2
-    # Its slices' overhead at 2 ranks per core is in the entry too: off as well.
-    o = cm.slice_overhead()
-    assert o > 0
+    # Its slices' cost at 2 ranks per core is in the entry too: the measured stretch there
+    # (beyond the 2x share) comes off as a whole.
+    stretch = sliced(2.0, cm.slicing())
+    assert stretch > 2.0
     for size in (4096, 1 << 20):
         base = cm.collective_s(CollectiveKind.ALL_REDUCE, size, 4, Scope.INTRA)
         got = view.collective_s(CollectiveKind.ALL_REDUCE, size, 4, Scope.INTRA)
-        assert got == pytest.approx(base * 2 / 4 / (1 + o))
+        assert got == pytest.approx(base / stretch)
     # The rest of the model is the same; GPU profiles have no such entry.
     assert view.gemm_s(64, 64, 64) == cm.gemm_s(64, 64, 64)
     assert cm.shared_cores(3.0).shared_wait_s == pytest.approx(wait / 3)
@@ -106,17 +107,17 @@ def test_an_oversubscribed_dp_update_pays_its_collectives_as_timed_by_hand() -> 
     update_bare = {p.name.value: p.duration_s for p in bare.phases}["actor_update"]
     # Per optimizer step a reduce-scatter and an all-gather over d = 4: their entries
     # hold the waits of 4 ranks on 2 cores already, so the measured wait adds nothing;
-    # each is priced at its entry, taken back to a core per rank (x 2/4) and less the
-    # slices' overhead o at 2 ranks per core, before the call is stretched 2 (1 + o).
+    # each is priced at its entry taken back to a core per rank and less the slices' cost,
+    # over the measured stretch S at 2 ranks per core, before the call is stretched by S.
     assert update == pytest.approx(update_bare, rel=1e-9)
-    o = cm.slice_overhead()
+    stretch = sliced(2.0, cm.slicing())
     detail = next(p.detail for p in shared.phases if p.name.value == "actor_update")
     lay = par.train
     shard = plan.workload.models[Role.ACTOR].num_params(value_head=False) * 4  # fp32 grads
     assert lay.d == 4 and steps == 2
     assert detail["dp_sync_s"] == pytest.approx(
         sum(
-            cm.collective_s(kind, shard, 4, Scope.INTRA) / 2 / (1 + o)
+            cm.collective_s(kind, shard, 4, Scope.INTRA) / stretch
             for kind in (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_GATHER)
         ),
         rel=1e-6,
@@ -137,14 +138,17 @@ def test_the_note_is_kept_and_replaced() -> None:
         for e in profile.entries_for(Op.FRAMEWORK)
         if e.params["kind"] == FrameworkKind.SHARED_COLLECTIVE.value
     )
-    compute = [
+    # The other shared kinds, by busy ranks on the profiling host's 2 cores: 1 to 4.
+    others = [
         e
         for e in profile.entries_for(Op.FRAMEWORK)
-        if e.params["kind"] == FrameworkKind.SHARED_COMPUTE.value
+        if e.params["kind"] in (FrameworkKind.SHARED_COMPUTE.value, FrameworkKind.SHARED_CALL.value)
     ]
-    assert sorted(e.params["num_units"] for e in compute) == [1, 2]
+    for kind in (FrameworkKind.SHARED_COMPUTE, FrameworkKind.SHARED_CALL):
+        units = sorted(e.params["num_units"] for e in others if e.params["kind"] == kind.value)
+        assert units == [1, 2, 3, 4], kind
     again = with_shared_entries(
-        profile, [dataclasses.replace(entry, median_s=1e-3), *compute], f"{SENTENCE} re-measured."
+        profile, [dataclasses.replace(entry, median_s=1e-3), *others], f"{SENTENCE} re-measured."
     )
     assert shared_collective_note(again) == f"{SENTENCE} re-measured."
     notes = again.provenance.notes
@@ -163,7 +167,7 @@ def test_measure_shared_collective_spawns_ranks_that_wait() -> None:
 
 
 @pytest.mark.slow
-def test_measure_shared_compute_spawns_one_and_two_ranks_per_core() -> None:
+def test_measure_shared_compute_spawns_one_to_two_ranks_per_core() -> None:
     entries = measure_shared_compute(cores=1, forwards=2, repeats=2)
     assert [e.params for e in entries] == [
         {"kind": "shared_compute", "num_units": 1},
@@ -174,35 +178,56 @@ def test_measure_shared_compute_spawns_one_and_two_ranks_per_core() -> None:
         assert 0 < e.p10_s <= e.median_s <= e.p90_s < 10.0
 
 
-def _with_slicing(cm: CostModel, alone_s: float | None, shared_s: float | None) -> CostModel:
-    """`cm` with hand-made `shared_compute` entries (None: left out of its profile)."""
+def _with_slicing(cm: CostModel, times_s: dict[int, float] | None) -> CostModel:
+    """`cm` with hand-made `shared_compute` entries, the slowest rank's seconds per forward
+    by busy ranks on the profiling host's 2 cores (None: left out of its profile), and
+    without its `shared_call` entries (a call's fixed time kept apart)."""
     key = (Op.FRAMEWORK, ("shared_compute",))
-    kept = {k: v for k, v in cm.series.items() if k != key}
-    if alone_s is not None and shared_s is not None:
-        params = tuple(FrozenMap({"kind": "shared_compute", "num_units": n}) for n in (1, 2))
-        kept[key] = Series(sizes=(1.0, 2.0), times_s=(alone_s, shared_s), params=params)
+    drop = {key, (Op.FRAMEWORK, ("shared_call",))}
+    kept = {k: v for k, v in cm.series.items() if k not in drop}
+    if times_s is not None:
+        ranks = sorted(times_s)
+        params = tuple(FrozenMap({"kind": "shared_compute", "num_units": n}) for n in ranks)
+        kept[key] = Series(
+            sizes=tuple(float(n) for n in ranks),
+            times_s=tuple(times_s[n] for n in ranks),
+            params=params,
+        )
+    assert cm.profile_cores == 2
     return dataclasses.replace(cm, series=kept, _memo={})
 
 
-def test_the_slice_overhead_is_the_shared_forward_over_twice_the_alone_one() -> None:
-    # 4 ms alone, 10 ms at two ranks per core: 10 / (2 x 4) - 1 = 0.25.
-    cm = _with_slicing(fitted_cost_model("cpu"), 4e-3, 10e-3)
-    assert cm.slice_overhead() == pytest.approx(0.25)
-    o = cm.slice_overhead()
-    assert sliced(1.0, o) == 1.0 and sliced(0.5, o) == 0.5  # cores of their own
-    assert sliced(1.5, o) == pytest.approx(1.5 * 1.125)  # half way to two per core
-    assert sliced(2.0, o) == pytest.approx(2.0 * 1.25)
-    assert sliced(3.0, o) == pytest.approx(3.0 * 1.25)  # held beyond the measured point
-    # Faster when shared than twice alone (noise): no overhead, never a speed-up.
-    assert _with_slicing(cm, 4e-3, 7e-3).slice_overhead() == 0.0
-    assert _with_slicing(cm, None, None).slice_overhead() == 0.0
-    assert fitted_cost_model("h100-sxm").slice_overhead() == 0.0
+# 4 ms alone; 4.2 ms with 2 busy ranks on 2 cores, 7 ms with 3, 10 ms with 4.
+HAND = {1: 4e-3, 2: 4.2e-3, 3: 7e-3, 4: 10e-3}
+
+
+def test_the_slicing_curve_is_the_shared_forward_over_the_alone_one() -> None:
+    cm = _with_slicing(fitted_cost_model("cpu"), HAND)
+    curve = cm.slicing()
+    assert [x for x, _ in curve] == [0.5, 1.0, 1.5, 2.0]
+    assert [y for _, y in curve] == pytest.approx([1.0, 1.05, 1.75, 2.5])
+    assert sliced(0.25, curve) == 1.0  # below one rank alone: alone
+    assert sliced(0.75, curve) == pytest.approx(1.025)  # half way from one to two ranks
+    assert sliced(1.25, curve) == pytest.approx(1.4)
+    assert sliced(2.0, curve) == pytest.approx(2.5)
+    assert sliced(3.0, curve) == pytest.approx(2.5 * 3 / 2)  # the slices' cost held beyond
+    # Faster with company than alone (noise): never a speed-up.
+    assert _with_slicing(cm, {1: 4e-3, 2: 3.9e-3}).slicing() == ((0.5, 1.0), (1.0, 1.0))
+    # No entries, or no recorded cores, or a GPU profile: the share of a core alone.
+    for bare in (
+        _with_slicing(cm, None),
+        dataclasses.replace(cm, profile_cores=None, _memo={}),
+        fitted_cost_model("h100-sxm"),
+    ):
+        assert bare.slicing() == ()
+    assert sliced(0.5) == 1.0 and sliced(1.5) == 1.5 and sliced(3.0) == 3.0
 
 
 def test_an_oversubscribed_forward_is_stretched_by_the_slices_too() -> None:
-    # The colocated plan: 4 workers on 2 cores, every forward stretched 2x; with a
-    # slicing overhead o of 0.25 by hand, 2 x 1.25 = 2.5x: 1.25 times the call without.
-    # (The calls' costs; a phase's interval adds the driver's launches, not stretched.)
+    # The colocated plan: 4 workers on 2 cores, every forward stretched by the share of a
+    # core, 2x; with the hand-made curve 2.5x at 2 ranks per core: 1.25 times the call
+    # priced with no curve. (The calls' costs; a phase's interval adds the driver's
+    # launches, not stretched.)
     from placeflow.simulator.simulate import _cost_calls
 
     plan = make_plan("colocate", "tiny-llama", 8)
@@ -213,19 +238,27 @@ def test_an_oversubscribed_forward_is_stretched_by_the_slices_too() -> None:
         calls, _ = _cost_calls(plan, {"*": model}, resident)
         return {c.phase.value: c.cost.time_s for c in calls}
 
-    sliced, bare = call_s(_with_slicing(cm, 4e-3, 10e-3)), call_s(_with_slicing(cm, None, None))
+    sliced, bare = call_s(_with_slicing(cm, HAND)), call_s(_with_slicing(cm, None))
     for phase in ("ref_logprob", "old_logprob", "generate"):
         assert sliced[phase] == pytest.approx(1.25 * bare[phase], rel=1e-9), phase
 
 
 def test_a_set_s_collectives_wait_less_the_slices_in_its_stretch() -> None:
-    # The colocated plan (4 workers on 2 cores) with o = 0.25 by hand: its calls are
-    # stretched 2 x 1.25 afterwards, so the view adds the partner wait / 2.5.
+    # The colocated plan (4 workers on 2 cores) with the hand-made curve: its calls are
+    # stretched 2.5x afterwards, so the view adds the partner wait / 2.5.
     from placeflow.simulator.simulate import _set_cm
 
     plan = make_plan("colocate", "tiny-llama", 8)
-    cm = _with_slicing(fitted_cost_model("cpu"), 4e-3, 10e-3)
+    cm = _with_slicing(fitted_cost_model("cpu"), HAND)
     assert _set_cm(plan, {"*": cm}, 0).shared_wait_s == pytest.approx(_entry_s() / 2.5)
+    # The split plan's sets (2 workers each on the 2 cores) have a core per worker: no
+    # view, though the curve stretches their calls 1.05x for what they cost one another.
+    split = make_plan("split", "tiny-llama", 8)
+    assert _set_cm(split, {"*": cm}, 0) is cm
+
+
+# A host's measured curve with a slices' overhead of 0.1 at two busy workers per core.
+TENTH = ((0.5, 1.0), (1.0, 1.0), (2.0, 2.2))
 
 
 def test_a_crowded_host_slows_calls_by_the_slices_overhead_by_hand() -> None:
@@ -236,7 +269,7 @@ def test_a_crowded_host_slows_calls_by_the_slices_overhead_by_hand() -> None:
     host = ("cpu", 0)
     long = Work(id="long", sets=(0,), duration_s=10.0, hosts=((host, 2.0),))
     short = Work(id="short", sets=(1,), duration_s=4.0, hosts=((host, 2.0),))
-    spans = schedule([long, short], {host: 2}, {}, {host: 0.1})
+    spans = schedule([long, short], {host: 2}, {}, {host: TENTH})
     assert spans["short"].end_s == pytest.approx(8.8)
     assert spans["long"].end_s == pytest.approx(14.8)
 
@@ -301,6 +334,78 @@ def test_a_call_stretched_on_its_own_is_slowed_by_the_crowd_s_slices_only_beyond
     host = ("cpu", 0)
     a = Work(id="a", sets=(0,), duration_s=6.6, hosts=((host, 4.0),))
     b = Work(id="b", sets=(1,), duration_s=1.1, hosts=((host, 2.0),))
-    spans = schedule([a, b], {host: 2}, {}, {host: 0.1})
+    spans = schedule([a, b], {host: 2}, {}, {host: TENTH})
     assert spans["b"].end_s == pytest.approx(3.63)
     assert spans["a"].end_s == pytest.approx(7.81)
+
+
+def _with_calls(cm: CostModel, times_s: dict[int, float]) -> CostModel:
+    """`cm` with hand-made `shared_call` entries: a call's fixed seconds by its ranks on
+    the profiling host's 2 cores."""
+    key = (Op.FRAMEWORK, ("shared_call",))
+    series = dict(cm.series)
+    ranks = sorted(times_s)
+    series[key] = Series(
+        sizes=tuple(float(n) for n in ranks),
+        times_s=tuple(times_s[n] for n in ranks),
+        params=tuple(FrozenMap({"kind": "shared_call", "num_units": n}) for n in ranks),
+    )
+    return dataclasses.replace(cm, series=series, _memo={})
+
+
+def test_a_call_pays_the_fixed_time_its_composition_leaves_out_by_hand() -> None:
+    from placeflow.profiles.schema import DispatchKind
+    from placeflow.simulator.rolecosts import crowded_call_s
+    from placeflow.simulator.simulate import _cost_calls
+
+    cm = _with_slicing(fitted_cost_model("cpu"), HAND)
+    # What the simulator composes for a call with nothing to do to W ranks, by hand: the
+    # round trip less the driver's launch (never below a tenth of it), stretched by the
+    # hand-made curve at W / 2 ranks per core, and W launches and W - 1 gets.
+    trip = cm.dispatch_s(DispatchKind.RAY_CALL, 0, 0)
+    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, 0, 0)
+    get = cm.driver_s(DispatchKind.RAY_GET, 0, 0)
+    assert launch is not None and get is not None
+    stretch = {1: 1.0, 2: 1.05, 4: 2.5}
+
+    def priced(w: int) -> float:
+        return max(trip / 10, trip - launch) * stretch[w] + w * launch + (w - 1) * get
+
+    # Measured: 1 ms more than that with one rank, 0.5 ms less with two, 3 ms more with 4.
+    calls = _with_calls(cm, {1: priced(1) + 1e-3, 2: priced(2) - 0.5e-3, 4: priced(4) + 3e-3})
+    points = calls.shared_calls()
+    assert [x for x, _ in points] == [0.5, 1.0, 2.0]
+    assert [y for _, y in points] == pytest.approx(
+        [priced(1) + 1e-3, priced(2) - 0.5e-3, priced(4) + 3e-3]
+    )
+    for per_core, excess in ((0.25, 1e-3), (0.5, 1e-3), (0.75, 0.5e-3), (1.0, 0.0),
+                             (1.5, 1.5e-3), (2.0, 3e-3), (3.0, 3e-3)):  # fmt: skip
+        assert crowded_call_s(calls, per_core) == pytest.approx(excess, abs=1e-12), per_core
+    # No entries (the model without them, a GPU profile): nothing added.
+    assert crowded_call_s(cm, 2.0) == 0.0
+    assert crowded_call_s(fitted_cost_model("h100-sxm"), 2.0) == 0.0
+    # The colocated plan's calls (4 workers on 2 cores: 2 per core) each pay 3 ms more.
+    plan = make_plan("colocate", "tiny-llama", 8)
+    resident = [0.0] * len(plan.sets)
+
+    def call_s(model: CostModel) -> dict[str, float]:
+        costed, _ = _cost_calls(plan, {"*": model}, resident)
+        return {c.phase.value: c.cost.time_s for c in costed}
+
+    with_calls, without = call_s(calls), call_s(cm)
+    for phase in ("reshard", "generate", "ref_logprob", "old_logprob", "actor_update"):
+        assert with_calls[phase] - without[phase] == pytest.approx(3e-3, rel=1e-9), phase
+
+
+@pytest.mark.slow
+def test_measure_shared_call_times_calls_to_one_and_two_ranks(ray_session: None) -> None:
+    from placeflow.profiles.shared_cores import measure_shared_call
+
+    entries = measure_shared_call(cores=1, pairs=3, warmup=1)
+    assert [e.params for e in entries] == [
+        {"kind": "shared_call", "num_units": 1},
+        {"kind": "shared_call", "num_units": 2},
+    ]
+    for e in entries:
+        assert e.op is Op.FRAMEWORK and e.source is Source.MEASURED and e.repeats == 3
+        assert e.p10_s <= e.median_s <= e.p90_s < 10.0

@@ -17,6 +17,7 @@ from placeflow.phases import Phase
 from placeflow.plan import DeviceSet, Plan, RoleParallelism, load_plan
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.registry import fitted_cost_model
+from placeflow.profiles.shared_cores import SHARED_KINDS
 from placeflow.simulator import memory, simulate
 from placeflow.simulator.estimate import StepEstimate
 from placeflow.workload import Algorithm, BatchSpec, Role, Workload
@@ -297,9 +298,10 @@ def test_cpu_workers_sharing_cores_are_stretched() -> None:
 
 def test_calls_of_two_sets_crowding_a_host_pay_its_slices_overhead() -> None:
     """The split plan's reference and old-policy forwards (2 workers each, alone on the 2
-    cores unstretched) run at once: 4 workers on 2 cores, with a slicing overhead of 0.25
-    by hand 2 x 1.25 = 2.5, so both run at 0.4 until the shorter (s alone) ends at 2.5 s;
-    the longer (l alone) has done s by then, and ends at 2.5 s + l - s."""
+    cores unstretched) run at once: 4 workers on 2 cores, with a measured stretch there of
+    2.5 by hand (a slices' cost of 0.25 beyond the 2x share), so both run at 0.4 until
+    the shorter (s alone) ends at 2.5 s; the longer (l alone) has done s by then, and
+    ends at 2.5 s + l - s."""
     from placeflow.frozen import FrozenMap
     from placeflow.profiles.costmodel import Series
     from placeflow.profiles.schema import Op
@@ -308,9 +310,10 @@ def test_calls_of_two_sets_crowding_a_host_pay_its_slices_overhead() -> None:
     plans = Path(__file__).resolve().parents[1] / "examples" / "plans"
     plan = load_plan(plans / "grpo-tiny-cpu4-split.toml")
     cm = without_host_waits(cost_models_for(plan, "cpu")["*"])
-    params = tuple(FrozenMap({"kind": "shared_compute", "num_units": n}) for n in (1, 2))
+    # By busy ranks on the 2 cores: 4 ms alone or with 2 (a core each), 10 ms with 4.
+    params = tuple(FrozenMap({"kind": "shared_compute", "num_units": n}) for n in (1, 2, 4))
     series = {**cm.series, (Op.FRAMEWORK, ("shared_compute",)): Series(
-        sizes=(1.0, 2.0), times_s=(4e-3, 10e-3), params=params
+        sizes=(1.0, 2.0, 4.0), times_s=(4e-3, 4e-3, 10e-3), params=params
     )}  # fmt: skip
     sliced = simulate(plan, {"*": dataclasses.replace(cm, series=series, _memo={})})
     bare = simulate(plan, {"*": cm})  # the same crowd without slices: 2s and l + s
@@ -353,13 +356,13 @@ def test_pipeline_bubbles_leave_cores_free(micro_batch: int, shared_ms: float) -
 def without_host_waits(cm: CostModel) -> CostModel:
     """`cm` without what the host adds around the sets' work: the driver's per-rank
     launches and gets (the controller's own work, which shares the head node's cores
-    too), the collectives' wait for partners on shared cores and the time slices'
-    overhead; only the rates left."""
+    too), the collectives' wait for partners on shared cores, the time slices' cost and
+    a crowded call's fixed time; only the rates left."""
     kept = {
         k: v
         for k, v in cm.series.items()
         if (k[0] != "dispatch" or k[1] == ("ray_call",))
-        and (k[0] != "framework" or k[1] not in {("shared_collective",), ("shared_compute",)})
+        and (k[0] != "framework" or k[1] not in {(s.value,) for s in SHARED_KINDS})
     }
     return dataclasses.replace(cm, series=kept, _memo={})
 
