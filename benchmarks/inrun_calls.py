@@ -1,0 +1,207 @@
+"""Benchmark: what a worker's call costs inside a run against the same engine call alone.
+
+The CPU fidelity benchmark finds the simulator too fast on nearly every phase.
+This script separates where a call's time goes for one plan of
+`benchmarks/fidelity_cpu.py` (default colocate-tiny-llama-8p): it runs the
+plan with the executor, every worker process timing each of its `Worker`
+methods (installed by a Ray `worker_process_setup_hook`, so the executor's
+code is unchanged: thread CPU time, wall clock, and the voluntary and
+involuntary context switches of the thread from `getrusage(RUSAGE_THREAD)`),
+and times the same engine calls of one rank alone in this process
+(`fidelity_breakdown.engine_pieces`: one torch thread, no Ray, thread CPU time).
+Per call kind it writes the median over the scored steps of every rank:
+
+- `alone_cpu_s`: the engine call alone, repeated (hot);
+- `run_cpu_s`: the same call's thread CPU time inside the run's worker;
+- `run_wall_s`: its wall clock there (its CPU time plus the time others held
+  the core);
+- `run_switches`: its context switches (voluntary, involuntary);
+- `driver_phase_s`: the phase as the driver's clock measured it (metrics.jsonl).
+
+`run_cpu_s / alone_cpu_s` is the call's CPU inflation inside the run, which no
+profile entry holds yet (README, "Simulator fidelity on this CPU").
+
+    python benchmarks/inrun_calls.py [--plan colocate-tiny-llama-8p] [--steps 24] [--warmup 8]
+
+Writes the plan's row of benchmarks/results/inrun_calls.json (with the command, the
+load and the date; the other plans' rows kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from placeflow.executor.run import RunConfig, read_metrics, run_plan
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fidelity_breakdown import engine_pieces
+from fidelity_cpu import plans
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("generate", "logprobs", "update", "sync_rollout")
+# The engine piece of `fidelity_breakdown.engine_pieces` for a worker call (method:role).
+ALONE = {
+    "generate": "generate",
+    "logprobs:ref": "ref_logprob",
+    "logprobs:actor": "old_logprob",
+    "update:actor": "actor_update",
+}
+# The driver's phase of a worker call.
+PHASE = {
+    "generate": "generate",
+    "logprobs:ref": "ref_logprob",
+    "logprobs:actor": "old_logprob",
+    "update:actor": "actor_update",
+    "sync_rollout": "reshard",
+}
+
+
+def timing_hook(out_dir: str) -> Callable[[], None]:
+    """A `worker_process_setup_hook` that wraps `METHODS` of the executor's `Worker` so
+    that each call appends one JSON line to `out_dir`/calls-<pid>.jsonl."""
+
+    def hook() -> None:
+        import functools
+        import resource
+
+        from placeflow.executor.worker import Worker
+
+        path = os.path.join(out_dir, f"calls-{os.getpid()}.jsonl")
+        for name in METHODS:
+            method = getattr(Worker, name)
+
+            def timed(self: Any, *args: Any, _m: Any = method, _n: str = name, **kw: Any) -> Any:
+                u0 = resource.getrusage(resource.RUSAGE_THREAD)
+                c0, w0 = time.thread_time(), time.perf_counter()
+                result = _m(self, *args, **kw)
+                wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+                u1 = resource.getrusage(resource.RUSAGE_THREAD)
+                role = getattr(args[0], "value", "") if args else ""
+                record = {
+                    "call": f"{_n}:{role}" if role else _n,
+                    "cpu_s": cpu,
+                    "wall_s": wall,
+                    "voluntary": u1.ru_nvcsw - u0.ru_nvcsw,
+                    "involuntary": u1.ru_nivcsw - u0.ru_nivcsw,
+                }
+                with open(path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                return result
+
+            setattr(Worker, name, functools.wraps(method)(timed))
+
+    return hook
+
+
+def run_calls(plan: Any, steps: int, warmup: int) -> tuple[dict[str, Any], dict[str, float]]:
+    """Per call kind the medians of the scored steps' calls (every rank's), and the
+    driver's phases (medians of the scored steps)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"worker_process_setup_hook": timing_hook(tmp)},
+        )
+        try:
+            run_plan(plan, Path(tmp) / "run", RunConfig(steps=steps, progress=False))
+            metrics = read_metrics(Path(tmp) / "run")
+        finally:
+            ray.shutdown()
+        per_call: dict[str, list[dict[str, Any]]] = {}
+        files = sorted(Path(tmp).glob("calls-*.jsonl"))
+        if not files:
+            raise SystemExit("no worker timed a call: the setup hook did not run")
+        for path in files:
+            by_kind: dict[str, list[dict[str, Any]]] = {}
+            for line in path.read_text().splitlines():
+                rec = json.loads(line)
+                by_kind.setdefault(rec["call"], []).append(rec)
+            for kind, recs in by_kind.items():
+                # One call a step per rank: the steps after the warm-up.
+                per_call.setdefault(kind, []).extend(recs[len(recs) * warmup // steps :])
+    calls = {
+        kind: {
+            "run_cpu_s": statistics.median(r["cpu_s"] for r in recs),
+            "run_wall_s": statistics.median(r["wall_s"] for r in recs),
+            "run_switches": [
+                statistics.median(r["voluntary"] for r in recs),
+                statistics.median(r["involuntary"] for r in recs),
+            ],
+            "calls": len(recs),
+        }
+        for kind, recs in sorted(per_call.items())
+    }
+    phases: dict[str, list[float]] = {}
+    for rec in metrics[warmup:]:
+        for name, sec in rec["phases"].items():
+            phases.setdefault(name, []).append(sec)
+    return calls, {k: statistics.median(v) for k, v in phases.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", default="colocate-tiny-llama-8p")
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    by_name = {p.name: p for _, p in plans()}
+    if args.plan not in by_name:
+        raise SystemExit(f"unknown plan {args.plan!r}; one of {', '.join(sorted(by_name))}")
+    plan = by_name[args.plan]
+    command = "python benchmarks/inrun_calls.py " + " ".join(sys.argv[1:])
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_before = os.getloadavg()[0]
+    alone = engine_pieces(plan, args.repeats)
+    calls, phases = run_calls(plan, args.steps, args.warmup)
+    for kind, row in calls.items():
+        piece = ALONE.get(kind)
+        if piece is not None:
+            row["alone_cpu_s"] = alone[piece]
+            row["cpu_inflation"] = row["run_cpu_s"] / alone[piece] - 1
+        if kind in PHASE and PHASE[kind] in phases:
+            row["driver_phase_s"] = phases[PHASE[kind]]
+    row = {
+        "command": command.strip(),
+        "date": date,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "cpu_count": os.cpu_count(),
+        "load_1min_before": load_before,
+        "load_1min_after": os.getloadavg()[0],
+        "calls": calls,
+    }
+    # One file for every plan measured: this plan's row replaced, the others kept.
+    path = ROOT / "benchmarks" / "results" / "inrun_calls.json"
+    out = json.loads(path.read_text()) if path.exists() else {"plans": {}}
+    out["plans"][args.plan] = row
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(
+        f"{'call':16s} {'alone CPU':>10s} {'run CPU':>10s} {'run wall':>10s} {'phase':>10s}  (ms)"
+    )
+    for kind, row in calls.items():
+
+        def ms(key: str, row: dict[str, Any] = row) -> str:
+            return f"{row[key] * 1e3:10.2f}" if key in row else f"{'-':>10s}"
+
+        print(
+            f"{kind:16s} {ms('alone_cpu_s')} {ms('run_cpu_s')} {ms('run_wall_s')} "
+            f"{ms('driver_phase_s')}"
+        )
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
