@@ -46,8 +46,10 @@ calling all W and waiting for their results, with one reference forward per rank
 with `CALL_FORWARDS`, alternated; one call's time is a + b·n in its n forwards,
 so a = T(1) − (T(n) − T(1)) / (n − 1) is the call's fixed time at W busy ranks on the
 host: `framework` entries of kind `shared_call`, num_units W (the median over the
-pairs). The simulator adds what its composition of the idle round trip, the driver's
-launches and gets and the stretch leaves out of it (`rolecosts.crowded_call_s`).
+pairs; a pair that gives a ≤ 0, its long call slowed by something else, is left
+out, and a measurement with most pairs so is refused). The simulator adds what its
+composition of the idle round trip, the driver's launches and gets and the stretch
+leaves out of it (`rolecosts.crowded_call_s`).
 
     python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json
 
@@ -319,7 +321,15 @@ def measure_shared_call(
                 samples.append(one - (many - one) / (CALL_FORWARDS - 1))
             for w in world:
                 ray.kill(w)
-            entries.append(_entry(FrameworkKind.SHARED_CALL, ranks, samples))
+            # A pair whose long call ran slow for other reasons gives a time below 0: noise,
+            # left out; a host too noisy for most pairs is refused.
+            kept = [t for t in samples if t > 0]
+            if len(kept) * 2 < len(samples):
+                raise SharedCoresError(
+                    f"a call to {ranks} ranks: {len(samples) - len(kept)} of {len(samples)} "
+                    "pairs gave no fixed time (the host was too busy); measure again"
+                )
+            entries.append(_entry(FrameworkKind.SHARED_CALL, ranks, kept))
         return entries
     finally:
         if started:
