@@ -92,6 +92,10 @@ def timing_hook(out_dir: str) -> Callable[[], None]:
                     "call": f"{_n}:{role}" if role else _n,
                     "cpu_s": cpu,
                     "wall_s": wall,
+                    # perf_counter is the host's monotonic clock: comparable with the
+                    # driver's readings on the same host.
+                    "start": w0,
+                    "end": w0 + wall,
                     "voluntary": u1.ru_nvcsw - u0.ru_nvcsw,
                     "involuntary": u1.ru_nivcsw - u0.ru_nivcsw,
                 }
@@ -104,9 +108,62 @@ def timing_hook(out_dir: str) -> Callable[[], None]:
     return hook
 
 
-def run_calls(plan: Any, steps: int, warmup: int) -> tuple[dict[str, Any], dict[str, float]]:
-    """Per call kind the medians of the scored steps' calls (every rank's), and the
-    driver's phases (medians of the scored steps)."""
+def _driver_calls() -> tuple[list[dict[str, Any]], Callable[[], None]]:
+    """Wrap the driver's `StepClock._record` (this process) so that every call it records
+    is also kept with its absolute times: the phase, its launch (once its `.remote()`
+    calls returned) and its end (its last result taken). Returns the list and the undo."""
+    from placeflow.executor import timeline
+
+    calls: list[dict[str, Any]] = []
+    original = timeline.StepClock._record
+
+    def record(self: Any, call: Any, end_at: float) -> None:
+        calls.append({"phase": call.phase.value, "launched": call.launched_at, "end": end_at})
+        original(self, call, end_at)
+
+    timeline.StepClock._record = record  # type: ignore[method-assign]
+
+    def undo() -> None:
+        timeline.StepClock._record = original  # type: ignore[method-assign]
+
+    return calls, undo
+
+
+def _around(driver: list[dict[str, Any]], ranks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per phase, where the driver's interval of a call goes around its ranks' work
+    (medians over the calls): from the launch to the first rank's start, the spread of
+    the ranks' starts, and from the last rank's end to the driver's end."""
+    by_phase: dict[str, dict[str, list[float]]] = {}
+    for call in driver:
+        kinds = [k for k, phase in PHASE.items() if phase == call["phase"]]
+        mine = [
+            r
+            for k in kinds
+            for r in ranks.get(k, [])
+            # Ranks queued behind another call start up to its length after the launch.
+            if call["launched"] - 0.05 <= r["start"] and r["end"] <= call["end"]
+        ]
+        if not mine:
+            continue
+        first, last = min(r["start"] for r in mine), max(r["start"] for r in mine)
+        out = by_phase.setdefault(call["phase"], {"to_first": [], "spread": [], "after": []})
+        out["to_first"].append(first - call["launched"])
+        out["spread"].append(last - first)
+        out["after"].append(call["end"] - max(r["end"] for r in mine))
+    return {
+        phase: {f"{k}_s": statistics.median(v) for k, v in parts.items()}
+        | {"calls": len(parts["after"])}
+        for phase, parts in sorted(by_phase.items())
+    }
+
+
+def run_calls(
+    plan: Any, steps: int, warmup: int
+) -> tuple[dict[str, Any], dict[str, float], dict[str, Any]]:
+    """Per call kind the medians of the scored steps' calls (every rank's), the
+    driver's phases (medians of the scored steps), and where the driver's interval of
+    each phase goes around its ranks' work (`_around`)."""
+    driver, undo = _driver_calls()
     with tempfile.TemporaryDirectory() as tmp:
         ray.init(
             num_cpus=4,
@@ -119,6 +176,7 @@ def run_calls(plan: Any, steps: int, warmup: int) -> tuple[dict[str, Any], dict[
             metrics = read_metrics(Path(tmp) / "run")
         finally:
             ray.shutdown()
+            undo()
         per_call: dict[str, list[dict[str, Any]]] = {}
         files = sorted(Path(tmp).glob("calls-*.jsonl"))
         if not files:
@@ -147,7 +205,10 @@ def run_calls(plan: Any, steps: int, warmup: int) -> tuple[dict[str, Any], dict[
     for rec in metrics[warmup:]:
         for name, sec in rec["phases"].items():
             phases.setdefault(name, []).append(sec)
-    return calls, {k: statistics.median(v) for k, v in phases.items()}
+    # The scored steps' driver calls: those that end after the first scored rank call.
+    first = min(r["start"] for recs in per_call.values() for r in recs)
+    around = _around([c for c in driver if c["end"] >= first], per_call)
+    return calls, {k: statistics.median(v) for k, v in phases.items()}, around
 
 
 def main() -> None:
@@ -165,7 +226,7 @@ def main() -> None:
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load_before = os.getloadavg()[0]
     alone = engine_pieces(plan, args.repeats)
-    calls, phases = run_calls(plan, args.steps, args.warmup)
+    calls, phases, around = run_calls(plan, args.steps, args.warmup)
     for kind, row in calls.items():
         piece = ALONE.get(kind)
         if piece is not None:
@@ -182,6 +243,7 @@ def main() -> None:
         "load_1min_before": load_before,
         "load_1min_after": os.getloadavg()[0],
         "calls": calls,
+        "around": around,
     }
     # One file for every plan measured: this plan's row replaced, the others kept.
     path = ROOT / "benchmarks" / "results" / "inrun_calls.json"
@@ -199,6 +261,12 @@ def main() -> None:
         print(
             f"{kind:16s} {ms('alone_cpu_s')} {ms('run_cpu_s')} {ms('run_wall_s')} "
             f"{ms('driver_phase_s')}"
+        )
+    print(f"{'phase':16s} {'to first':>10s} {'spread':>10s} {'after':>10s}  (ms)")
+    for phase, parts in around.items():
+        print(
+            f"{phase:16s} {parts['to_first_s'] * 1e3:10.2f} {parts['spread_s'] * 1e3:10.2f} "
+            f"{parts['after_s'] * 1e3:10.2f}"
         )
     print(f"wrote {path.relative_to(ROOT)}")
 
