@@ -403,40 +403,10 @@ class CostModel:
             return 0.0
         return self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
 
-    def slicing(self) -> SliceCurve:
-        """How much longer a rank's compute takes as the host's busy ranks grow: the
-        profile's `shared_compute` entries (`profiles.shared_cores`), the slowest rank's
-        wall time per reference forward with W busy ranks on the profiling host over that
-        with one, as points (W / cores, stretch) in busy ranks per core. It holds the
-        share of a core each rank gets, the time slices' cost beyond it (cache refills,
-        switches), the slowest rank's bad luck where ranks do not divide evenly among
-        the cores, and what ranks on cores of their own cost one another (memory and the
-        shared cache). () where the profile has no such entries or does not record its
-        cores (GPU profiles, older CPU ones): `sliced` is then the share alone."""
-        kind = FrameworkKind.SHARED_COMPUTE
-        units = self.framework_units(kind)
-        cores = self.profile_cores
-        if not units or units[0] != 1 or cores is None:
-            return ()
-
-        def curve() -> SliceCurve:
-            alone = self.framework_s(kind, 1)
-            assert alone is not None and alone > 0
-            points = []
-            for w in units:
-                t = self.framework_s(kind, w)
-                assert t is not None
-                points.append((w / cores, max(1.0, t / alone)))
-            return tuple(points)
-
-        return self.remember(("slicing",), curve)
-
-    def shared_calls(self) -> tuple[tuple[float, float], ...]:
-        """The measured fixed time of a driver's call to W Ray actor ranks on the
-        profiling host (the profile's `shared_call` entries, `profiles.shared_cores`), as
-        points (W / cores in busy ranks per core, seconds); () where the profile has
+    def _per_core_points(self, kind: FrameworkKind) -> tuple[tuple[float, float], ...]:
+        """The profile's framework entries of `kind` measured at num_units = W busy ranks
+        on the profiling host, as points (W / cores, seconds), ascending; () where it has
         none or does not record its cores (GPU profiles, older CPU ones)."""
-        kind = FrameworkKind.SHARED_CALL
         units = self.framework_units(kind)
         cores = self.profile_cores
         if not units or cores is None:
@@ -450,7 +420,36 @@ class CostModel:
                 out.append((w / cores, t))
             return tuple(out)
 
-        return self.remember(("shared calls",), points)
+        return self.remember(("per-core points", kind), points)
+
+    def slicing(self) -> SliceCurve:
+        """How much longer a rank's compute takes as the host's busy ranks grow: the
+        profile's `shared_compute` entries (`profiles.shared_cores`), the slowest rank's
+        wall time per reference forward with W busy ranks on the profiling host over that
+        with one, as points (W / cores, stretch) in busy ranks per core. It holds the
+        share of a core each rank gets, the time slices' cost beyond it (cache refills,
+        switches), the slowest rank's bad luck where ranks do not divide evenly among
+        the cores, and what ranks on cores of their own cost one another (memory and the
+        shared cache). () where the profile has no such entries, none for one rank alone,
+        or does not record its cores (GPU profiles, older CPU ones): `sliced` is then the
+        share alone."""
+        points = self._per_core_points(FrameworkKind.SHARED_COMPUTE)
+        if not points or self.framework_units(FrameworkKind.SHARED_COMPUTE)[0] != 1:
+            return ()
+
+        def curve() -> SliceCurve:
+            alone = points[0][1]
+            assert alone > 0
+            return tuple((x, max(1.0, t / alone)) for x, t in points)
+
+        return self.remember(("slicing",), curve)
+
+    def shared_calls(self) -> tuple[tuple[float, float], ...]:
+        """The measured fixed time of a driver's call to W Ray actor ranks on the
+        profiling host (the profile's `shared_call` entries, `profiles.shared_cores`), as
+        points (W / cores in busy ranks per core, seconds); () where the profile has
+        none or does not record its cores (GPU profiles, older CPU ones)."""
+        return self._per_core_points(FrameworkKind.SHARED_CALL)
 
     def with_probe_wait(self) -> CostModel:
         """This model with every collective that `shared_cores` would charge a partner

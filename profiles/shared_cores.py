@@ -64,7 +64,7 @@ import datetime
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -89,7 +89,7 @@ from placeflow.profiles.schema import (
 
 PROBE_BYTES = 4096  # a small all-reduce: the wait, not the bandwidth, is measured
 CHUNK_MATMULS = 40  # 64 x 64 fp32 matmuls per compute chunk (about 1 ms of one core here)
-RANKS_PER_CORE = 2  # the oversubscription the entry is measured at
+RANKS_PER_CORE = 2  # the most oversubscription the entries are measured at
 SHARED_COMPUTE_SHAPE = (8, 32)  # (sequences, tokens) of the timed forward: a CPU micro-batch
 CALL_FORWARDS = 8  # forwards per rank of the long call of `measure_shared_call`'s pairs
 SHARED_KINDS = (
@@ -200,28 +200,36 @@ def measure_shared_collective(
     return _entry(FrameworkKind.SHARED_COLLECTIVE, 1, extra)
 
 
+def _reference_forward(rank: int) -> Callable[[], object]:
+    """One forward of the framework profiler's reference model at SHARED_COMPUTE_SHAPE
+    (random weights seeded by `rank`), as a call (the caller turns gradients off)."""
+    from placeflow.catalogue import get_model
+    from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+    from placeflow.profiles.framework import REFERENCE_MODEL
+
+    spec = get_model(REFERENCE_MODEL)
+    model = Transformer(Arch.of(spec))
+    model.load_shards(random_full(model.arch, seed=rank))
+    ids = torch.randint(0, spec.vocab_size, SHARED_COMPUTE_SHAPE)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+
+    return lambda: model(ids, mask)
+
+
 def _compute_rank(rank: int, job: SharedJob, results: Any) -> None:
     """A rank of `measure_shared_compute`: `job.iterations` forwards a sample."""
 
     def body() -> None:
-        from placeflow.catalogue import get_model
-        from placeflow.executor.engines.transformer import Arch, Transformer, random_full
-        from placeflow.profiles.framework import REFERENCE_MODEL
-
         _init_rank(rank, job)
-        spec = get_model(REFERENCE_MODEL)
-        model = Transformer(Arch.of(spec))
-        model.load_shards(random_full(model.arch, seed=rank))
-        ids = torch.randint(0, spec.vocab_size, SHARED_COMPUTE_SHAPE)
-        mask = torch.ones_like(ids, dtype=torch.bool)
+        forward = _reference_forward(rank)
         with torch.no_grad():
             for _ in range(3):  # warm-up
-                model(ids, mask)
+                forward()
             for _ in range(job.repeats):
                 dist.barrier()  # every rank busy from the same moment
                 t0 = time.perf_counter()
                 for _ in range(job.iterations):
-                    model(ids, mask)
+                    forward()
                 per = torch.tensor([(time.perf_counter() - t0) / job.iterations])
                 dist.all_reduce(per, op=dist.ReduceOp.MAX)
                 if rank == 0:
@@ -268,21 +276,13 @@ class CallRank:
     world with the other ranks of the call, as an executor worker holds its engine."""
 
     def __init__(self, rank: int, world_size: int, port: int) -> None:
-        from placeflow.catalogue import get_model
-        from placeflow.executor.engines.transformer import Arch, Transformer, random_full
-        from placeflow.profiles.framework import REFERENCE_MODEL
-
         _init_rank(rank, SharedJob(world_size=world_size, port=port, iterations=0, repeats=0))
-        spec = get_model(REFERENCE_MODEL)
-        self.model = Transformer(Arch.of(spec))
-        self.model.load_shards(random_full(self.model.arch, seed=rank))
-        self.ids = torch.randint(0, spec.vocab_size, SHARED_COMPUTE_SHAPE)
-        self.mask = torch.ones_like(self.ids, dtype=torch.bool)
+        self.forward = _reference_forward(rank)
 
     def forwards(self, count: int) -> int:
         with torch.no_grad():
             for _ in range(count):
-                self.model(self.ids, self.mask)
+                self.forward()
         return count
 
 
@@ -314,7 +314,8 @@ def measure_shared_call(
                 return time.perf_counter() - t0
 
             for _ in range(warmup):
-                call(1), call(CALL_FORWARDS)
+                call(1)
+                call(CALL_FORWARDS)
             samples = []
             for _ in range(pairs):
                 one, many = call(1), call(CALL_FORWARDS)
