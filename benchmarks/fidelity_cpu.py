@@ -21,6 +21,11 @@ all phases, and over steps), and prints a markdown table.
 
     python benchmarks/fidelity_cpu.py [--steps 16] [--warmup 8] [--profile cpu] [--only NAME ...]
 
+Before it runs anything it re-times a few of the profile's GEMMs on this host
+(`profiles.hostcheck`) and refuses a host that runs them more than 50 % off the
+profile's times (another machine than the one profiled: `--any-host` runs anyway);
+the check goes into the results file.
+
 With `--resimulate RESULTS` it runs nothing: it simulates the same plans with
 the current model and profile and compares them with the measured figures of
 an earlier results file (each phase's and each step's median as that run
@@ -48,6 +53,8 @@ import torch
 from placeflow.executor.loop import as_run
 from placeflow.executor.run import RunConfig, read_metrics, run_plan
 from placeflow.plan import Plan, load_plan, plan_from_dict
+from placeflow.profiles.hostcheck import check_host
+from placeflow.profiles.registry import load_profile
 from placeflow.simulator import simulate
 from placeflow.simulator.fidelity import compare
 from placeflow.simulator.simulate import cost_models_for
@@ -175,10 +182,24 @@ def main() -> None:
     parser.add_argument(
         "--resimulate", type=Path, default=None, help="an earlier results file to compare with"
     )
+    parser.add_argument(
+        "--any-host",
+        action="store_true",
+        help="run even where the profile's GEMMs re-time more than 50%% off on this host",
+    )
     args = parser.parse_args()
     if args.resimulate is not None:
         resimulate(args.resimulate, args.profile)
         return
+    # The profile must time this host's kernels as they run here, or every prediction
+    # is off by the ratio and the comparison says nothing of the model (hostcheck).
+    host = check_host(load_profile(args.profile))
+    print(host.summary(), file=sys.stderr)
+    if not host.ok and not args.any_host:
+        raise SystemExit(
+            "fidelity_cpu: the profile does not describe this host; measure one here or "
+            "pass --any-host to compare anyway"
+        )
     matrix = [(label, plan) for label, plan in plans() if not args.only or plan.name in args.only]
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     rows, t0 = [], time.perf_counter()
@@ -219,6 +240,7 @@ def main() -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "profile": args.profile,
+        "host_check": host.to_json(),
         "steps": args.steps,
         "warmup": args.warmup,
         "total_s": round(time.perf_counter() - t0, 1),

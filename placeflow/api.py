@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from placeflow.executor.run import RunConfig, RunResult
     from placeflow.export import Export
     from placeflow.planner.search import PlannerResult
+    from placeflow.profiles.hostcheck import HostCheck
     from placeflow.simulator.estimate import StepEstimate
     from placeflow.simulator.fidelity import FidelityTable
 
@@ -188,6 +189,9 @@ class Validation:
     report: Path
     # The prompt length simulated: what the run pads to (`executor.loop.as_run`).
     prompt_len: int
+    # The CPU profiles used, re-timed on this host before the run (`profiles.hostcheck`):
+    # one whose kernels run R times slower here predicts every phase about R times too fast.
+    host_checks: tuple[HostCheck, ...] = ()
 
 
 def validate(
@@ -230,6 +234,7 @@ def validate(
     estimate = simulate(simulated, profile=profile)
     if not estimate.feasible:
         raise SpecError(f"the plan does not fit: {estimate.infeasible_reason}")
+    checks = _host_checks(p, profile) if address is None else ()
     cfg = replace(config or RunConfig(steps=steps), profile=profile)
     result = run(p, directory, config=cfg, num_cpus=num_cpus, address=address)
     table = compare(estimate, read_metrics(directory), warmup=1)
@@ -243,7 +248,19 @@ def validate(
         run=result,
         report=written,
         prompt_len=simulated.workload.batch.prompt_len,
+        host_checks=checks,
     )
+
+
+def _host_checks(plan: Plan, profile: str | None) -> tuple[HostCheck, ...]:
+    """The CPU profiles `plan` is simulated with, each checked against this host: a run
+    on this machine's cores is compared with kernels measured on another otherwise."""
+    from placeflow.profiles.hostcheck import check_host
+    from placeflow.profiles.registry import load_profile
+
+    names = {profile} if profile is not None else {pool.profile for pool in plan.cluster.pools}
+    profiles = [load_profile(name) for name in sorted(names)]
+    return tuple(check_host(prof) for prof in profiles if prof.device_kind == "cpu")
 
 
 def export(plan: Plan | PathLike, to: str = "verl") -> Export:

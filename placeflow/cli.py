@@ -29,7 +29,7 @@ from placeflow.cliargs import (
     seed,
 )
 from placeflow.clio import table_progress, write_or_fallback
-from placeflow.errors import SpecError
+from placeflow.errors import MeasurementError, SpecError
 from placeflow.fsio import check_output_dir, check_output_path, safe_name
 from placeflow.metrics import Metric
 
@@ -176,6 +176,24 @@ def _cmd_profiles_check(args: argparse.Namespace, console: Console) -> int:
     )
     console.print(table)
     return 0
+
+
+def _cmd_profiles_host(args: argparse.Namespace, console: Console) -> int:
+    from placeflow.profiles.hostcheck import check_host
+    from placeflow.profiles.registry import load_profile
+
+    profile = load_profile(args.name)
+    if profile.device_kind != "cpu":
+        raise SpecError(
+            f"profile {profile.name!r} is a {profile.device_kind} profile; only a CPU "
+            "profile can be checked against this host's CPU"
+        )
+    check = check_host(profile)
+    if args.json:
+        console.print_json(json.dumps(check.to_json()))
+    else:
+        console.print(check.summary())
+    return 0 if check.ok else 1
 
 
 def _cmd_profiles_import_vidur(args: argparse.Namespace, console: Console) -> int:
@@ -554,7 +572,8 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         return 1
     table, report = checked.fidelity, checked.report
     if args.json:
-        console.print_json(json.dumps(table.to_json()))
+        checks = [c.to_json() for c in checked.host_checks]
+        console.print_json(json.dumps({**table.to_json(), "host_checks": checks}))
         return 0
     out = Table(title=f"{plan.name}: measured vs simulated ({args.profile}), {table.steps} steps")
     for col in ("phase", "measured s", "simulated s", "error"):
@@ -568,6 +587,8 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         + (f"{worst.phase} {abs(worst.rel_error):.1%}" if worst else "-")
     )
     console.print(overlap_text(table.measured_overlap, table.simulated_overlap))
+    for check in checked.host_checks:  # a profile of another host explains a level error
+        console.print(check.summary())
     padded = checked.prompt_len
     if padded != plan.workload.batch.prompt_len:
         console.print(
@@ -756,6 +777,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_cmd_profiles_check)
     p = psub.add_parser(
+        "host", help="whether a CPU profile times this host's kernels (re-times 8 GEMMs)"
+    )
+    p.add_argument("name", help="profile name or path to a profile .json")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_profiles_host)
+    p = psub.add_parser(
         "import-vidur", help="build h100-sxm and a100-80gb profiles from Vidur CSVs"
     )
     p.add_argument("dir", help="Vidur profile folder (with compute/ and network/)")
@@ -774,6 +801,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as exc:
         print(f"placeflow: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except MeasurementError as exc:  # a profiler's measurement this host could not make
+        print(f"placeflow: error: {one_line(str(exc))}", file=sys.stderr)
+        return 1
     except OSError as exc:  # a path the user gave that the checks could not foresee
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"placeflow: error: {where}{exc.strerror or exc}", file=sys.stderr)

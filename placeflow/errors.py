@@ -22,3 +22,8 @@ class UnknownNameError(SpecError):
 
 class ProfileSchemaError(SpecError):
     """A profile file is malformed or of a schema version this placeflow cannot read."""
+
+
+class MeasurementError(RuntimeError):
+    """A measurement this machine could not make: a rank that failed or hung, or timings
+    too noisy to give a positive cost. The message says what failed and how to retry."""

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from placeflow.errors import MeasurementError
 from placeflow.procs import free_port, report_rank, run_ranks
 from placeflow.profiles.grid import DTYPE_BYTES, ProfilerGrid
 from placeflow.profiles.schema import CollectiveKind, Entry, Op, Scope, Source
@@ -57,7 +58,7 @@ BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 COLLECTIVE_MIN_SAMPLE_S = 1e-2
 
 
-class CollectiveError(RuntimeError):
+class CollectiveError(MeasurementError):
     """A collective worker failed, died or hung; the message carries its traceback."""
 
 

@@ -64,6 +64,7 @@ import contextlib
 import dataclasses
 import datetime
 import itertools
+import logging
 import os
 import platform
 import socket
@@ -85,11 +86,12 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from placeflow.errors import SpecError
+from placeflow.errors import MeasurementError, SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
 from placeflow.profiles.framework import measure_framework
 from placeflow.profiles.grid import CPU_COPY_BYTES, DTYPE_BYTES, GridPoint, ProfilerGrid
+from placeflow.profiles.hostcheck import host_identity
 from placeflow.profiles.ray_roundtrip import dispatch_points, measure_dispatch
 from placeflow.profiles.schema import (
     CopyDirection,
@@ -109,6 +111,8 @@ from placeflow.profiles.shared_cores import (
     measure_shared_compute,
 )
 from placeflow.profiles.timing import Clock, Timing, make_clock, time_fn
+
+log = logging.getLogger(__name__)
 
 Bench = Callable[[], object]
 ROW_ELEMENTS = 4096  # elementwise rows: a typical hidden size
@@ -337,6 +341,9 @@ def _host(device: str) -> dict[str, object]:
         "cpu_model": _cpu_model(),
         "llc_bytes": last_level_cache_bytes(),
     }
+    # Which CPU this is beyond its name (family, model number, the ISA torch uses), so
+    # that a later host can be told apart (`hostcheck`).
+    host = {**host_identity(), **host}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         host |= {
@@ -558,6 +565,35 @@ def _measure_points(
     )
 
 
+def _host_overhead() -> list[Entry]:
+    """The CPU profile's framework and shared-core entries. A part this host cannot
+    measure (too noisy, a rank that hung) is left out with a warning that names the
+    command adding it later: the kernels timed before it are kept."""
+    parts: tuple[tuple[str, Callable[[], list[Entry]], str], ...] = (
+        ("framework overhead", measure_framework, "placeflow.profiles.framework"),
+        (
+            "shared collective",
+            lambda: [measure_shared_collective()],
+            "placeflow.profiles.shared_cores",
+        ),
+        ("shared compute", measure_shared_compute, "placeflow.profiles.shared_cores"),
+        ("shared call", measure_shared_call, "placeflow.profiles.shared_cores"),
+    )
+    entries: list[Entry] = []
+    for what, measure, module in parts:
+        try:
+            entries.extend(measure())
+        except MeasurementError as exc:
+            log.warning(
+                "profile: %s not measured (%s); the profile is written without it: add it "
+                "later with `python -m %s --add-to PROFILE`",
+                what,
+                exc,
+                module,
+            )
+    return entries
+
+
 def profile_device(
     device: str,
     *,
@@ -596,14 +632,10 @@ def profile_device(
                 on_point=lambda: report("ray calls", 1),
                 kinds=kinds,
             )
-            # The engine's host overhead is measured where the engine runs: on CPU here.
-            overhead = measure_framework() if framework and device == "cpu" else []
+            # The engine's host overhead is measured where the engine runs: on CPU here,
             # and, on shared cores, the wait of collectives, the cost of time slices and
-            # a call's fixed time
-            if framework and device == "cpu":
-                overhead.append(measure_shared_collective())
-                overhead.extend(measure_shared_compute())
-                overhead.extend(measure_shared_call())
+            # a call's fixed time.
+            overhead = _host_overhead() if framework and device == "cpu" else []
         provenance = _provenance(device, grid, measured, load)
     finally:
         torch.set_num_threads(previous_threads)
@@ -626,7 +658,7 @@ def _cpu_profile(path: Path, what: str) -> Profile:
     return profile
 
 
-def _time_on_one_thread(
+def time_on_one_thread(
     grid: ProfilerGrid, points: tuple[GridPoint, ...], progress: bool
 ) -> tuple[list[Entry], float | None]:
     """`points` timed on the CPU with one torch thread (restored afterwards) and `grid`'s
@@ -651,7 +683,7 @@ def add_cpu_copies(
 
     profile = _cpu_profile(path, "CPU copies")
     grid = ProfilerGrid(device="cpu", dtype="fp32", copy_bytes=tuple(sizes), repeats=10)
-    entries, busy = _time_on_one_thread(grid, grid.points(), progress)
+    entries, busy = time_on_one_thread(grid, grid.points(), progress)
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     llc = last_level_cache_bytes()
     note = op_note(
@@ -707,7 +739,7 @@ def add_cpu_kernels(path: Path, *, progress: bool = True) -> list[Entry]:
     if not points:
         raise SpecError(f"{path}: no kernel entries to re-time ({', '.join(KERNEL_OPS)})")
     start = time.monotonic()
-    entries, busy = _time_on_one_thread(grid, points, progress)
+    entries, busy = time_on_one_thread(grid, points, progress)
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     text = (
         f"): re-timed {date} by `python -m placeflow.profiles.profiler --kernels-to {path}` "

@@ -73,6 +73,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from placeflow.errors import MeasurementError
 from placeflow.procs import free_port, report_rank, run_ranks
 from placeflow.profiles.schema import (
     Entry,
@@ -99,7 +100,7 @@ SHARED_KINDS = (
 )
 
 
-class SharedCoresError(RuntimeError):
+class SharedCoresError(MeasurementError):
     """A rank of the measurement failed, died or hung; the message carries its traceback."""
 
 

@@ -179,6 +179,8 @@ def test_validate_and_report_commands(
     assert "measured vs simulated" in out and "actor_update" in out
     assert "overlap: measured " in out
     assert "simulated with prompts of 6 tokens" in out
+    # The CPU profile was re-timed on this host first (`profiles.hostcheck`).
+    assert "profile 'cpu': this host runs its GEMMs at " in out
     fidelity = json.loads((run_dir / "fidelity.json").read_text())
     assert fidelity["simulated_overlap"] > 0
     assert fidelity["steps"] == 2 and fidelity["profile"] == "cpu"

@@ -23,6 +23,7 @@ from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import (
     CollectiveKind,
     ElementwiseKind,
+    Entry,
     FrameworkKind,
     Op,
     Scope,
@@ -440,3 +441,82 @@ def test_a_full_remeasure_keeps_the_shared_cores_entries_and_their_note(
     sentence = shared_collective_note(before)
     assert sentence and shared_collective_note(after) == sentence
     assert "shared_compute" in sentence
+
+
+def _fake_pairs(bad_calls: int) -> tuple[list[int], Any]:
+    """A `_paired_samples` whose first `bad_calls` calls time the forward at 1 and 5 ms
+    (2 and 6 layers: 1 ms a layer, -1 ms a call) and the later ones at 4 and 8 ms
+    (1 ms a layer, 2 ms a call)."""
+    calls = [0]
+
+    def fake(repeats: int, warmup: int, size: int, names: frozenset[str]) -> Any:
+        calls[0] += 1
+        small, large = (1e-3, 5e-3) if calls[0] <= bad_calls else (4e-3, 8e-3)
+        return {"forward": ([small] * repeats, [large] * repeats)}
+
+    return calls, fake
+
+
+def test_a_size_with_a_negative_cost_is_timed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    kinds = (FrameworkKind.LAYER_FORWARD, FrameworkKind.CALL_FORWARD)
+    calls, fake = _fake_pairs(bad_calls=1)
+    monkeypatch.setattr(framework, "_paired_samples", fake)
+    entries = framework.measure_framework(repeats=3, warmup=0, kinds=kinds)
+    sizes = len(framework._TIMED_UNITS)
+    # The first size needed a second attempt; every size ends at 1 ms a layer, 2 a call.
+    assert calls[0] == sizes + 1 and len(entries) == 2 * sizes
+    got = {(e.params["kind"], round(e.median_s, 9)) for e in entries}
+    assert got == {("layer_forward", 1e-3), ("call_forward", 2e-3)}
+
+
+def test_a_cost_negative_in_every_attempt_is_left_out_or_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from placeflow.errors import MeasurementError
+
+    calls, fake = _fake_pairs(bad_calls=100)
+    monkeypatch.setattr(framework, "_paired_samples", fake)
+    kinds = (FrameworkKind.LAYER_FORWARD, FrameworkKind.CALL_FORWARD)
+    # The per-call part stays at -1 ms: left out with a warning, the 1 ms a layer kept.
+    with caplog.at_level("WARNING"):
+        entries = framework.measure_framework(repeats=3, warmup=0, kinds=kinds)
+    sizes = len(framework._TIMED_UNITS)
+    assert calls[0] == framework.MAX_ATTEMPTS * sizes
+    assert {(e.params["kind"], round(e.median_s, 9)) for e in entries} == {("layer_forward", 1e-3)}
+    assert "left out call_forward (-1.000 ms at p10" in caplog.text
+    # Nothing left at all: a clear error, not an empty profile part.
+    with pytest.raises(MeasurementError, match=r"3 attempts \(call_forward \(-1.000 ms"):
+        framework.measure_framework(repeats=3, warmup=0, kinds=(FrameworkKind.CALL_FORWARD,))
+
+
+def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    from placeflow.cli import main
+    from placeflow.errors import MeasurementError
+    from placeflow.profiles import profiler
+
+    def noisy() -> list[Entry]:
+        raise MeasurementError("too busy")
+
+    shared = Entry(
+        op=Op.FRAMEWORK, params={"kind": "shared_collective", "num_units": 1}, median_s=1e-3,
+        p10_s=1e-3, p90_s=1e-3, repeats=1, source=Source.MEASURED,
+    )  # fmt: skip
+    monkeypatch.setattr(profiler, "measure_framework", noisy)
+    monkeypatch.setattr(profiler, "measure_shared_collective", lambda: shared)
+    monkeypatch.setattr(profiler, "measure_shared_compute", list)
+    monkeypatch.setattr(profiler, "measure_shared_call", noisy)
+    with caplog.at_level("WARNING"):
+        assert profiler._host_overhead() == [shared]
+    text = caplog.text
+    assert "framework overhead not measured (too busy)" in text
+    assert "python -m placeflow.profiles.framework --add-to PROFILE" in text
+    assert "shared call not measured" in text
+    # A measurement error that reaches the CLI is one line and exit 1, not a traceback.
+
+    def fails(*args: Any, **kwargs: Any) -> Any:
+        raise MeasurementError("rank 1 hung")
+
+    monkeypatch.setattr(profiler, "profile_device", fails)
+    assert main(["profile", "--device", "cpu", "--out", str(tmp_path / "p.json")]) == 1

@@ -1,0 +1,208 @@
+"""Whether a CPU profile describes this host: its identity against the one the profile
+recorded, and a few of the profile's GEMMs re-timed here.
+
+A CPU profile is measured on one machine. A later session, a CI runner or a user's
+machine may be another one with the same name in /proc/cpuinfo ("AMD EPYC" covers
+several generations, with and without AVX-512) whose kernels run at another speed:
+on 2026-11-27 this project's 2-core VM re-timed the shipped `cpu` profile's GEMMs
+1.7-3.5x slower than the profile holds. The simulator prices every call from those
+kernels, so each prediction made with the profile is off by about that ratio, and a
+comparison of measured and simulated runs says nothing of the model. The fidelity
+benchmark refuses such a host and `placeflow validate` says so next to its table.
+
+Identity alone cannot decide (older profiles record only the model name, and two
+hosts of one kind can differ in speed), so the re-timed kernels are the evidence and
+the identity's differences are reported with them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from placeflow.profiles.ops import flops
+from placeflow.profiles.schema import Entry, Op, Profile, Source
+
+# The fields of a profile's `provenance.host` that say which CPU measured it.
+IDENTITY_KEYS = ("cpu_model", "cpu_family", "cpu_model_number", "cpu_isa", "cpu_count")
+# Re-timed GEMMs: from the small ones a tiny model's layers run (where a host's
+# per-call overhead shows: on 2026-11-27 this VM ran the shipped profile's 1 x 896 x
+# 896 GEMM 2.5x slower, its 8192 x 896 x 1152 one 1.7x) to the large, a dozen taking
+# a few seconds in all.
+MIN_GEMM_S, MAX_GEMM_S = 2e-5, 2e-2
+DEFAULT_POINTS = 12
+# Within this ratio either way the kernels are taken as the profile's. A VM's own
+# speed moves: this project's 2-core VM re-timed a profile it had measured half an
+# hour before at 0.96x, 1.09x and 1.36x of its times within two minutes, so a narrower
+# band would call a host's own profile another host's.
+DEFAULT_TOLERANCE = 0.5
+
+
+def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The first processor's fields of Linux's /proc/cpuinfo (empty elsewhere)."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                break  # the first processor's block ends at its blank line
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+def host_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, object]:
+    """This host's CPU as a profile records it: the model name, family, model number
+    and stepping (/proc/cpuinfo), the vector ISA torch's kernels use here
+    (`torch.backends.cpu.get_cpu_capability`, e.g. AVX2 or AVX512) and the core count."""
+    import torch
+
+    info = _cpuinfo(cpuinfo)
+    out: dict[str, object] = {"cpu_count": os.cpu_count()}
+    for key, name in (("cpu_model", "model name"), ("cpu_family", "cpu family")):
+        if name in info:
+            out[key] = info[name]
+    if "model" in info:
+        out["cpu_model_number"] = info["model"]
+    if "stepping" in info:
+        out["cpu_stepping"] = info["stepping"]
+    out["cpu_isa"] = torch.backends.cpu.get_cpu_capability()
+    return out
+
+
+def identity_differences(recorded: Mapping[str, object], here: Mapping[str, object]) -> list[str]:
+    """The identity fields that the profile recorded and that differ here, as
+    "field: profile's value vs this host's". A field the profile did not record is
+    unknown, not a difference."""
+    return [
+        f"{key}: {recorded[key]!r} in the profile, {here[key]!r} here"
+        for key in IDENTITY_KEYS
+        if key in recorded and key in here and str(recorded[key]) != str(here[key])
+    ]
+
+
+def drift_points(profile: Profile, count: int = DEFAULT_POINTS) -> tuple[Entry, ...]:
+    """Up to `count` measured GEMM entries of `profile` to re-time: those of
+    MIN_GEMM_S..MAX_GEMM_S, spread evenly over their range of flops (the smallest,
+    the largest and evenly between), in order of flops."""
+    gemms = sorted(
+        (
+            e
+            for e in profile.entries
+            if e.op is Op.GEMM
+            and e.source is Source.MEASURED
+            and MIN_GEMM_S <= e.median_s <= MAX_GEMM_S
+        ),
+        key=lambda e: (flops(e.op, e.params), sorted(e.params.items())),
+    )
+    if len(gemms) <= count:
+        return tuple(gemms)
+    step = (len(gemms) - 1) / (count - 1) if count > 1 else 0.0
+    return tuple(gemms[round(i * step)] for i in range(count))
+
+
+# Times entries' points on this host: seconds per entry, in their order.
+Timer = Callable[[Profile, Sequence[Entry]], Sequence[float]]
+
+
+def retime(profile: Profile, entries: Sequence[Entry]) -> list[float]:
+    """`entries` timed here as the profiler timed them: one torch thread and the
+    profile's stored timing settings (`profiler.add_cpu_kernels` does the same)."""
+    from placeflow.profiles.grid import GridPoint, ProfilerGrid
+    from placeflow.profiles.profiler import time_on_one_thread
+
+    settings = ("warmup", "repeats", "point_budget_s")
+    stored = {k: v for k, v in (profile.grid or {}).items() if k in settings}
+    grid = ProfilerGrid(device="cpu", dtype=profile.provenance.dtype, **stored)
+    points = tuple(GridPoint(op=e.op, params=e.params) for e in entries)
+    timed, _ = time_on_one_thread(grid, points, progress=False)
+    by_key = {e.key(): e.median_s for e in timed}
+    return [by_key.get(e.key(), math.nan) for e in entries]
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """A CPU profile against this host: `ratios` are this host's time over the
+    profile's for each re-timed GEMM (`entries`); `ratio` is their median."""
+
+    profile_name: str
+    differences: tuple[str, ...]
+    entries: tuple[Entry, ...]
+    ratios: tuple[float, ...]
+    tolerance: float = DEFAULT_TOLERANCE
+
+    @property
+    def ratio(self) -> float | None:
+        """The median of the finite ratios; None where no GEMM could be re-timed."""
+        good = [r for r in self.ratios if math.isfinite(r) and r > 0]
+        return statistics.median(good) if good else None
+
+    @property
+    def ok(self) -> bool:
+        """Whether this host runs the profile's kernels within `tolerance` of its times
+        (a profile with nothing to re-time is taken as this host's)."""
+        r = self.ratio
+        return r is None or abs(math.log(r)) <= math.log1p(self.tolerance)
+
+    def summary(self) -> str:
+        """One line: the ratio, the identity's differences and, when off, what to do."""
+        r = self.ratio
+        if r is None:
+            return f"profile {self.profile_name!r}: no measured GEMM to re-time on this host"
+        head = (
+            f"profile {self.profile_name!r}: this host runs its GEMMs at {r:.2f}x the "
+            f"profile's times (median of {len(self.entries)} re-timed here)"
+        )
+        seen = "; ".join(self.differences) if self.differences else "identity recorded alike"
+        if self.ok:
+            return f"{head}; within {self.tolerance:.0%} ({seen})"
+        return (
+            f"{head}, outside {self.tolerance:.0%}: it was measured on another host "
+            f"({seen}), so predictions made with it are off by about that ratio. "
+            "Profile this host with `placeflow profile --device cpu --out cpu-here.json` "
+            "and pass `--profile cpu-here.json`."
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "profile": self.profile_name,
+            "ratio": self.ratio,
+            "ok": self.ok,
+            "tolerance": self.tolerance,
+            "differences": list(self.differences),
+            "gemms": [
+                {"params": dict(e.params), "profile_s": e.median_s, "ratio": r}
+                for e, r in zip(self.entries, self.ratios, strict=True)
+            ],
+        }
+
+
+def check_host(
+    profile: Profile,
+    *,
+    count: int = DEFAULT_POINTS,
+    tolerance: float = DEFAULT_TOLERANCE,
+    timer: Timer | None = None,
+    here: Mapping[str, object] | None = None,
+) -> HostCheck:
+    """Re-time up to `count` of `profile`'s GEMMs (`drift_points`) with `timer`
+    (default `retime`) and compare this host's identity (`here`, default
+    `host_identity()`) with the one the profile recorded. Only a CPU profile can be
+    checked against this host's CPU."""
+    if profile.device_kind != "cpu":
+        raise ValueError(f"profile {profile.name!r} is a {profile.device_kind} profile")
+    entries = drift_points(profile, count)
+    times = list((timer or retime)(profile, entries)) if entries else []
+    ratios = tuple(t / e.median_s for t, e in zip(times, entries, strict=True))
+    identity = host_identity() if here is None else here
+    return HostCheck(
+        profile_name=profile.name,
+        differences=tuple(identity_differences(profile.provenance.host, identity)),
+        entries=entries,
+        ratios=ratios,
+        tolerance=tolerance,
+    )

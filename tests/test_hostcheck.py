@@ -1,0 +1,157 @@
+"""`profiles.hostcheck`: a CPU profile's identity and kernels against this host."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from placeflow.profiles.hostcheck import (
+    check_host,
+    drift_points,
+    host_identity,
+    identity_differences,
+    retime,
+)
+from placeflow.profiles.profiler import _host
+from placeflow.profiles.schema import Entry, Op, Profile, Provenance, Source
+
+
+def _gemm(m: int, n: int, k: int, median_s: float, source: Source = Source.MEASURED) -> Entry:
+    return Entry(
+        op=Op.GEMM, params={"m": m, "n": n, "k": k}, median_s=median_s, p10_s=median_s,
+        p90_s=median_s, repeats=3, source=source,
+    )  # fmt: skip
+
+
+def _profile(*entries: Entry, host: dict[str, object] | None = None, kind: str = "cpu") -> Profile:
+    prov = Provenance(
+        source=Source.MEASURED, device_name="cpu", torch_version="t", dtype="fp32", date="d",
+        host=host or {},
+    )  # fmt: skip
+    return Profile(name="p", device_kind=kind, provenance=prov, entries=entries)
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+stepping\t: 1
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 26
+model\t\t: 17
+model name\t: Other
+stepping\t: 0
+"""
+
+
+def test_the_identity_is_the_first_processors_family_model_and_stepping(tmp_path: Path) -> None:
+    path = tmp_path / "cpuinfo"
+    path.write_text(CPUINFO)
+    here = host_identity(path)
+    assert here["cpu_model"] == "AMD EPYC"
+    assert (here["cpu_family"], here["cpu_model_number"], here["cpu_stepping"]) == ("25", "1", "1")
+    assert isinstance(here["cpu_isa"], str) and here["cpu_count"]
+    # A host without /proc/cpuinfo still has its ISA and core count.
+    bare = host_identity(tmp_path / "absent")
+    assert "cpu_family" not in bare and "cpu_isa" in bare
+
+
+def test_a_new_profile_records_the_identity() -> None:
+    host = _host("cpu")
+    assert {"cpu_isa", "cpu_count", "cpu_model"} <= host.keys()
+
+
+def test_only_fields_recorded_on_both_sides_can_differ() -> None:
+    recorded = {"cpu_model": "AMD EPYC", "cpu_family": "25", "cpu_isa": "AVX512", "hostname": "a"}
+    here = {"cpu_model": "AMD EPYC", "cpu_family": "25", "cpu_model_number": "1", "cpu_isa": "AVX2"}
+    assert identity_differences(recorded, here) == ["cpu_isa: 'AVX512' in the profile, 'AVX2' here"]
+    # An old profile records only the name: nothing else is known to differ.
+    assert identity_differences({"cpu_model": "AMD EPYC"}, here) == []
+    # Values compare as text: a count read back from JSON as a number is the same count.
+    assert identity_differences({"cpu_count": 2}, {"cpu_count": "2"}) == []
+
+
+def test_the_gemms_retimed_span_the_profiles_range_of_flops() -> None:
+    # Eleven GEMMs in range (m = 1..11, flops growing with m), one too fast, one too slow,
+    # one imported: four points are the 1st, 4th, 8th and 11th in order of flops
+    # (indices round(i * 10 / 3) = 0, 3, 7, 10).
+    inside = [_gemm(m, 64, 64, 1e-3) for m in range(1, 12)]
+    others = [
+        _gemm(100, 64, 64, 1e-6),
+        _gemm(200, 64, 64, 1.0),
+        _gemm(300, 64, 64, 1e-3, Source.IMPORTED),
+    ]
+    profile = _profile(*others, *reversed(inside))
+    assert [e.params["m"] for e in drift_points(profile, 4)] == [1, 4, 8, 11]
+    assert [e.params["m"] for e in drift_points(profile, 20)] == list(range(1, 12))
+    assert drift_points(_profile(*others), 4) == ()
+
+
+def _scaled(factors: Sequence[float]):  # type: ignore[no-untyped-def]
+    def timer(profile: Profile, entries: Sequence[Entry]) -> list[float]:
+        return [e.median_s * f for e, f in zip(entries, factors, strict=True)]
+
+    return timer
+
+
+def test_the_ratio_is_the_median_of_this_hosts_time_over_the_profiles() -> None:
+    profile = _profile(
+        _gemm(8, 64, 64, 1e-3), _gemm(16, 64, 64, 2e-3), _gemm(32, 64, 64, 4e-3),
+        host={"cpu_model": "AMD EPYC", "cpu_isa": "AVX512"},
+    )  # fmt: skip
+    here = {"cpu_model": "AMD EPYC", "cpu_isa": "AVX2"}
+    # Times of 1.5, 2.0 and 3.0 the profile's: median 2.0, outside 50 % either way.
+    slow = check_host(profile, timer=_scaled([1.5, 2.0, 3.0]), here=here)
+    assert slow.ratio == pytest.approx(2.0) and not slow.ok
+    assert slow.differences == ("cpu_isa: 'AVX512' in the profile, 'AVX2' here",)
+    text = slow.summary()
+    assert "2.00x" in text and "placeflow profile --device cpu" in text and "AVX2" in text
+
+    # Twice as fast is as far off as twice as slow (the tolerance is a ratio either way):
+    # with 25 %, 1/1.25 = 0.8 is the edge below.
+    def at(f: float, tolerance: float = 0.25) -> bool:
+        return check_host(profile, timer=_scaled([f] * 3), here=here, tolerance=tolerance).ok
+
+    assert not at(0.5, 0.5) and at(0.67, 0.5) and at(1.5, 0.5) and not at(1.51, 0.5)
+    assert at(0.81) and not at(0.79) and at(1.24) and not at(1.26)
+    near = check_host(profile, timer=_scaled([0.9, 1.1, 1.24]), here=here, tolerance=0.25)
+    assert near.ratio == pytest.approx(1.1) and near.ok and "within 25%" in near.summary()
+    # A point that could not be timed is left out of the median.
+    gap = check_host(profile, timer=_scaled([math.nan, 1.0, 3.0]), here=here)
+    assert gap.ratio == pytest.approx(2.0)
+    row = gap.to_json()
+    assert row["ok"] is False and len(row["gemms"]) == 3  # type: ignore[arg-type]
+
+
+def test_nothing_to_retime_is_taken_as_this_host_and_gpu_profiles_are_refused() -> None:
+    empty = check_host(_profile(), timer=_scaled([]), here={})
+    assert empty.ratio is None and empty.ok and "no measured GEMM" in empty.summary()
+    with pytest.raises(ValueError, match="cuda profile"):
+        check_host(_profile(kind="cuda"), timer=_scaled([]), here={})
+
+
+def test_retime_times_each_entry_here() -> None:
+    # Real kernels: every entry gets a positive, finite time of its own shape.
+    entries = (_gemm(16, 64, 64, 1e-3), _gemm(64, 128, 128, 1e-3))
+    times = retime(_profile(*entries), entries)
+    assert len(times) == 2 and all(math.isfinite(t) and t > 0 for t in times)
+
+
+def test_the_host_command_prints_the_check_and_refuses_gpu_profiles(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from placeflow.cli import main
+    from placeflow.profiles import hostcheck
+
+    monkeypatch.setattr(hostcheck, "retime", _scaled([2.0] * hostcheck.DEFAULT_POINTS))
+    assert main(["profiles", "host", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "profile 'cpu': this host runs its GEMMs at 2.00x" in out
+    assert main(["profiles", "host", "h100-sxm"]) == 2
+    assert "only a CPU profile" in capsys.readouterr().err
