@@ -335,7 +335,7 @@ def _entries_at(
 
     A kind still not positive after MAX_ATTEMPTS is left out with a warning: a piece
     that two layer counts cannot tell from zero on this host (on 2026-11-27 this VM
-    gave a load's and a sync's per-call part of -0.06 and -0.24 ms in every attempt),
+    gave a sync's per-call part of -0.17 ms, median, in three attempts),
     which the simulator then prices as nothing (`callcosts`) or, for the engine's
     pieces, by its extra ops. Raises MeasurementError where no kind is left."""
     entries: list[Entry] = []

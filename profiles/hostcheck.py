@@ -37,9 +37,9 @@ IDENTITY_KEYS = ("cpu_model", "cpu_family", "cpu_model_number", "cpu_isa", "cpu_
 MIN_GEMM_S, MAX_GEMM_S = 2e-5, 2e-2
 DEFAULT_POINTS = 12
 # Within this ratio either way the kernels are taken as the profile's. A VM's own
-# speed moves: this project's 2-core VM re-timed a profile it had measured half an
-# hour before at 0.96x, 1.09x and 1.36x of its times within two minutes, so a narrower
-# band would call a host's own profile another host's.
+# speed moves: this project's 2-core VM re-timed a profile it had measured minutes
+# before at 0.96x to 1.36x of its times within two minutes, so a narrower band would
+# call a host's own profile another host's.
 DEFAULT_TOLERANCE = 0.5
 
 
