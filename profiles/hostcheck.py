@@ -112,14 +112,11 @@ Timer = Callable[[Profile, Sequence[Entry]], Sequence[float]]
 def retime(profile: Profile, entries: Sequence[Entry]) -> list[float]:
     """`entries` timed here as the profiler timed them: one torch thread and the
     profile's stored timing settings (`profiler.add_cpu_kernels` does the same)."""
-    from placeflow.profiles.grid import GridPoint, ProfilerGrid
-    from placeflow.profiles.profiler import time_on_one_thread
+    from placeflow.profiles.grid import GridPoint
+    from placeflow.profiles.profiler import time_on_one_thread, timing_grid
 
-    settings = ("warmup", "repeats", "point_budget_s")
-    stored = {k: v for k, v in (profile.grid or {}).items() if k in settings}
-    grid = ProfilerGrid(device="cpu", dtype=profile.provenance.dtype, **stored)
     points = tuple(GridPoint(op=e.op, params=e.params) for e in entries)
-    timed, _ = time_on_one_thread(grid, points, progress=False)
+    timed, _ = time_on_one_thread(timing_grid(profile), points, progress=False)
     by_key = {e.key(): e.median_s for e in timed}
     return [by_key.get(e.key(), math.nan) for e in entries]
 

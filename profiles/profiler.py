@@ -716,6 +716,14 @@ KERNEL_OPS = (
 )
 
 
+def timing_grid(profile: Profile) -> ProfilerGrid:
+    """A CPU grid with the timing settings `profile` was measured with (its stored
+    grid's, where it recorded them, else the defaults): to time its points again."""
+    settings = ("warmup", "repeats", "point_budget_s")
+    stored = {k: v for k, v in (profile.grid or {}).items() if k in settings}
+    return ProfilerGrid(device="cpu", dtype=profile.provenance.dtype, **stored)
+
+
 def add_cpu_kernels(path: Path, *, progress: bool = True) -> list[Entry]:
     """Re-time, on this machine, every kernel point the CPU profile at `path` holds
     (`KERNEL_OPS`, each at the parameters of its entries, with the profile's grid
@@ -729,10 +737,7 @@ def add_cpu_kernels(path: Path, *, progress: bool = True) -> list[Entry]:
     from placeflow.profiles.schema import save_profile
 
     profile = _cpu_profile(path, "CPU kernels")
-    # The stored grid's timing settings where it recorded them, else the grid's defaults.
-    settings = ("warmup", "repeats", "point_budget_s")
-    stored = {k: v for k, v in (profile.grid or {}).items() if k in settings}
-    grid = ProfilerGrid(device="cpu", dtype=profile.provenance.dtype, **stored)
+    grid = timing_grid(profile)
     points = tuple(
         GridPoint(op=e.op, params=e.params) for e in profile.entries if e.op in KERNEL_OPS
     )
