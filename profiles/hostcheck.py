@@ -4,10 +4,11 @@ recorded, and a few of the profile's GEMMs re-timed here.
 A CPU profile is measured on one machine. A later session, a CI runner or a user's
 machine may be another one with the same name in /proc/cpuinfo ("AMD EPYC" covers
 several generations, with and without AVX-512) whose kernels run at another speed:
-on 2026-11-27 this project's 2-core VM re-timed the shipped `cpu` profile's GEMMs
-1.7-3.5x slower than the profile holds. The simulator prices every call from those
-kernels, so each prediction made with the profile is off by about that ratio, and a
-comparison of measured and simulated runs says nothing of the model. The fidelity
+on 2026-11-27 this project's 2-core VM ran twelve of the shipped `cpu` profile's
+GEMMs at a median 1.62x of the times the profile holds (0.8-3.1x each). The
+simulator prices every call from those kernels, so each prediction made with the
+profile is off by about that ratio, and a comparison of measured and simulated runs
+says nothing of the model. The fidelity
 benchmark refuses such a host and `placeflow validate` says so next to its table.
 
 Identity alone cannot decide (older profiles record only the model name, and two
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from placeflow.errors import SpecError
 from placeflow.profiles.ops import flops
 from placeflow.profiles.schema import Entry, Op, Profile, Source
 
@@ -43,7 +45,7 @@ DEFAULT_POINTS = 12
 DEFAULT_TOLERANCE = 0.5
 
 
-def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+def cpuinfo_fields(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
     """The first processor's fields of Linux's /proc/cpuinfo (empty elsewhere)."""
     fields: dict[str, str] = {}
     with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
@@ -61,7 +63,7 @@ def host_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, object]:
     (`torch.backends.cpu.get_cpu_capability`, e.g. AVX2 or AVX512) and the core count."""
     import torch
 
-    info = _cpuinfo(cpuinfo)
+    info = cpuinfo_fields(cpuinfo)
     out: dict[str, object] = {"cpu_count": os.cpu_count()}
     for key, name in (("cpu_model", "model name"), ("cpu_family", "cpu family")):
         if name in info:
@@ -191,7 +193,10 @@ def check_host(
     `host_identity()`) with the one the profile recorded. Only a CPU profile can be
     checked against this host's CPU."""
     if profile.device_kind != "cpu":
-        raise ValueError(f"profile {profile.name!r} is a {profile.device_kind} profile")
+        raise SpecError(
+            f"profile {profile.name!r} is a {profile.device_kind} profile; only a CPU "
+            "profile can be checked against this host's CPU"
+        )
     entries = drift_points(profile, count)
     times = list((timer or retime)(profile, entries)) if entries else []
     ratios = tuple(t / e.median_s for t, e in zip(times, entries, strict=True))

@@ -91,7 +91,7 @@ from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
 from placeflow.profiles.framework import measure_framework
 from placeflow.profiles.grid import CPU_COPY_BYTES, DTYPE_BYTES, GridPoint, ProfilerGrid
-from placeflow.profiles.hostcheck import host_identity
+from placeflow.profiles.hostcheck import cpuinfo_fields, host_identity
 from placeflow.profiles.ray_roundtrip import dispatch_points, measure_dispatch
 from placeflow.profiles.schema import (
     CopyDirection,
@@ -307,11 +307,8 @@ def _supports_enable_gqa() -> bool:
 
 
 def _cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown CPU"
+    name = cpuinfo_fields().get("model name")
+    return name or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
