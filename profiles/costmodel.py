@@ -451,6 +451,27 @@ class CostModel:
         none or does not record its cores (GPU profiles, older CPU ones)."""
         return self._per_core_points(FrameworkKind.SHARED_CALL)
 
+    def wake_curve(self) -> WakeCurve:
+        """What a call costs more after its rank slept, by how long: the profile's
+        `wake_call` entries (`profiles.shared_cores`: the reference forward after a
+        sleep of num_units ms, less back to back) as points (seconds asleep, extra
+        seconds), from (0, 0), each at least the one before it (a longer sleep leaves
+        no warmer cache; the entries are differences of noisy times). () where the
+        profile has none (GPU profiles, older CPU ones): `woken` is then 0."""
+        units = self.framework_units(FrameworkKind.WAKE_CALL)
+        if not units:
+            return ()
+
+        def curve() -> WakeCurve:
+            out = [(0.0, 0.0)]
+            for ms in units:
+                extra = self.framework_s(FrameworkKind.WAKE_CALL, ms)
+                assert extra is not None
+                out.append((ms / 1000, max(out[-1][1], extra)))
+            return tuple(out)
+
+        return self.remember(("wake curve",), curve)
+
     def with_probe_wait(self) -> CostModel:
         """This model with every collective that `shared_cores` would charge a partner
         wait charged exactly 1 s more: a call priced with it, less the same call priced
@@ -718,6 +739,16 @@ class LooReport:
 
 # Measured stretch of a rank's compute by busy ranks per core (`CostModel.slicing`).
 SliceCurve = tuple[tuple[float, float], ...]
+# Measured extra seconds of a call by the seconds its rank slept before it
+# (`CostModel.wake_curve`).
+WakeCurve = tuple[tuple[float, float], ...]
+
+
+def woken(idle_s: float, curve: WakeCurve = ()) -> float:
+    """What a call costs more after its rank slept `idle_s` seconds (math.inf: it never
+    ran before): piecewise linear through the measured `curve` from (0, 0), held at its
+    last point beyond it; 0 without a curve."""
+    return piecewise(curve, idle_s) if curve else 0.0
 
 
 def sliced(per_core: float, curve: SliceCurve = ()) -> float:

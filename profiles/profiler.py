@@ -39,8 +39,8 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   per weight sync, timed through its Transformer, Sampler, TrainEngine, load and
   `sync_disjoint` on a tiny model (`placeflow.profiles.framework`), thread CPU
   time; and what a collective adds when two busy ranks share each core, and the
-  engine's forward with one and with two busy ranks per core
-  (`placeflow.profiles.shared_cores`).
+  engine's forward with one and with two busy ranks per core, a call to
+  such ranks, and a forward after its thread slept (`placeflow.profiles.shared_cores`).
 
 Inputs of GEMMs, decode and elementwise ops are views into one scratch buffer
 filled once with uniform(-1, 1) values (no denormals, no per-point allocation
@@ -109,6 +109,7 @@ from placeflow.profiles.shared_cores import (
     measure_shared_call,
     measure_shared_collective,
     measure_shared_compute,
+    measure_wake_call,
 )
 from placeflow.profiles.timing import Clock, Timing, make_clock, time_fn
 
@@ -575,6 +576,7 @@ def _host_overhead() -> list[Entry]:
         ),
         ("shared compute", measure_shared_compute, "placeflow.profiles.shared_cores"),
         ("shared call", measure_shared_call, "placeflow.profiles.shared_cores"),
+        ("wake call", measure_wake_call, "placeflow.profiles.shared_cores --kinds wake_call"),
     )
     entries: list[Entry] = []
     for what, measure, module in parts:

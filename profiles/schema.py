@@ -155,6 +155,10 @@ class FrameworkKind(StrEnum):
     # Not the engine's either: the fixed time of a driver's call to num_units Ray actor
     # ranks on the profiling host, beyond their forwards (`shared_cores`).
     SHARED_CALL = "shared_call"
+    # Not the engine's either: what one reference forward costs beyond the same forward
+    # run back to back when its rank slept num_units milliseconds before it (its core
+    # idle or running others' work), the cold caches' refill; measured by `shared_cores`.
+    WAKE_CALL = "wake_call"
 
 
 class CopyDirection(StrEnum):

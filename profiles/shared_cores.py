@@ -51,10 +51,25 @@ out, and a measurement with most pairs so is refused). The simulator adds what i
 composition of the idle round trip, the driver's launches and gets and the stretch
 leaves out of it (`rolecosts.crowded_call_s`).
 
-    python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json
+A rank that slept before a call pays once more: the ranks of a CPU run wait
+between their calls (the other phases, the driver's work) while their core idles
+or runs other ranks, and the call that wakes them finds its caches, TLB and branch
+predictors cold, where every kernel and framework entry of the profile was timed
+back to back, hot. `measure_wake_call` times the reference forward in this process
+(one torch thread) right after another forward and right after this thread slept
+each of `WAKE_IDLE_MS` milliseconds, alternated, in `WAKE_PAIRS` pairs each, and
+takes their difference in thread CPU time: `framework` entries of kind
+`wake_call`, num_units the sleep in ms. On this 2-core VM a forward of 7.6 ms hot
+cost 1.7-2.4 ms more after 10 ms asleep or longer, 0.5-1.0 ms more after 2 ms (ad
+hoc, two runs, 2026-11-27), and forwards of 2 to 150 ms of two models 1.1-2.8 ms
+more after 30 ms: a refill, not a rate. The simulator charges it to each call by
+the time its set was idle before it (`CostModel.wake_curve`,
+`simulator.schedule`).
 
-measures all three and replaces the file's entries of those kinds (its other
-framework entries are kept).
+    python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json [--kinds ...]
+
+measures all four (or the `--kinds` named) and replaces the file's entries of
+those kinds (its other framework entries are kept).
 """
 
 from __future__ import annotations
@@ -64,7 +79,7 @@ import datetime
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -73,6 +88,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from placeflow.cliargs import add_kinds_option
 from placeflow.errors import MeasurementError
 from placeflow.procs import free_port, report_rank, run_ranks
 from placeflow.profiles.schema import (
@@ -86,6 +102,7 @@ from placeflow.profiles.schema import (
     op_note_text,
     save_profile,
     with_op_entries,
+    with_some_kinds,
 )
 
 PROBE_BYTES = 4096  # a small all-reduce: the wait, not the bandwidth, is measured
@@ -97,7 +114,15 @@ SHARED_KINDS = (
     FrameworkKind.SHARED_COLLECTIVE,
     FrameworkKind.SHARED_COMPUTE,
     FrameworkKind.SHARED_CALL,
+    FrameworkKind.WAKE_CALL,
 )
+# `measure_wake_call`: the sleeps (ms, the entries' num_units) before its cold forwards,
+# from a scheduler tick to several phases of a CPU run, and the pairs timed at each.
+WAKE_IDLE_MS = (1, 3, 10, 30, 100)
+WAKE_PAIRS = 30
+# The floor of a wake_call entry's p10 (entries' times are positive): the pairs are
+# differences of two noisy times, and where the penalty is small some are below zero.
+WAKE_FLOOR_S = 1e-9
 
 
 class SharedCoresError(MeasurementError):
@@ -369,6 +394,76 @@ def is_shared_entry(entry: Entry) -> bool:
     return entry.op is Op.FRAMEWORK and entry.params["kind"] in {k.value for k in SHARED_KINDS}
 
 
+def wake_samples(
+    call: Callable[[], object],
+    idle_ms: Sequence[int],
+    *,
+    pairs: int,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.thread_time,
+) -> dict[int, list[float]]:
+    """Per sleep in `idle_ms`: `pairs` paired differences, the seconds of `call` right
+    after this thread slept that long less its seconds right after another `call` (hot).
+    The sleeps take turns within each round, so that a slow stretch of the host falls on
+    all of them. `clock` is this thread's CPU time: the call's own work, not the time
+    others held its core."""
+    out: dict[int, list[float]] = {ms: [] for ms in idle_ms}
+    for _ in range(pairs):
+        for ms in idle_ms:
+            call()  # the hot call follows a call, as its caches want
+            t0 = clock()
+            call()
+            hot = clock() - t0
+            sleep(ms / 1000)
+            t0 = clock()
+            call()
+            out[ms].append(clock() - t0 - hot)
+    return out
+
+
+def wake_entries(samples: Mapping[int, Sequence[float]]) -> list[Entry]:
+    """The `wake_call` entries of `wake_samples`' differences (num_units: the sleep in
+    ms): their median, p10 (at least `WAKE_FLOOR_S`) and p90. A sleep whose median is
+    not above 0 cost nothing measurable: no entry (the cost model reads 0 there)."""
+    entries = []
+    for ms, extra in sorted(samples.items()):
+        if not extra:
+            continue
+        median = statistics.median(extra)
+        if median <= 0:
+            continue
+        qs = statistics.quantiles(extra, n=10, method="inclusive") if len(extra) > 1 else extra
+        entries.append(
+            Entry(
+                op=Op.FRAMEWORK,
+                params={"kind": FrameworkKind.WAKE_CALL.value, "num_units": ms},
+                median_s=median,
+                p10_s=min(max(qs[0], WAKE_FLOOR_S), median),
+                p90_s=max(qs[-1], median),
+                repeats=len(extra),
+                source=Source.MEASURED,
+            )
+        )
+    return entries
+
+
+def measure_wake_call(*, pairs: int = WAKE_PAIRS) -> list[Entry]:
+    """The `wake_call` entries (module docstring): the reference forward in this
+    process on one torch thread, after each of `WAKE_IDLE_MS` asleep against back to
+    back."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        forward = _reference_forward(0)
+        with torch.no_grad():
+            for _ in range(3):  # warm-up
+                forward()
+            samples = wake_samples(forward, WAKE_IDLE_MS, pairs=pairs)
+    finally:
+        torch.set_num_threads(threads)
+    return wake_entries(samples)
+
+
 def with_shared_entries(profile: Profile, entries: Sequence[Entry], note: str) -> Profile:
     """`profile` with `entries` as its only entries of the shared-cores kinds
     (`SHARED_KINDS`); the other framework entries and their note kept, `note` (a
@@ -386,7 +481,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--add-to", type=Path, required=True, help="a CPU profile JSON file")
     parser.add_argument("--repeats", type=int, default=7)
+    add_kinds_option(parser, [k.value for k in SHARED_KINDS])
     args = parser.parse_args(argv)
+    kinds = [FrameworkKind(k) for k in args.kinds]
     profile = load_profile_file(args.add_to)
     recorded = profile.provenance.host.get("cpu_count")
     if recorded is not None and int(recorded) != (os.cpu_count() or 1):
@@ -400,43 +497,77 @@ def main(argv: Sequence[str] | None = None) -> int:
     from placeflow.profiles.profiler import cpu_busy_fraction
 
     busy = cpu_busy_fraction()
-    entry = measure_shared_collective(repeats=args.repeats)
-    compute = measure_shared_compute(repeats=args.repeats)
-    calls = measure_shared_call()
+    measure: dict[FrameworkKind, Callable[[], list[Entry]]] = {
+        FrameworkKind.SHARED_COLLECTIVE: lambda: [measure_shared_collective(repeats=args.repeats)],
+        FrameworkKind.SHARED_COMPUTE: lambda: measure_shared_compute(repeats=args.repeats),
+        FrameworkKind.SHARED_CALL: measure_shared_call,
+        FrameworkKind.WAKE_CALL: measure_wake_call,
+    }
+    entries = [e for kind in kinds for e in measure[kind]()]
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     cores = os.cpu_count() or 1
     batch, tokens = SHARED_COMPUTE_SHAPE
-    note = (
-        f"{SENTENCE}, shared_compute and shared_call: measured {date} by "
-        f"`python -m placeflow.profiles.shared_cores --add-to {args.add_to}` "
-        f"(shared_collective: {RANKS_PER_CORE * cores} gloo ranks on {cores} cores in "
-        f"pairs, a {PROBE_BYTES}-byte all-reduce after each compute chunk, less the chunks "
-        f"alone; shared_compute: the engine's forward of the reference model at {batch}x"
-        f"{tokens} tokens on 1 to {RANKS_PER_CORE * cores} ranks (num_units) of the "
-        f"{cores} cores, the slowest rank's wall time per forward; shared_call: a call "
-        f"to 1 to {RANKS_PER_CORE * cores} Ray actor ranks (num_units) of one and of "
-        f"{CALL_FORWARDS} such forwards each, alternated, its time at no forward; CPU "
-        f"busy with other work before: "
+    how = {
+        FrameworkKind.SHARED_COLLECTIVE: (
+            f"shared_collective: {RANKS_PER_CORE * cores} gloo ranks on {cores} cores in "
+            f"pairs, a {PROBE_BYTES}-byte all-reduce after each compute chunk, less the "
+            "chunks alone"
+        ),
+        FrameworkKind.SHARED_COMPUTE: (
+            f"shared_compute: the engine's forward of the reference model at {batch}x"
+            f"{tokens} tokens on 1 to {RANKS_PER_CORE * cores} ranks (num_units) of the "
+            f"{cores} cores, the slowest rank's wall time per forward"
+        ),
+        FrameworkKind.SHARED_CALL: (
+            f"shared_call: a call to 1 to {RANKS_PER_CORE * cores} Ray actor ranks "
+            f"(num_units) of one and of {CALL_FORWARDS} such forwards each, alternated, "
+            "its time at no forward"
+        ),
+        FrameworkKind.WAKE_CALL: (
+            f"wake_call: the engine's forward of the reference model at {batch}x{tokens} "
+            "tokens on one torch thread after the thread slept "
+            f"{', '.join(map(str, WAKE_IDLE_MS))} ms (num_units; a sleep with no "
+            f"measurable cost has no entry) less one right after another, {WAKE_PAIRS} "
+            "pairs each, thread CPU time, p10 floored at 1 ns"
+        ),
+    }
+    command = f"`python -m placeflow.profiles.shared_cores --add-to {args.add_to}"
+    said = (
+        f"{'; '.join(how[k] for k in kinds)}; CPU busy with other work before: "
         f"{'?' if busy is None else f'{busy:.0%}'})."
     )
-    save_profile(with_shared_entries(profile, [entry, *compute, *calls], note), args.add_to)
-    print(
-        f"shared_collective: {entry.median_s * 1e3:.3f} ms per collective "
-        f"(p10 {entry.p10_s * 1e3:.3f}, p90 {entry.p90_s * 1e3:.3f})"
-    )
-    for e in compute:
-        print(
-            f"shared_compute with {e.params['num_units']} busy ranks on {cores} cores: "
-            f"{e.median_s * 1e3:.3f} ms per forward (p10 {e.p10_s * 1e3:.3f}, "
-            f"p90 {e.p90_s * 1e3:.3f})"
+    if set(kinds) == set(SHARED_KINDS):
+        note = (
+            f"{SENTENCE}, shared_compute, shared_call and wake_call: measured {date} by "
+            f"{command}` ({said}"
         )
-    for e in calls:
-        print(
-            f"shared_call with {e.params['num_units']} ranks on {cores} cores: "
-            f"{e.median_s * 1e3:.3f} ms per call beyond its forwards (p10 "
-            f"{e.p10_s * 1e3:.3f}, p90 {e.p90_s * 1e3:.3f})"
-        )
+        save_profile(with_shared_entries(profile, entries, note), args.add_to)
+    else:
+        names = [k.value for k in kinds]
+        text = f"measured {date} by {command} --kinds {' '.join(names)}` ({said}"
+        save_profile(with_some_kinds(profile, Op.FRAMEWORK, entries, names, text), args.add_to)
+    for e in entries:
+        print(_describe(e, cores))
     return 0
+
+
+def _describe(e: Entry, cores: int) -> str:
+    """One line of what `main` measured."""
+    kind, units = FrameworkKind(str(e.params["kind"])), e.params["num_units"]
+    spread = f"(p10 {e.p10_s * 1e3:.3f}, p90 {e.p90_s * 1e3:.3f})"
+    if kind is FrameworkKind.SHARED_COLLECTIVE:
+        return f"shared_collective: {e.median_s * 1e3:.3f} ms per collective {spread}"
+    if kind is FrameworkKind.SHARED_COMPUTE:
+        return (
+            f"shared_compute with {units} busy ranks on {cores} cores: "
+            f"{e.median_s * 1e3:.3f} ms per forward {spread}"
+        )
+    if kind is FrameworkKind.SHARED_CALL:
+        return (
+            f"shared_call with {units} ranks on {cores} cores: {e.median_s * 1e3:.3f} ms "
+            f"per call beyond its forwards {spread}"
+        )
+    return f"wake_call after {units} ms asleep: {e.median_s * 1e3:.3f} ms more {spread}"
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from placeflow.layout import GenLayout, TrainLayout
 from placeflow.models import ModelSpec
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
-from placeflow.profiles.costmodel import CostModel, piecewise, sliced
+from placeflow.profiles.costmodel import CostModel, piecewise, sliced, woken
 from placeflow.profiles.schema import DispatchKind, Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.lengths import LengthModel
@@ -553,8 +553,9 @@ def crowded_call_s(cm: CostModel, ranks_per_core: float) -> float:
     through the others' calls, the replies' wait for a core): the profile's measured
     fixed time of such a call (`CostModel.shared_calls`) less the simulator's price of
     the same call with nothing to do, its round trip (`with_dispatch`) stretched as
-    the call is (`sliced` on `CostModel.slicing`) and the driver's launches and gets
-    (`driver_work`); at least 0. Piecewise linear in `ranks_per_core` between the
+    the call is (`sliced` on `CostModel.slicing`), its ranks' wake-up after sleeping
+    through one round trip (`woken`, stretched likewise) and the driver's launches and
+    gets (`driver_work`); at least 0. Piecewise linear in `ranks_per_core` between the
     measured points, the first's below them and the last's beyond; 0 where the profile
     has no such entries (GPU profiles)."""
     points = cm.shared_calls()
@@ -570,7 +571,10 @@ def crowded_call_s(cm: CostModel, ranks_per_core: float) -> float:
         for per_core, measured in points:
             ranks = round(per_core * cores)
             driver = driver_work(cm, ranks, NO_PAYLOAD)
-            priced = round_trip * sliced(per_core, cm.slicing())
+            # Between its calls a probe rank slept about one round trip: its wake-up
+            # is in the measured time too (`CostModel.wake_curve`, stretched as the call).
+            stretch = sliced(per_core, cm.slicing())
+            priced = (round_trip + woken(round_trip, cm.wake_curve())) * stretch
             if driver is not None:
                 priced += driver.launch_s + driver.collect_s
             out.append((per_core, max(0.0, measured - priced)))

@@ -43,14 +43,23 @@ is its duration over that.
 S holds what time slicing costs beyond the share of a core (cache refills and
 switches) and the slowest rank's bad luck where busy ranks do not divide evenly
 among the cores, both measured (`profiles.shared_cores`).
+
+A rank that slept before a call refills its caches in it (`Work.wake`: the
+measured extra seconds by the time asleep, `costmodel.woken`). Its sets' idle
+time is only known here: from the end of the last work on them to the call's
+start, the longest of its sets' (a set that has run nothing yet has slept since
+ever: the curve's last point). A call queued right behind another on its set
+pays nothing; one that waited for the driver's work between phases pays for
+that wait. The charge joins the call's duration when it starts (`Span.wake_s`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-from placeflow.profiles.costmodel import SliceCurve, sliced
+from placeflow.profiles.costmodel import SliceCurve, WakeCurve, sliced, woken
 
 # Remaining work below this (seconds) counts as done: float residue of rate changes.
 _DONE_S = 1e-12
@@ -67,6 +76,9 @@ class Work:
     hosts: tuple[tuple[Hashable, float], ...] = ()
     # Collectives on one rank's path that wait for partners on a crowded host.
     collectives: float = 0.0
+    # What the work costs more by how long its sets were idle before it started (the
+    # ranks' caches gone cold, `costmodel.woken`), in the units of `duration_s`.
+    wake: WakeCurve = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +86,16 @@ class Span:
     id: Hashable
     start_s: float
     end_s: float
+    wake_s: float = 0.0  # of which its ranks' wake-up after their idle time (`Work.wake`)
+
+
+def _wake_s(task: Work, start_s: float, last_end: Mapping[int, float]) -> float:
+    """`task.wake` at the longest its sets were idle before `start_s` (a set that has run
+    nothing yet: idle since ever, the curve's last point)."""
+    if not task.wake or not task.sets:
+        return 0.0
+    idle = max(start_s - last_end.get(s, -math.inf) for s in task.sets)
+    return woken(idle, task.wake)
 
 
 def schedule(
@@ -112,8 +134,9 @@ def schedule(
             raise ValueError(f"dependency cycle among {[t.id for t in pending]}")
         start, _, i = best
         task = pending.pop(i)
-        end = start + task.duration_s
-        done[task.id] = Span(id=task.id, start_s=start, end_s=end)
+        wake = _wake_s(task, start, set_free)
+        end = start + task.duration_s + wake
+        done[task.id] = Span(id=task.id, start_s=start, end_s=end, wake_s=wake)
         for s in task.sets:
             set_free[s] = end
     return done
@@ -159,13 +182,16 @@ def _shared_schedule(
     done: dict[Hashable, Span] = {}
     started: dict[Hashable, float] = {}
     remaining: dict[Hashable, float] = {}
+    wakes: dict[Hashable, float] = {}
+    last_end: dict[int, float] = {}
     running: list[Work] = []
     pending = list(tasks)
     while pending or running:
         # Start, in priority order, everything whose predecessors ended and sets are free.
         for _, t in sorted(enumerate(pending), key=lambda it: (it[1].priority, it[0])):
             if all(p in done for p in t.preds) and not busy_sets.intersection(t.sets):
-                started[t.id], remaining[t.id] = now, t.duration_s
+                wakes[t.id] = _wake_s(t, now, last_end)
+                started[t.id], remaining[t.id] = now, t.duration_s + wakes[t.id]
                 running.append(t)
                 busy_sets.update(t.sets)
         pending = [t for t in pending if t.id not in started]
@@ -178,8 +204,9 @@ def _shared_schedule(
         for t, r in zip(running, rates, strict=True):
             remaining[t.id] -= step * r
             if remaining[t.id] <= _DONE_S:
-                done[t.id] = Span(id=t.id, start_s=started[t.id], end_s=now)
+                done[t.id] = Span(id=t.id, start_s=started[t.id], end_s=now, wake_s=wakes[t.id])
                 busy_sets.difference_update(t.sets)
+                last_end.update((s, now) for s in t.sets)
             else:
                 still.append(t)
         running = still

@@ -51,7 +51,7 @@ from placeflow.dataflow import CallKind, dataflow_calls
 from placeflow.layout import GenLayout, gen_shard_bytes
 from placeflow.phases import Phase
 from placeflow.plan import Plan
-from placeflow.profiles.costmodel import CostModel, SliceCurve, sliced
+from placeflow.profiles.costmodel import CostModel, SliceCurve, WakeCurve, sliced
 from placeflow.profiles.schema import Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
@@ -100,6 +100,7 @@ class _Call:
     preds: tuple[Phase, ...]
     driver: DriverWork | None = None  # the controller's launches and gets around it
     collectives: float = 0.0  # on a rank's path, waiting for partners (`schedule.Work`)
+    wake: WakeCurve = ()  # its ranks' wake-up by their idle time before it (`_wake`)
 
 
 def _resident_bytes(plan: Plan, set_index: int) -> float:
@@ -256,6 +257,7 @@ def _cost_calls(
                 preds=preds,
                 driver=driver,
                 collectives=collectives.get(call.phase, 0.0),
+                wake=_wake(plan, cms, (set_index,), cost),
             )
         )
     return _with_transitions(plan, cms, out), [problem] if problem else []
@@ -374,6 +376,35 @@ def _contended(
         busy_s=cost.busy_s * factor,
         detail={**cost.detail, "crowded_call_s": extra} if extra else cost.detail,
     )
+
+
+def _wake(
+    plan: Plan, cms: CostModels, sets: tuple[int, ...], cost: callcosts.CallCost
+) -> WakeCurve:
+    """What a model call on `sets` costs more by how long its ranks slept before it: its
+    pool's measured `CostModel.wake_curve` (the reference forward's), stretched as the
+    call is on a crowded host (`_stretch`: the refill is the ranks' own work); the
+    largest of its sets'. () on pools that do not declare their cores (GPU pools: their
+    profiles hold none).
+
+    Model calls only: a forward, backward or generation walks the engine's whole code
+    path and its layers' weights, as the reference forward does. A transition (reshard,
+    weight sync) copies tensors in order, which the prefetcher streams: inside a CPU run
+    the actor's `sync_rollout` took the CPU time it takes alone (0.69 ms,
+    `benchmarks/inrun_calls.py`), and charging it the forward's refill put the reshard
+    phases of `benchmarks/fidelity_cpu.py` 21-144 % over their measured times."""
+    best: WakeCurve = ()
+    for i in sets:
+        if plan.pool_of(i).cores_per_node is None:
+            continue
+        curve = _cm(plan, cms, i).wake_curve()
+        if not curve:
+            continue
+        factor = _stretch(plan, cms, i, busy_fraction(cost))
+        scaled = tuple((idle, extra * factor) for idle, extra in curve)
+        if not best or scaled[-1][1] > best[-1][1]:
+            best = scaled
+    return best
 
 
 def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[_Call]:
@@ -573,6 +604,7 @@ def _tasks(
                     priority=priority,
                     hosts=_hosts(plan, sets, busy_fraction(c.cost)),
                     collectives=c.collectives,
+                    wake=c.wake,
                 )
             )
     return [
@@ -636,7 +668,9 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
             start_s=slot.start_s,
             end_s=slot.end_s,
             step=step,
-            detail=by_phase[phase].cost.detail,
+            detail={**by_phase[phase].cost.detail, "wake_s": slot.wake_s}
+            if slot.wake_s
+            else by_phase[phase].cost.detail,
         )
         for (step, phase), slot in sorted(slots.items(), key=lambda kv: (kv[1].start_s, kv[0][0]))
         if step < warm_up + window  # the step after the window is not shown
@@ -686,7 +720,7 @@ def _call_intervals(
         span = raw[key]
         end = raw.get((*key, COLLECT), span).end_s
         start = max([span.start_s, *(free.get(s, 0.0) for s in sets_of[key])])
-        out[key[0], key[1]] = Span(id=key, start_s=min(start, end), end_s=end)
+        out[key[0], key[1]] = Span(id=key, start_s=min(start, end), end_s=end, wake_s=span.wake_s)
         for s in sets_of[key]:
             free[s] = end
     return out

@@ -142,7 +142,12 @@ def test_the_note_is_kept_and_replaced() -> None:
     others = [
         e
         for e in profile.entries_for(Op.FRAMEWORK)
-        if e.params["kind"] in (FrameworkKind.SHARED_COMPUTE.value, FrameworkKind.SHARED_CALL.value)
+        if e.params["kind"]
+        in (
+            FrameworkKind.SHARED_COMPUTE.value,
+            FrameworkKind.SHARED_CALL.value,
+            FrameworkKind.WAKE_CALL.value,
+        )
     ]
     for kind in (FrameworkKind.SHARED_COMPUTE, FrameworkKind.SHARED_CALL):
         units = sorted(e.params["num_units"] for e in others if e.params["kind"] == kind.value)
@@ -187,9 +192,10 @@ def test_measure_shared_compute_spawns_one_to_two_ranks_per_core() -> None:
 def _with_slicing(cm: CostModel, times_s: dict[int, float] | None) -> CostModel:
     """`cm` with hand-made `shared_compute` entries, the slowest rank's seconds per forward
     by busy ranks on the profiling host's 2 cores (None: left out of its profile), and
-    without its `shared_call` entries (a call's fixed time kept apart)."""
+    without its `shared_call` and `wake_call` entries (a call's fixed time and its ranks'
+    wake-up kept apart: `test_wake`)."""
     key = (Op.FRAMEWORK, ("shared_compute",))
-    drop = {key, (Op.FRAMEWORK, ("shared_call",))}
+    drop = {key, (Op.FRAMEWORK, ("shared_call",)), (Op.FRAMEWORK, ("wake_call",))}
     kept = {k: v for k, v in cm.series.items() if k not in drop}
     if times_s is not None:
         ranks = sorted(times_s)
