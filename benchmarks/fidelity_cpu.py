@@ -24,12 +24,16 @@ all phases, and over steps), and prints a markdown table.
 Before it runs anything it re-times a few of the profile's GEMMs on this host
 (`profiles.hostcheck`) and refuses a host that runs them more than 50 % off the
 profile's times (another machine than the one profiled: `--any-host` runs anyway);
-the check goes into the results file.
+the check goes into the results file. With `--host-speed` it simulates with the
+profile brought to the speed the check measured (`hostcheck.at_host_speed`: every
+entry's times times the check's median ratio; a VM's speed moves between hours),
+and the results record the ratio as `host_speed`.
 
 With `--resimulate RESULTS` it runs nothing: it simulates the same plans with
 the current model and profile and compares them with the measured figures of
 an earlier results file (each phase's and each step's median as that run
-recorded it), writing benchmarks/results/fidelity_cpu_resimulated.json. This
+recorded it), writing benchmarks/results/fidelity_cpu_resimulated.json (with
+`--host-speed`: the profile at the speed that run's host check measured). This
 separates a change of the model from the load of the day.
 """
 
@@ -53,7 +57,8 @@ import torch
 from placeflow.executor.loop import as_run
 from placeflow.executor.run import RunConfig, read_metrics, run_plan
 from placeflow.plan import Plan, load_plan, plan_from_dict
-from placeflow.profiles.hostcheck import check_host
+from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.hostcheck import at_host_speed, check_host
 from placeflow.profiles.registry import load_profile
 from placeflow.simulator import simulate
 from placeflow.simulator.fidelity import compare
@@ -187,9 +192,14 @@ def main() -> None:
         action="store_true",
         help="run even where the profile's GEMMs re-time more than 50%% off on this host",
     )
+    parser.add_argument(
+        "--host-speed",
+        action="store_true",
+        help="simulate with the profile's times scaled by the host check's ratio",
+    )
     args = parser.parse_args()
     if args.resimulate is not None:
-        resimulate(args.resimulate, args.profile)
+        resimulate(args.resimulate, args.profile, args.host_speed)
         return
     # The profile must time this host's kernels as they run here, or every prediction
     # is off by the ratio and the comparison says nothing of the model (hostcheck).
@@ -200,13 +210,15 @@ def main() -> None:
             "fidelity_cpu: the profile does not describe this host; measure one here or "
             "pass --any-host to compare anyway"
         )
+    speed = host.ratio if args.host_speed else None
+    cms = _cost_models(args.profile, speed, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     matrix = [(label, plan) for label, plan in plans() if not args.only or plan.name in args.only]
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     rows, t0 = [], time.perf_counter()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for placement, plan in matrix:
-                estimate = simulate(plan, cost_models_for(plan, args.profile))
+                estimate = simulate(plan, cms or cost_models_for(plan, args.profile))
                 run_dir = Path(tmp) / plan.name
                 load_before = os.getloadavg()[0]
                 run_plan(plan, run_dir, RunConfig(steps=args.steps, progress=False))
@@ -241,6 +253,7 @@ def main() -> None:
         "python": platform.python_version(),
         "profile": args.profile,
         "host_check": host.to_json(),
+        "host_speed": speed,
         "steps": args.steps,
         "warmup": args.warmup,
         "total_s": round(time.perf_counter() - t0, 1),
@@ -273,15 +286,29 @@ def main() -> None:
     )
 
 
-def resimulate(results: Path, profile: str) -> None:
+def _cost_models(profile: str, speed: float | None, checked: str) -> dict[str, CostModel] | None:
+    """The cost model of `profile` at the host speed `speed` (`hostcheck.at_host_speed`,
+    measured at `checked`); None without a speed (the plans' own, `cost_models_for`)."""
+    if speed is None:
+        return None
+    return {"*": CostModel.fit(at_host_speed(load_profile(profile), speed, checked=checked))}
+
+
+def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
     """The current model against an earlier run's measured figures (module docstring)."""
     earlier = json.loads(results.read_text())
+    speed = None
+    if host_speed:
+        speed = (earlier.get("host_check") or {}).get("ratio")
+        if speed is None:
+            raise SystemExit(f"fidelity_cpu: {results} records no host check to take a speed from")
+    cms = _cost_models(profile, speed, f"the run of {results.name}")
     measured = {r["plan"]: r for r in earlier["rows"]}
     rows = []
     for _, plan in plans():
         if plan.name not in measured:
             continue
-        estimate = simulate(plan, cost_models_for(plan, profile))
+        estimate = simulate(plan, cms or cost_models_for(plan, profile))
         predicted = estimate.phase_totals_s()
         old = measured[plan.name]
         phases = [
@@ -309,6 +336,7 @@ def resimulate(results: Path, profile: str) -> None:
         "measured_on": earlier["date"],
         "measured_load_1min_median": earlier["load_1min_median"],
         "profile": profile,
+        "host_speed": speed,
         "num_plans": len(rows),
         "median_abs_error_all_phases": statistics.median(errors),
         "worst_abs_error_all_phases": max(errors),

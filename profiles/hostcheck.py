@@ -19,6 +19,7 @@ the identity's differences are reported with them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import statistics
@@ -208,3 +209,31 @@ def check_host(
         ratios=ratios,
         tolerance=tolerance,
     )
+
+
+def at_host_speed(profile: Profile, ratio: float, *, checked: str) -> Profile:
+    """`profile` with every entry's times (median, p10, p90) times `ratio`, this host's
+    GEMM times over the profile's (`HostCheck.ratio`, measured at `checked`, a date):
+    the profile brought to the speed this host runs at now.
+
+    A VM's speed moves by tens of percent from one hour to the next, and every CPU
+    entry is the host's own work (kernels, the engine's Python, Ray's calls, copies),
+    so a profile measured at another moment misprices every call by about the ratio:
+    in two fidelity runs on 2026-11-27 with the same code and profile, the second's
+    steps took a median 0.82x the first's, where the checks at their starts re-timed
+    the profile's GEMMs at 1.17x and 0.95x (0.82 apart). One ratio for every entry is
+    an approximation: the GEMMs' own ratios spread by tens of percent around it."""
+    if not (math.isfinite(ratio) and ratio > 0):
+        raise SpecError(f"a host speed ratio must be a positive number, got {ratio}")
+    entries = tuple(
+        dataclasses.replace(
+            e, median_s=e.median_s * ratio, p10_s=e.p10_s * ratio, p90_s=e.p90_s * ratio
+        )
+        for e in profile.entries
+    )
+    note = (
+        f" Host speed: every entry's times x{ratio:.3f}, the median of this host's re-timed "
+        f"GEMMs over the profile's at {checked} (`placeflow.profiles.hostcheck`)."
+    )
+    provenance = dataclasses.replace(profile.provenance, notes=profile.provenance.notes + note)
+    return dataclasses.replace(profile, entries=entries, provenance=provenance)
