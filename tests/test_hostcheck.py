@@ -155,3 +155,21 @@ def test_the_host_command_prints_the_check_and_refuses_gpu_profiles(
     assert "profile 'cpu': this host runs its GEMMs at 2.00x" in out
     assert main(["profiles", "host", "h100-sxm"]) == 2
     assert "only a CPU profile" in capsys.readouterr().err
+
+
+def test_a_profile_at_host_speed_has_every_time_scaled_and_says_so() -> None:
+    from placeflow.errors import SpecError
+    from placeflow.profiles.hostcheck import at_host_speed
+
+    profile = _profile(_gemm(64, 64, 64, 2e-4), _gemm(512, 512, 512, 4e-3))
+    slower = at_host_speed(profile, 1.5, checked="2026-11-27 05:00 UTC")
+    assert [(e.median_s, e.p10_s, e.p90_s) for e in slower.entries] == [
+        pytest.approx((3e-4, 3e-4, 3e-4)),
+        pytest.approx((6e-3, 6e-3, 6e-3)),
+    ]
+    assert [e.params for e in slower.entries] == [e.params for e in profile.entries]
+    assert "x1.500" in slower.provenance.notes and "2026-11-27 05:00 UTC" in slower.provenance.notes
+    assert slower.name == profile.name and profile.entries[0].median_s == 2e-4  # a copy
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(SpecError, match="positive"):
+            at_host_speed(profile, bad, checked="now")
