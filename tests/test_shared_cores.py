@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 from fidelity_cpu import make_plan
+from handmade import with_framework
 
-from placeflow.frozen import FrozenMap
 from placeflow.phases import Phase
 from placeflow.plan import load_plan
-from placeflow.profiles.costmodel import CostModel, Series, sliced
+from placeflow.profiles.costmodel import CostModel, sliced
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import CollectiveKind, Entry, FrameworkKind, Op, Scope, Source
 from placeflow.profiles.shared_cores import (
@@ -194,19 +194,10 @@ def _with_slicing(cm: CostModel, times_s: dict[int, float] | None) -> CostModel:
     by busy ranks on the profiling host's 2 cores (None: left out of its profile), and
     without its `shared_call` and `wake_call` entries (a call's fixed time and its ranks'
     wake-up kept apart: `test_wake`)."""
-    key = (Op.FRAMEWORK, ("shared_compute",))
-    drop = {key, (Op.FRAMEWORK, ("shared_call",)), (Op.FRAMEWORK, ("wake_call",))}
-    kept = {k: v for k, v in cm.series.items() if k not in drop}
-    if times_s is not None:
-        ranks = sorted(times_s)
-        params = tuple(FrozenMap({"kind": "shared_compute", "num_units": n}) for n in ranks)
-        kept[key] = Series(
-            sizes=tuple(float(n) for n in ranks),
-            times_s=tuple(times_s[n] for n in ranks),
-            params=params,
-        )
     assert cm.profile_cores == 2
-    return dataclasses.replace(cm, series=kept, _memo={})
+    cm = with_framework(cm, FrameworkKind.SHARED_CALL, None)
+    cm = with_framework(cm, FrameworkKind.WAKE_CALL, None)
+    return with_framework(cm, FrameworkKind.SHARED_COMPUTE, times_s)
 
 
 # 4 ms alone; 4.2 ms with 2 busy ranks on 2 cores, 7 ms with 3, 10 ms with 4.
@@ -354,15 +345,7 @@ def test_a_call_stretched_on_its_own_is_slowed_by_the_crowd_s_slices_only_beyond
 def _with_calls(cm: CostModel, times_s: dict[int, float]) -> CostModel:
     """`cm` with hand-made `shared_call` entries: a call's fixed seconds by its ranks on
     the profiling host's 2 cores."""
-    key = (Op.FRAMEWORK, ("shared_call",))
-    series = dict(cm.series)
-    ranks = sorted(times_s)
-    series[key] = Series(
-        sizes=tuple(float(n) for n in ranks),
-        times_s=tuple(times_s[n] for n in ranks),
-        params=tuple(FrozenMap({"kind": "shared_call", "num_units": n}) for n in ranks),
-    )
-    return dataclasses.replace(cm, series=series, _memo={})
+    return with_framework(cm, FrameworkKind.SHARED_CALL, times_s)
 
 
 def test_a_call_pays_the_fixed_time_its_composition_leaves_out_by_hand() -> None:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 from fidelity_cpu import make_plan
+from handmade import with_framework
 
-from placeflow.frozen import FrozenMap
 from placeflow.phases import Phase
-from placeflow.profiles.costmodel import CostModel, Series, sliced, woken
+from placeflow.profiles.costmodel import CostModel, sliced, woken
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import FrameworkKind, Op, Source, load_profile_file, save_profile
 from placeflow.profiles.shared_cores import (
@@ -34,8 +34,6 @@ from placeflow.profiles.shared_cores import (
 )
 from placeflow.simulator import simulate
 from placeflow.simulator.schedule import Work, schedule
-
-WAKE_KEY = (Op.FRAMEWORK, (FrameworkKind.WAKE_CALL.value,))
 
 
 class _FakeHost:
@@ -89,15 +87,7 @@ def test_wake_entries_hold_the_median_a_floored_p10_and_leave_out_no_cost() -> N
 
 def _with_wake(cm: CostModel, extra_s: dict[int, float] | None) -> CostModel:
     """`cm` with hand-made `wake_call` entries, extra seconds by ms asleep (None: none)."""
-    series = {k: v for k, v in cm.series.items() if k != WAKE_KEY}
-    if extra_s is not None:
-        ms = sorted(extra_s)
-        series[WAKE_KEY] = Series(
-            sizes=tuple(float(m) for m in ms),
-            times_s=tuple(extra_s[m] for m in ms),
-            params=tuple(FrozenMap({"kind": "wake_call", "num_units": m}) for m in ms),
-        )
-    return dataclasses.replace(cm, series=series, _memo={})
+    return with_framework(cm, FrameworkKind.WAKE_CALL, extra_s)
 
 
 # 0.5 ms after 1 ms asleep, 0.4 ms (noise: held at 0.5) after 3 ms, 2 ms after 10 ms.
