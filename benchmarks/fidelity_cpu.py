@@ -24,16 +24,20 @@ all phases, and over steps), and prints a markdown table.
 Before it runs anything it re-times a few of the profile's GEMMs on this host
 (`profiles.hostcheck`) and refuses a host that runs them more than 50 % off the
 profile's times (another machine than the one profiled: `--any-host` runs anyway);
-the check goes into the results file. With `--host-speed` it simulates with the
-profile brought to the speed the checks measured (`hostcheck.at_host_speed`: every
-entry's times times the median ratio of `SPEED_CHECKS` checks; a VM's speed moves
-between hours), whatever the ratio, and the results record it as `host_speed`.
+the check goes into the results file. With `--host-speed` it simulates each plan
+with the profile brought to the speed of the host around its run
+(`hostcheck.at_host_speed`: every entry's times times the geometric mean of the
+host checks right before and right after the run, the first plan's before being
+the median of `SPEED_CHECKS` checks; a VM's speed moves from one minute to the
+next), whatever the ratio; each row records its `host_speed` and `host_checks`, the
+report the starting median as `host_speed`.
 
 With `--resimulate RESULTS` it runs nothing: it simulates the same plans with
 the current model and profile and compares them with the measured figures of
 an earlier results file (each phase's and each step's median as that run
 recorded it), writing benchmarks/results/fidelity_cpu_resimulated.json (with
-`--host-speed`: the profile at the speed that run's host check measured). This
+`--host-speed`: the profile at the speed that run recorded, each plan's own where
+it has one). This
 separates a change of the model from the load of the day.
 """
 
@@ -42,6 +46,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -67,6 +72,7 @@ from placeflow.workload import Role
 
 # Host checks before a run; with --host-speed their median ratio is the host's speed.
 SPEED_CHECKS = 3
+SETTLE_S = 1.0  # between a plan's run and the host check after it
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "examples" / "plans"
 
@@ -220,17 +226,33 @@ def main() -> None:
             "pass --host-speed to bring it to this host's speed or --any-host to compare "
             "anyway"
         )
-    cms = _cost_models(args.profile, speed, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     matrix = [(label, plan) for label, plan in plans() if not args.only or plan.name in args.only]
+    profile = load_profile(args.profile)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     rows, t0 = [], time.perf_counter()
+    # With --host-speed each plan is simulated at the speed of its own minutes: the
+    # geometric mean of the checks right before and right after its run (the first
+    # plan's before: the median above).
+    before = speed
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for placement, plan in matrix:
-                estimate = simulate(plan, cms or cost_models_for(plan, args.profile))
                 run_dir = Path(tmp) / plan.name
                 load_before = os.getloadavg()[0]
                 run_plan(plan, run_dir, RunConfig(steps=args.steps, progress=False))
+                load_after = os.getloadavg()[0]
+                plan_speed, checked = None, None
+                if before is not None:
+                    # (the check times GEMMs by the wall clock: the run's workers first
+                    # finish exiting)
+                    time.sleep(SETTLE_S)
+                    after = check_host(profile).ratio
+                    checked = [before, after]
+                    plan_speed = before if after is None else math.sqrt(before * after)
+                    before = after if after is not None else before
+                stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+                cms = _cost_models(args.profile, plan_speed, stamp)
+                estimate = simulate(plan, cms or cost_models_for(plan, args.profile))
                 table = compare(estimate, read_metrics(run_dir), warmup=args.warmup)
                 rows.append(
                     {
@@ -240,13 +262,15 @@ def main() -> None:
                         "model": plan.workload.models[Role.ACTOR].name,
                         "prompts": plan.workload.batch.prompts_per_step,
                         "load_1min_before": load_before,
-                        "load_1min_after": os.getloadavg()[0],
+                        "load_1min_after": load_after,
+                        **({"host_speed": plan_speed, "host_checks": checked} if checked else {}),
                         **table.to_json(),
                     }
                 )
                 print(
                     f"{plan.name}: median {table.median_abs_error:.0%}, "
-                    f"step {table.step.rel_error:+.0%}, load {load_before:.1f}",
+                    f"step {table.step.rel_error:+.0%}, load {load_before:.1f}"
+                    + (f", host speed {plan_speed:.2f}x" if plan_speed else ""),
                     file=sys.stderr,
                 )
     finally:
@@ -312,15 +336,20 @@ def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
         speed = earlier.get("host_speed") or (earlier.get("host_check") or {}).get("ratio")
         if speed is None:
             raise SystemExit(f"fidelity_cpu: {results} records no host check to take a speed from")
-    cms = _cost_models(profile, speed, f"the run of {results.name}")
+    run_cms = _cost_models(profile, speed, f"the run of {results.name}")
     measured = {r["plan"]: r for r in earlier["rows"]}
     rows = []
     for _, plan in plans():
         if plan.name not in measured:
             continue
+        old = measured[plan.name]
+        # (a run made with --host-speed recorded each plan's own speed)
+        row_speed = old.get("host_speed") if host_speed else None
+        cms = run_cms
+        if row_speed is not None:
+            cms = _cost_models(profile, row_speed, f"{plan.name}'s run in {results.name}")
         estimate = simulate(plan, cms or cost_models_for(plan, profile))
         predicted = estimate.phase_totals_s()
-        old = measured[plan.name]
         phases = [
             {**p, "predicted_s": predicted[p["phase"]]}
             for p in old["phases"]
