@@ -507,12 +507,15 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     monkeypatch.setattr(profiler, "measure_shared_collective", lambda: shared)
     monkeypatch.setattr(profiler, "measure_shared_compute", list)
     monkeypatch.setattr(profiler, "measure_shared_call", noisy)
+    monkeypatch.setattr(profiler, "measure_wake_call", noisy)
     with caplog.at_level("WARNING"):
         assert profiler._host_overhead() == [shared]
     text = caplog.text
     assert "framework overhead not measured (too busy)" in text
     assert "python -m placeflow.profiles.framework --add-to PROFILE" in text
     assert "shared call not measured" in text
+    assert "wake call not measured" in text
+    assert "placeflow.profiles.shared_cores --kinds wake_call --add-to PROFILE" in text
     # A measurement error that reaches the CLI is one line and exit 1, not a traceback.
 
     def fails(*args: Any, **kwargs: Any) -> Any:
