@@ -65,6 +65,7 @@ from placeflow.plan import Plan, load_plan, plan_from_dict
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.hostcheck import at_host_speed, check_host
 from placeflow.profiles.registry import load_profile
+from placeflow.profiles.schema import Profile
 from placeflow.simulator import simulate
 from placeflow.simulator.fidelity import compare
 from placeflow.simulator.simulate import cost_models_for
@@ -213,7 +214,8 @@ def main() -> None:
     # is off by the ratio and the comparison says nothing of the model (hostcheck).
     # One check of a dozen GEMMs moves by ±20 % from one minute to the next here: the
     # speed is the median of several.
-    checks = [check_host(load_profile(args.profile)) for _ in range(SPEED_CHECKS)]
+    profile = load_profile(args.profile)
+    checks = [check_host(profile) for _ in range(SPEED_CHECKS)]
     host = checks[0]
     for check in checks:
         print(check.summary(), file=sys.stderr)
@@ -227,7 +229,6 @@ def main() -> None:
             "anyway"
         )
     matrix = [(label, plan) for label, plan in plans() if not args.only or plan.name in args.only]
-    profile = load_profile(args.profile)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     rows, t0 = [], time.perf_counter()
     # With --host-speed each plan is simulated at the speed of its own minutes: the
@@ -251,7 +252,7 @@ def main() -> None:
                     plan_speed = before if after is None else math.sqrt(before * after)
                     before = after if after is not None else before
                 stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-                cms = _cost_models(args.profile, plan_speed, stamp)
+                cms = _cost_models(profile, plan_speed, stamp)
                 estimate = simulate(plan, cms or cost_models_for(plan, args.profile))
                 table = compare(estimate, read_metrics(run_dir), warmup=args.warmup)
                 rows.append(
@@ -320,12 +321,14 @@ def main() -> None:
     )
 
 
-def _cost_models(profile: str, speed: float | None, checked: str) -> dict[str, CostModel] | None:
+def _cost_models(
+    profile: Profile, speed: float | None, checked: str
+) -> dict[str, CostModel] | None:
     """The cost model of `profile` at the host speed `speed` (`hostcheck.at_host_speed`,
     measured at `checked`); None without a speed (the plans' own, `cost_models_for`)."""
     if speed is None:
         return None
-    return {"*": CostModel.fit(at_host_speed(load_profile(profile), speed, checked=checked))}
+    return {"*": CostModel.fit(at_host_speed(profile, speed, checked=checked))}
 
 
 def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
@@ -336,7 +339,8 @@ def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
         speed = earlier.get("host_speed") or (earlier.get("host_check") or {}).get("ratio")
         if speed is None:
             raise SystemExit(f"fidelity_cpu: {results} records no host check to take a speed from")
-    run_cms = _cost_models(profile, speed, f"the run of {results.name}")
+    loaded = load_profile(profile) if host_speed else None
+    run_cms = None if loaded is None else _cost_models(loaded, speed, f"the run of {results.name}")
     measured = {r["plan"]: r for r in earlier["rows"]}
     rows = []
     for _, plan in plans():
@@ -346,8 +350,8 @@ def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
         # (a run made with --host-speed recorded each plan's own speed)
         row_speed = old.get("host_speed") if host_speed else None
         cms = run_cms
-        if row_speed is not None:
-            cms = _cost_models(profile, row_speed, f"{plan.name}'s run in {results.name}")
+        if loaded is not None and row_speed is not None:
+            cms = _cost_models(loaded, row_speed, f"{plan.name}'s run in {results.name}")
         estimate = simulate(plan, cms or cost_models_for(plan, profile))
         predicted = estimate.phase_totals_s()
         phases = [

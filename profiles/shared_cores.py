@@ -363,14 +363,17 @@ def measure_shared_call(
             ray.shutdown()
 
 
-def _entry(kind: FrameworkKind, num_units: int, samples: list[float]) -> Entry:
+def _entry(
+    kind: FrameworkKind, num_units: int, samples: Sequence[float], *, p10_floor_s: float = 0.0
+) -> Entry:
+    """The entry of `samples`: their median, p10 (at least `p10_floor_s`) and p90."""
     qs = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else samples
     median = statistics.median(samples)
     return Entry(
         op=Op.FRAMEWORK,
         params={"kind": kind.value, "num_units": num_units},
         median_s=median,
-        p10_s=min(qs[0], median),
+        p10_s=min(max(qs[0], p10_floor_s), median),
         p90_s=max(qs[-1], median),
         repeats=len(samples),
         source=Source.MEASURED,
@@ -425,26 +428,11 @@ def wake_entries(samples: Mapping[int, Sequence[float]]) -> list[Entry]:
     """The `wake_call` entries of `wake_samples`' differences (num_units: the sleep in
     ms): their median, p10 (at least `WAKE_FLOOR_S`) and p90. A sleep whose median is
     not above 0 cost nothing measurable: no entry (the cost model reads 0 there)."""
-    entries = []
-    for ms, extra in sorted(samples.items()):
-        if not extra:
-            continue
-        median = statistics.median(extra)
-        if median <= 0:
-            continue
-        qs = statistics.quantiles(extra, n=10, method="inclusive") if len(extra) > 1 else extra
-        entries.append(
-            Entry(
-                op=Op.FRAMEWORK,
-                params={"kind": FrameworkKind.WAKE_CALL.value, "num_units": ms},
-                median_s=median,
-                p10_s=min(max(qs[0], WAKE_FLOOR_S), median),
-                p90_s=max(qs[-1], median),
-                repeats=len(extra),
-                source=Source.MEASURED,
-            )
-        )
-    return entries
+    return [
+        _entry(FrameworkKind.WAKE_CALL, ms, extra, p10_floor_s=WAKE_FLOOR_S)
+        for ms, extra in sorted(samples.items())
+        if extra and statistics.median(extra) > 0
+    ]
 
 
 def measure_wake_call(*, pairs: int = WAKE_PAIRS) -> list[Entry]:

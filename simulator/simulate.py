@@ -257,7 +257,7 @@ def _cost_calls(
                 preds=preds,
                 driver=driver,
                 collectives=collectives.get(call.phase, 0.0),
-                wake=_wake(plan, cms, (set_index,), cost),
+                wake=_wake(plan, cms, set_index, cost),
             )
         )
     return _with_transitions(plan, cms, out), [problem] if problem else []
@@ -378,14 +378,11 @@ def _contended(
     )
 
 
-def _wake(
-    plan: Plan, cms: CostModels, sets: tuple[int, ...], cost: callcosts.CallCost
-) -> WakeCurve:
-    """What a model call on `sets` costs more by how long its ranks slept before it: its
-    pool's measured `CostModel.wake_curve` (the reference forward's), stretched as the
-    call is on a crowded host (`_stretch`: the refill is the ranks' own work); the
-    largest of its sets'. () on pools that do not declare their cores (GPU pools: their
-    profiles hold none).
+def _wake(plan: Plan, cms: CostModels, set_index: int, cost: callcosts.CallCost) -> WakeCurve:
+    """What a model call on set `set_index` costs more by how long its ranks slept before
+    it: its pool's measured `CostModel.wake_curve` (the reference forward's), stretched
+    as the call is on a crowded host (`_stretch`: the refill is the ranks' own work). ()
+    on pools that do not declare their cores (GPU pools: their profiles hold none).
 
     Model calls only: a forward, backward or generation walks the engine's whole code
     path and its layers' weights, as the reference forward does. A transition (reshard,
@@ -393,18 +390,13 @@ def _wake(
     the actor's `sync_rollout` took the CPU time it takes alone (0.69 ms,
     `benchmarks/inrun_calls.py`), and charging it the forward's refill put the reshard
     phases of `benchmarks/fidelity_cpu.py` 21-144 % over their measured times."""
-    best: WakeCurve = ()
-    for i in sets:
-        if plan.pool_of(i).cores_per_node is None:
-            continue
-        curve = _cm(plan, cms, i).wake_curve()
-        if not curve:
-            continue
-        factor = _stretch(plan, cms, i, busy_fraction(cost))
-        scaled = tuple((idle, extra * factor) for idle, extra in curve)
-        if not best or scaled[-1][1] > best[-1][1]:
-            best = scaled
-    return best
+    if plan.pool_of(set_index).cores_per_node is None:
+        return ()
+    curve = _cm(plan, cms, set_index).wake_curve()
+    if not curve:
+        return ()
+    factor = _stretch(plan, cms, set_index, busy_fraction(cost))
+    return tuple((idle, extra * factor) for idle, extra in curve)
 
 
 def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[_Call]:
