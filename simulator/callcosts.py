@@ -290,8 +290,11 @@ def forward_cost(
         if lay.p > 1
         else 0.0
     )
-    time_s = (num_micro + lay.p - 1) * (stage + p2p) + head * num_micro
-    busy = num_micro * (stage + p2p + head / lay.p)
+    control = control_syncs_s(
+        cm, lay, _DPGroups(scope=dp_scope, ranks_per_node=dp_ranks_per_node), train=False
+    )
+    time_s = (num_micro + lay.p - 1) * (stage + p2p) + head * num_micro + control
+    busy = num_micro * (stage + p2p + head / lay.p) + control
     # Activations are linear in tokens: a full micro-batch's worth (packed: its budget).
     transient = memory.forward_activation_bytes(
         model,
@@ -310,6 +313,7 @@ def forward_cost(
             "micro_batches": num_micro,
             "micro_batch": mb,
             **({"micro_batch_tokens": peak_tokens} if par.forward_micro.tokens else {}),
+            "control_sync_s": control,
         },
     )
 
@@ -366,8 +370,9 @@ def train_cost(
             ),
         )
     steps = ppo_epochs * mini_batches
-    time_s = steps * (pipeline_s + shared.sync_s + opt_s)
-    busy = steps * (num_micro * (stage + shared.p2p + shared.head / lay.p) + shared.sync_s + opt_s)
+    sync_s = shared.sync_s + shared.control_s
+    time_s = steps * (pipeline_s + sync_s + opt_s)
+    busy = steps * (num_micro * (stage + shared.p2p + shared.head / lay.p) + sync_s + opt_s)
     transient = shared.recompute_bytes if par.recompute else shared.activation_bytes
     offload_s = 0.0
     if par.offload_optimizer and not par.host_optimizer_step:
@@ -391,6 +396,7 @@ def train_cost(
             **({"micro_batch_tokens": peak_tokens} if par.train_micro.tokens else {}),
             "pipeline_s": pipeline_s,
             "dp_sync_s": shared.sync_s,
+            "control_sync_s": shared.control_s,
             "optimizer_s": opt_s,
             "offload_s": offload_s,
             "optimizer_on_host": par.host_optimizer_step,
@@ -415,6 +421,7 @@ class _TrainShared:
     head: float  # the head's forward + backward
     p2p: float  # the pipeline's send/recv per micro-batch
     sync_s: float  # gradient reduction
+    control_s: float  # the engine's scalar all-reduces (`control_syncs_s`)
     opt_s: float  # the device optimizer step
     activation_bytes: float  # 1F1B peak activations without recomputation
     recompute_bytes: float  # ... with recomputation
@@ -490,6 +497,7 @@ def _train_shared(
         head=head,
         p2p=p2p,
         sync_s=sync_s,
+        control_s=control_syncs_s(cm, lay, dp, train=True, zero=zero, ep=ep),
         opt_s=opt_s,
         activation_bytes=activations[False],
         recompute_bytes=activations[True],
@@ -545,6 +553,46 @@ class _DPGroups:
     scope: Scope
     ranks_per_node: int = 1
     expert_ranks_per_node: int = 1
+
+
+# The engine's bookkeeping all-reduces carry one scalar (an int64 or float64 tensor).
+CONTROL_BYTES = 8
+
+
+def control_syncs_s(
+    cm: CostModel,
+    lay: TrainLayout,
+    dp: _DPGroups,
+    *,
+    train: bool,
+    zero: int = 1,
+    ep: tuple[Scope, int] = (Scope.INTRA, 1),
+) -> float:
+    """The engine's scalar all-reduces, latency-bound, that `_dp_sync_and_optimizer_s`
+    (gradients) and the stage sends leave out: a forward call's agreement on its
+    micro-batch count over the data-parallel group (`roles._micro_count`), or one
+    optimizer step's (`train`): the mini-batch's token count and micro-batch count over
+    that group (`roles._global_tokens`, `_micro_count`) and the gradient norm's partial
+    sums over TP, over the experts' group, over PP, and over the DP group under FSDP
+    (`trainer.grad_norm`). Each also holds its ranks together: the first to arrive waits
+    for the last, which a collective's entry prices at its partners' arrival.
+    TP and PP groups are priced within a node, as the stage sends are."""
+
+    def over(world: int, scope: Scope, ranks_per_node: int = 1) -> float:
+        if world <= 1:
+            return 0.0
+        return cm.collective_s(
+            CollectiveKind.ALL_REDUCE, CONTROL_BYTES, world, scope, ranks_per_node=ranks_per_node
+        )
+
+    dp_one = over(lay.num_weight_replicas, dp.scope, dp.ranks_per_node)
+    if not train:
+        return dp_one
+    norm = over(lay.t, Scope.INTRA) + over(lay.p, Scope.INTRA)
+    norm += over(lay.e, *ep)
+    if zero == 3:
+        norm += dp_one
+    return 2 * dp_one + norm
 
 
 def _dp_sync_and_optimizer_s(

@@ -226,12 +226,19 @@ def test_the_slicing_curve_is_the_shared_forward_over_the_alone_one() -> None:
     assert sliced(0.5) == 1.0 and sliced(1.5) == 1.5 and sliced(3.0) == 3.0
 
 
-def test_an_oversubscribed_forward_is_stretched_by_the_slices_too() -> None:
+def test_an_oversubscribed_forward_is_stretched_by_the_slices_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The colocated plan: 4 workers on 2 cores, every forward stretched by the share of a
     # core, 2x; with the hand-made curve 2.5x at 2 ranks per core: 1.25 times the call
     # priced with no curve. (The calls' costs; a phase's interval adds the driver's
-    # launches, not stretched.)
+    # launches, not stretched. The engine's scalar all-reduces are left out: a
+    # collective's partner wait is not stretched, and they are counted elsewhere,
+    # tests/test_control_syncs.py.)
+    from placeflow.simulator import callcosts
     from placeflow.simulator.simulate import _cost_calls
+
+    monkeypatch.setattr(callcosts, "control_syncs_s", lambda *args, **kwargs: 0.0)
 
     plan = make_plan("colocate", "tiny-llama", 8)
     cm = fitted_cost_model("cpu")
@@ -304,7 +311,8 @@ def test_a_host_crowded_by_another_set_adds_each_collectives_wait_by_hand() -> N
 def test_the_probe_counts_a_tensor_parallel_forwards_collectives() -> None:
     # PPO split: the critic (t = 2, no DP) on its own 2 workers. Its value forward makes
     # two all-reduces a layer per micro-batch: 32 samples / micro-batch 8 = 4 micro-
-    # batches of 2 layers, 16 collectives. The reference (d = 2) forward makes none.
+    # batches of 2 layers, 16 collectives. The reference (d = 2) forward makes one: its
+    # ranks agree on their micro-batch count (`callcosts.control_syncs_s`).
     plan = load_plan(PLANS / "ppo-tiny-cpu4-split.toml")
     critic = plan.parallelism[Role.CRITIC]
     model = plan.workload.models[Role.CRITIC]
@@ -315,7 +323,7 @@ def test_the_probe_counts_a_tensor_parallel_forwards_collectives() -> None:
     counted = collectives_on(plan, cms, Role.CRITIC, plan.set_of(Role.CRITIC), None, 0)
     assert counted[Phase.VALUES] == pytest.approx(micro * 2 * layers)
     assert collectives_on(plan, cms, Role.REF, plan.set_of(Role.REF), None, 0) == {
-        Phase.REF_LOGPROB: 0.0
+        Phase.REF_LOGPROB: 1.0
     }
     # Simulated, the values call runs beside the actor's and reference's forwards on the
     # other two workers: longer with the measured wait than without it.
