@@ -53,46 +53,36 @@ def test_an_optimizer_step_counts_tokens_and_micro_batches_and_sums_the_norm() -
     assert _control(TrainLayout(), train=True) == 0.0
 
 
+PAR = RoleParallelism(train=TrainLayout(d=2), micro_batch=4, recompute=False)
+
+
+def _forward(cm: FlopCostModel) -> callcosts.CallCost:
+    return callcosts.forward_cost(cm, MODEL, PAR, 16, 32, value_head=False)  # type: ignore[arg-type]
+
+
+def _update(cm: FlopCostModel) -> callcosts.CallCost:
+    return callcosts.train_cost(
+        cm,  # type: ignore[arg-type]
+        MODEL,
+        PAR,
+        16,
+        32,
+        ppo_epochs=2,
+        mini_batches=2,
+        dp_scope=Scope.INTRA,
+        value_head=False,
+    )
+
+
 def test_forward_and_train_costs_add_them_once_per_call_and_per_step() -> None:
     """16 samples over d = 2; a forward call pays 2 s once; an update of 2 mini-batches
-    and 2 epochs, 4 optimizer steps, pays 2 x 2 s each."""
-    par = RoleParallelism(train=TrainLayout(d=2), micro_batch=4, recompute=False)
+    and 2 epochs, 4 optimizer steps, pays 2 x 2 s each (against the same calls with
+    every collective free)."""
     cm = WorldPriced()
-    fwd = callcosts.forward_cost(cm, MODEL, par, 16, 32, value_head=False)  # type: ignore[arg-type]
+    fwd = _forward(cm)
     assert fwd.detail["control_sync_s"] == 2.0
-    assert fwd.time_s == pytest.approx(
-        2.0
-        + callcosts.forward_cost(  # the same call without them
-            FlopCostModel(),  # type: ignore[arg-type]
-            MODEL,
-            par,
-            16,
-            32,
-            value_head=False,
-        ).time_s
-    )
+    assert fwd.time_s == pytest.approx(2.0 + _forward(FlopCostModel()).time_s)
     assert cm.collectives.count((CollectiveKind.ALL_REDUCE, 8, 2)) == 1
-    train = callcosts.train_cost(
-        WorldPriced(),  # type: ignore[arg-type]
-        MODEL,
-        par,
-        16,
-        32,
-        ppo_epochs=2,
-        mini_batches=2,
-        dp_scope=Scope.INTRA,
-        value_head=False,
-    )
-    free = callcosts.train_cost(
-        FlopCostModel(),  # type: ignore[arg-type]
-        MODEL,
-        par,
-        16,
-        32,
-        ppo_epochs=2,
-        mini_batches=2,
-        dp_scope=Scope.INTRA,
-        value_head=False,
-    )
+    train = _update(WorldPriced())
     assert train.detail["control_sync_s"] == 4.0
-    assert train.time_s - free.time_s == pytest.approx(4 * 4.0)
+    assert train.time_s - _update(FlopCostModel()).time_s == pytest.approx(4 * 4.0)
