@@ -574,9 +574,10 @@ def control_syncs_s(
     optimizer step's (`train`): the mini-batch's token count and micro-batch count over
     that group (`roles._global_tokens`, `_micro_count`) and the gradient norm's partial
     sums over TP, over the experts' group, over PP, and over the DP group under FSDP
-    (`trainer.grad_norm`). Each also holds its ranks together: the first to arrive waits
-    for the last, which a collective's entry prices at its partners' arrival.
-    TP and PP groups are priced within a node, as the stage sends are."""
+    (`trainer.grad_norm`). TP and PP groups are priced within a node, as the stage sends
+    are. Each also holds its ranks together: the profile's entry was timed with the
+    ranks arriving about together, so what they drift apart between two of them (the
+    first to arrive waits for the last) is not in it."""
 
     def over(world: int, scope: Scope, ranks_per_node: int = 1) -> float:
         if world <= 1:
