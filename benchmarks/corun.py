@@ -73,23 +73,16 @@ def make_op(name: str) -> Callable[[], object]:
             return lambda: x + y
         out = torch.empty_like(x)
         return lambda: torch.add(x, y, out=out)
-    from placeflow.catalogue import get_model
-    from placeflow.executor.engines.transformer import Arch, Transformer, random_full
-    from placeflow.profiles.framework import REFERENCE_MODEL
-    from placeflow.profiles.shared_cores import SHARED_COMPUTE_SHAPE
+    from placeflow.profiles.shared_cores import reference_model
 
-    spec = get_model(REFERENCE_MODEL)
-    model = Transformer(Arch.of(spec))
-    model.load_shards(random_full(model.arch, seed=0))
-    ids = torch.randint(0, spec.vocab_size, SHARED_COMPUTE_SHAPE)
-    mask = torch.ones_like(ids, dtype=torch.bool)
+    model, forward = reference_model(0)
     if name == "ref_forward":
 
-        def forward() -> None:
+        def forward_no_grad() -> None:
             with torch.no_grad():
-                model(ids, mask)
+                forward()
 
-        return forward
+        return forward_no_grad
     if name != "ref_train":
         raise SystemExit(f"corun: unknown op {name!r}; known: {', '.join(OPS)}")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -98,7 +91,7 @@ def make_op(name: str) -> Callable[[], object]:
     optimizer = torch.optim.AdamW(params, lr=1e-4)
 
     def step() -> None:
-        model(ids, mask).float().sum().backward()
+        forward().float().sum().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
 

@@ -226,9 +226,10 @@ def measure_shared_collective(
     return _entry(FrameworkKind.SHARED_COLLECTIVE, 1, extra)
 
 
-def _reference_forward(rank: int) -> Callable[[], object]:
-    """One forward of the framework profiler's reference model at SHARED_COMPUTE_SHAPE
-    (random weights seeded by `rank`), as a call (the caller turns gradients off)."""
+def reference_model(rank: int) -> tuple[torch.nn.Module, Callable[[], torch.Tensor]]:
+    """The framework profiler's reference model (random weights seeded by `rank`) and
+    one forward of it at SHARED_COMPUTE_SHAPE as a call (the caller chooses whether
+    gradients are on)."""
     from placeflow.catalogue import get_model
     from placeflow.executor.engines.transformer import Arch, Transformer, random_full
     from placeflow.profiles.framework import REFERENCE_MODEL
@@ -239,7 +240,12 @@ def _reference_forward(rank: int) -> Callable[[], object]:
     ids = torch.randint(0, spec.vocab_size, SHARED_COMPUTE_SHAPE)
     mask = torch.ones_like(ids, dtype=torch.bool)
 
-    return lambda: model(ids, mask)
+    return model, lambda: model(ids, mask)
+
+
+def _reference_forward(rank: int) -> Callable[[], object]:
+    """One forward of `reference_model(rank)`, as a call (the caller turns gradients off)."""
+    return reference_model(rank)[1]
 
 
 def _compute_rank(rank: int, job: SharedJob, results: Any) -> None:
