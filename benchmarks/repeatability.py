@@ -3,8 +3,8 @@
 
 The CPU fidelity benchmark compares the simulator with one executor run of each
 plan. On a shared VM the run itself moves: the same forward takes 5.6 ms one
-minute and 8.2 ms the next (no CPU steal counted; the neighbours' memory and cache
-traffic), and a phase of a millisecond or two moves by a scheduler slice. A model
+minute and 8.2 ms the next (`/proc/stat` counted no CPU steal; the cause is not
+measured), and a phase of a millisecond or two moves by a scheduler slice. A model
 cannot be expected to land closer to one run than a second run of the same code
 lands. This script takes two results files of `fidelity_cpu.py` made with the same
 code (run one after the other) and scores the first run's measured times against
@@ -33,43 +33,39 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-# (plan, phase) -> (measured seconds, the row's host speed or None); phase "step" is the
-# row's step.
-Measured = dict[tuple[str, str], tuple[float, float | None]]
+Key = tuple[str, str]  # (plan, phase); phase "step" is the row's step
 
 
-def measured(report: Mapping[str, Any]) -> Measured:
-    """Every measured phase and step of a `fidelity_cpu.py` results file."""
-    out: Measured = {}
-    for row in report["rows"]:
-        speed = row.get("host_speed")
-        for p in row["phases"]:
-            out[(row["plan"], p["phase"])] = (p["measured_s"], speed)
-        out[(row["plan"], "step")] = (row["step"]["measured_s"], speed)
-    return out
-
-
-def model_errors(report: Mapping[str, Any]) -> dict[tuple[str, str], float]:
-    """The simulator's relative error per phase and step in a results file."""
+def per_phase(report: Mapping[str, Any], field: str) -> dict[Key, float]:
+    """`field` ("measured_s" or "rel_error") of every phase and step of a
+    `fidelity_cpu.py` results file."""
     out = {}
     for row in report["rows"]:
         for p in row["phases"]:
-            out[(row["plan"], p["phase"])] = p["rel_error"]
-        out[(row["plan"], "step")] = row["step"]["rel_error"]
+            out[(row["plan"], p["phase"])] = p[field]
+        out[(row["plan"], "step")] = row["step"][field]
     return out
+
+
+def host_speeds(report: Mapping[str, Any]) -> dict[str, float | None]:
+    """Each plan's host speed as its row recorded it (`--host-speed` runs; else None)."""
+    return {row["plan"]: row.get("host_speed") for row in report["rows"]}
 
 
 def run_differences(
-    first: Measured, second: Measured, *, at_same_speed: bool
-) -> dict[tuple[str, str], float]:
+    first: Mapping[str, Any], second: Mapping[str, Any], *, at_same_speed: bool
+) -> dict[Key, float]:
     """first / second - 1 for each phase and step both runs measured; with
     `at_same_speed` each time over its row's host speed (only where both rows have one)."""
+    a_s, b_s = per_phase(first, "measured_s"), per_phase(second, "measured_s")
+    a_speed, b_speed = host_speeds(first), host_speeds(second)
     out = {}
-    for key, (a, speed_a) in first.items():
-        if key not in second:
+    for key, a in a_s.items():
+        if key not in b_s:
             continue
-        b, speed_b = second[key]
+        b = b_s[key]
         if at_same_speed:
+            speed_a, speed_b = a_speed[key[0]], b_speed.get(key[0])
             if speed_a is None or speed_b is None:
                 continue
             a, b = a / speed_a, b / speed_b
@@ -77,17 +73,18 @@ def run_differences(
     return out
 
 
-def summary(errors: Mapping[tuple[str, str], float], keys: Iterable[tuple[str, str]]) -> dict:
+def summary(errors: Mapping[Key, float], keys: Iterable[Key]) -> dict:
     """Median and worst |error| over the phases and over the steps among `keys`."""
     chosen = [k for k in keys if k in errors]
-    phases = [abs(errors[k]) for k in chosen if k[1] != "step"]
+    phase_keys = [k for k in chosen if k[1] != "step"]
+    phases = [abs(errors[k]) for k in phase_keys]
     steps = [abs(errors[k]) for k in chosen if k[1] == "step"]
-    worst = max(chosen, key=lambda k: abs(errors[k]) if k[1] != "step" else -1.0, default=None)
+    worst = max(phase_keys, key=lambda k: abs(errors[k]), default=None)
     return {
         "phases": len(phases),
         "median_abs_phases": statistics.median(phases) if phases else None,
         "worst_abs_phases": max(phases) if phases else None,
-        "worst_phase": list(worst) if worst is not None and worst[1] != "step" else None,
+        "worst_phase": None if worst is None else list(worst),
         "steps": len(steps),
         "median_abs_steps": statistics.median(steps) if steps else None,
         "worst_abs_steps": max(steps) if steps else None,
@@ -98,15 +95,15 @@ def compare(first: Mapping[str, Any], second: Mapping[str, Any], long_s: float) 
     """The report: run against run (raw, and at the same speed where both recorded it) and
     each run's model error, over all phases and over the phases of at least `long_s`
     seconds in both runs."""
-    a, b = measured(first), measured(second)
+    a, b = per_phase(first, "measured_s"), per_phase(second, "measured_s")
     both = [k for k in a if k in b]
-    long = [k for k in both if k[1] == "step" or min(a[k][0], b[k][0]) >= long_s]
+    long = [k for k in both if k[1] == "step" or min(a[k], b[k]) >= long_s]
     sets = {"all": both, f"phases >= {long_s * 1e3:g} ms": long}
     diffs = {
-        "run vs run": run_differences(a, b, at_same_speed=False),
-        "run vs run, same speed": run_differences(a, b, at_same_speed=True),
-        "model vs first run": model_errors(first),
-        "model vs second run": model_errors(second),
+        "run vs run": run_differences(first, second, at_same_speed=False),
+        "run vs run, same speed": run_differences(first, second, at_same_speed=True),
+        "model vs first run": per_phase(first, "rel_error"),
+        "model vs second run": per_phase(second, "rel_error"),
     }
     return {
         name: {label: summary(errors, keys) for label, keys in sets.items()}
