@@ -20,6 +20,16 @@ average around each run, and the summary (median and worst absolute error over
 all phases, and over steps), and prints a markdown table.
 
     python benchmarks/fidelity_cpu.py [--steps 16] [--warmup 8] [--profile cpu] [--only NAME ...]
+        [--rounds 1]
+
+With `--rounds N` it runs every plan N times, a round of all the plans after
+another (every other round in reverse order), and scores each plan against the
+median of its runs (`simulator.fidelity.compare_runs`): on this VM two runs of the
+same code land 9-18 % apart at the median step (benchmarks/repeatability.py), and a
+slow minute of the VM falls on one run of a plan rather than its whole measurement.
+Each row then lists its runs' own times (`runs`), and the report how far the runs
+land from their plan's median (`run_vs_median_of_runs`) and what the model scores
+against each round alone (`model_vs_each_round`).
 
 Before it runs anything it re-times a few of the profile's GEMMs on this host
 (`profiles.hostcheck`) and refuses a host that runs them more than 50 % off the
@@ -67,7 +77,7 @@ from placeflow.profiles.hostcheck import at_host_speed, check_host
 from placeflow.profiles.registry import load_profile
 from placeflow.profiles.schema import Profile
 from placeflow.simulator import simulate
-from placeflow.simulator.fidelity import compare
+from placeflow.simulator.fidelity import compare, compare_runs
 from placeflow.simulator.simulate import cost_models_for
 from placeflow.workload import Role
 
@@ -192,6 +202,13 @@ def main() -> None:
         "--warmup", type=int, default=8, help="steps left out before the median is taken"
     )
     parser.add_argument("--profile", default="cpu")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs of every plan, interleaved (every other round in reverse); each plan "
+        "is scored against the median of its runs",
+    )
     parser.add_argument("--only", nargs="*", default=None, help="plan names to run")
     parser.add_argument(
         "--resimulate", type=Path, default=None, help="an earlier results file to compare with"
@@ -207,6 +224,8 @@ def main() -> None:
         help="simulate with the profile's times scaled by the host check's ratio",
     )
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds is how many runs of each plan: 1 or more, got {args.rounds}")
     if args.resimulate is not None:
         resimulate(args.resimulate, args.profile, args.host_speed)
         return
@@ -230,55 +249,70 @@ def main() -> None:
         )
     matrix = [(label, plan) for label, plan in plans() if not args.only or plan.name in args.only]
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    rows, t0 = [], time.perf_counter()
-    # With --host-speed each plan is simulated at the speed of its own minutes: the
-    # geometric mean of the checks right before and right after its run (the first
-    # plan's before: the median above).
+    runs: dict[str, list[dict[str, Any]]] = {plan.name: [] for _, plan in matrix}
+    t0 = time.perf_counter()
+    # With --host-speed each run is simulated at the speed of its own minutes: the
+    # geometric mean of the checks right before and right after it (the first
+    # run's before: the median above).
     before = speed
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for placement, plan in matrix:
-                run_dir = Path(tmp) / plan.name
-                load_before = os.getloadavg()[0]
-                run_plan(plan, run_dir, RunConfig(steps=args.steps, progress=False))
-                load_after = os.getloadavg()[0]
-                plan_speed, checked = None, None
-                if before is not None:
-                    # (the check times GEMMs by the wall clock: the run's workers first
-                    # finish exiting)
-                    time.sleep(SETTLE_S)
-                    after = check_host(profile).ratio
-                    checked = [before, after]
-                    plan_speed = before if after is None else math.sqrt(before * after)
-                    before = after if after is not None else before
-                stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-                cms = _cost_models(profile, plan_speed, stamp)
-                estimate = simulate(plan, cms or cost_models_for(plan, args.profile))
-                table = compare(estimate, read_metrics(run_dir), warmup=args.warmup)
-                rows.append(
-                    {
-                        "placement": placement,
-                        "algorithm": plan.workload.algorithm.value,
-                        "async": plan.workload.asynchronous,
-                        "model": plan.workload.models[Role.ACTOR].name,
-                        "prompts": plan.workload.batch.prompts_per_step,
-                        "load_1min_before": load_before,
-                        "load_1min_after": load_after,
-                        **({"host_speed": plan_speed, "host_checks": checked} if checked else {}),
-                        **table.to_json(),
-                    }
-                )
-                print(
-                    f"{plan.name}: median {table.median_abs_error:.0%}, "
-                    f"step {table.step.rel_error:+.0%}, load {load_before:.1f}"
-                    + (f", host speed {plan_speed:.2f}x" if plan_speed else ""),
-                    file=sys.stderr,
-                )
+            for round_ in range(args.rounds):
+                # Every other round in reverse, so that no plan always runs at the same
+                # point of the VM's slower and quieter minutes.
+                for _, plan in matrix if round_ % 2 == 0 else matrix[::-1]:
+                    run_dir = Path(tmp) / f"{plan.name}-{round_}"
+                    load_before = os.getloadavg()[0]
+                    run_plan(plan, run_dir, RunConfig(steps=args.steps, progress=False))
+                    load_after = os.getloadavg()[0]
+                    plan_speed, checked = None, None
+                    if before is not None:
+                        # (the check times GEMMs by the wall clock: the run's workers
+                        # first finish exiting)
+                        time.sleep(SETTLE_S)
+                        after = check_host(profile).ratio
+                        checked = [before, after]
+                        plan_speed = before if after is None else math.sqrt(before * after)
+                        before = after if after is not None else before
+                    records = read_metrics(run_dir)
+                    runs[plan.name].append(
+                        {
+                            "records": records,
+                            "load_1min_before": load_before,
+                            "load_1min_after": load_after,
+                            **(
+                                {"host_speed": plan_speed, "host_checks": checked}
+                                if checked
+                                else {}
+                            ),
+                        }
+                    )
+                    print(
+                        f"{plan.name} (round {round_ + 1} of {args.rounds}): step "
+                        f"{_median_step_s(records, args.warmup) * 1e3:.0f} ms, "
+                        f"load {load_before:.1f}"
+                        + (f", host speed {plan_speed:.2f}x" if plan_speed else ""),
+                        file=sys.stderr,
+                    )
     finally:
         ray.shutdown()
+    rows = []
+    for placement, plan in matrix:
+        row = _score(placement, plan, runs[plan.name], profile, args.profile, args.warmup)
+        rows.append(row)
+        print(
+            f"{plan.name}: median {row['median_abs_error']:.0%}, "
+            f"step {row['step']['rel_error']:+.0%}",
+            file=sys.stderr,
+        )
     errors = [abs(p["rel_error"]) for r in rows for p in r["phases"]]
     step_errors = [abs(r["step"]["rel_error"]) for r in rows]
-    loads = [r["load_1min_before"] for r in rows] + [r["load_1min_after"] for r in rows]
+    loads = [
+        run[key]
+        for plan_runs in runs.values()
+        for run in plan_runs
+        for key in ("load_1min_before", "load_1min_after")
+    ]
     report = {
         "command": "python " + " ".join(["benchmarks/fidelity_cpu.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d"),
@@ -291,6 +325,7 @@ def main() -> None:
         "host_speed": speed,
         "steps": args.steps,
         "warmup": args.warmup,
+        "rounds": args.rounds,
         "total_s": round(time.perf_counter() - t0, 1),
         "num_plans": len(rows),
         "load_1min_median": statistics.median(loads),
@@ -299,6 +334,7 @@ def main() -> None:
         "worst_abs_error_all_phases": max(errors),
         "median_abs_error_steps": statistics.median(step_errors),
         "worst_abs_error_steps": max(step_errors),
+        **(_round_summary(rows) if args.rounds > 1 else {}),
         "rows": rows,
     }
     out = ROOT / "benchmarks/results/fidelity_cpu.json"
@@ -319,6 +355,93 @@ def main() -> None:
         f"load average {report['load_1min_median']:.1f} (max {report['load_1min_max']:.1f}) "
         f"on {os.cpu_count()} CPUs"
     )
+
+
+def _median_step_s(records: list[dict[str, Any]], warmup: int) -> float:
+    """A run's median step time over the steps after `warmup` (all if fewer)."""
+    used = records[warmup:] or records
+    return statistics.median(float(r["step_time_s"]) for r in used)
+
+
+def _score(
+    placement: str,
+    plan: Plan,
+    plan_runs: list[dict[str, Any]],
+    profile: Profile,
+    profile_name: str,
+    warmup: int,
+) -> dict[str, Any]:
+    """One plan's row: the simulation (at the median of its runs' host speeds, where
+    they were checked) against the median of its runs (`compare_runs`); with several
+    runs, each run's own measured times in `runs`."""
+    speeds = [r["host_speed"] for r in plan_runs if r.get("host_speed") is not None]
+    plan_speed = statistics.median(speeds) if speeds else None
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    cms = _cost_models(profile, plan_speed, stamp)
+    estimate = simulate(plan, cms or cost_models_for(plan, profile_name))
+    table = compare_runs(estimate, [r["records"] for r in plan_runs], warmup=warmup)
+    row: dict[str, Any] = {
+        "placement": placement,
+        "algorithm": plan.workload.algorithm.value,
+        "async": plan.workload.asynchronous,
+        "model": plan.workload.models[Role.ACTOR].name,
+        "prompts": plan.workload.batch.prompts_per_step,
+        "load_1min_before": statistics.median(r["load_1min_before"] for r in plan_runs),
+        "load_1min_after": statistics.median(r["load_1min_after"] for r in plan_runs),
+    }
+    if plan_speed is not None:
+        row["host_speed"] = plan_speed
+        row["host_checks"] = [c for r in plan_runs for c in r.get("host_checks", [])]
+    row.update(table.to_json())
+    if len(plan_runs) > 1:
+        row["runs"] = []
+        for run in plan_runs:
+            own = compare(estimate, run["records"], warmup=warmup)
+            row["runs"].append(
+                {
+                    **{k: v for k, v in run.items() if k != "records"},
+                    "phases": {p.phase: p.measured_s for p in own.phases},
+                    "step_s": own.step.measured_s,
+                }
+            )
+    return row
+
+
+def _round_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """How far each run lands from its plan's median of runs (per phase and per step),
+    and the model's error against each round's runs alone (what one round would have
+    scored), median and worst."""
+
+    def off(pairs: list[tuple[float, float]]) -> dict[str, float]:
+        errors = [abs(a / b - 1) for a, b in pairs]
+        return {"median": statistics.median(errors), "worst": max(errors)}
+
+    deviation_phases, deviation_steps = [], []
+    for r in rows:
+        for run in r["runs"]:
+            deviation_phases += [
+                (run["phases"][p["phase"]], p["measured_s"])
+                for p in r["phases"]
+                if p["phase"] in run["phases"]
+            ]
+            deviation_steps.append((run["step_s"], r["step"]["measured_s"]))
+    per_round = []
+    for i in range(min(len(r["runs"]) for r in rows)):
+        model_phases = [
+            (p["predicted_s"], r["runs"][i]["phases"][p["phase"]])
+            for r in rows
+            for p in r["phases"]
+            if p["phase"] in r["runs"][i]["phases"]
+        ]
+        model_steps = [(r["step"]["predicted_s"], r["runs"][i]["step_s"]) for r in rows]
+        per_round.append({"phases": off(model_phases), "steps": off(model_steps)})
+    return {
+        "run_vs_median_of_runs": {
+            "phases": off(deviation_phases),
+            "steps": off(deviation_steps),
+        },
+        "model_vs_each_round": per_round,
+    }
 
 
 def _cost_models(

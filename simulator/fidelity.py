@@ -7,6 +7,7 @@ README publishes. Measured times are medians over the steps after
 `warmup` (the first step pays one-time costs: gloo connects new groups, caches
 fill). Relative error = (predicted - measured) / measured; the summary is the
 median and the worst absolute error over the phases both sides have.
+`compare_runs` takes several runs of one plan: the median of their medians.
 
 Phases only one side has are listed, not scored: the controller's rule-based
 reward and advantage are measured but have no device cost in the simulator.
@@ -145,6 +146,50 @@ def compare(
         unscored=unscored,
         measured_overlap=measured_overlap(used),
         simulated_overlap=simulated_overlap(estimate),
+    )
+
+
+def compare_runs(
+    estimate: StepEstimate,
+    runs: Sequence[Sequence[Mapping[str, Any]]],
+    *,
+    warmup: int = 1,
+) -> FidelityTable:
+    """The table for `estimate` against several runs of its plan (each a list of records).
+
+    Each phase's and the step's measured time is the median over the runs of each
+    run's own median (`compare`), the measured overlap the median of the runs' own:
+    on a host whose speed drifts for minutes at a time, one slow run moves the
+    median of three runs less than it moves the median of their steps pooled.
+    A phase some run lacks is taken over the runs that have it.
+    """
+    if not runs:
+        raise ValueError("no runs to compare")
+    tables = [compare(estimate, records, warmup=warmup) for records in runs]
+    if len(tables) == 1:
+        return tables[0]
+    predicted = estimate.phase_totals_s()
+    measured: dict[str, list[float]] = {}
+    for table in tables:
+        for p in table.phases:
+            measured.setdefault(p.phase, []).append(p.measured_s)
+    overlaps = [t.measured_overlap for t in tables if t.measured_overlap is not None]
+    return FidelityTable(
+        plan=tables[0].plan,
+        profile=tables[0].profile,
+        steps=sum(t.steps for t in tables),
+        phases=tuple(
+            PhaseError(phase=name, measured_s=statistics.median(times), predicted_s=predicted[name])
+            for name, times in sorted(measured.items())
+        ),
+        step=PhaseError(
+            phase=STEP_ROW,
+            measured_s=statistics.median(t.step.measured_s for t in tables),
+            predicted_s=estimate.iteration_s,
+        ),
+        unscored=tuple(sorted({n for t in tables for n in t.unscored} - set(measured))),
+        measured_overlap=statistics.median(overlaps) if overlaps else None,
+        simulated_overlap=tables[0].simulated_overlap,
     )
 
 

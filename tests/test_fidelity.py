@@ -21,7 +21,12 @@ from placeflow.plan import load_plan
 from placeflow.reports.run import run_report
 from placeflow.simulator import StepEstimate, simulate
 from placeflow.simulator.estimate import PhaseInterval
-from placeflow.simulator.fidelity import call_overlap, compare, simulated_overlap
+from placeflow.simulator.fidelity import (
+    call_overlap,
+    compare,
+    compare_runs,
+    simulated_overlap,
+)
 from placeflow.simulator.simulate import cost_models_for
 
 PLANS = Path(__file__).resolve().parents[1] / "examples" / "plans"
@@ -60,6 +65,31 @@ def test_compare_by_hand() -> None:
     # No record has a timeline: the measured overlap is unknown, not 0 or 1.
     assert table.measured_overlap is None and table.to_json()["measured_overlap"] is None
     assert f"overlap: measured -, simulated {table.simulated_overlap:.2f}" in text
+
+
+def test_compare_runs_takes_the_median_of_each_runs_median() -> None:
+    plan = load_plan(SPLIT)
+    est = simulate(plan, cost_models_for(plan, "cpu"))
+    predicted = {k: v for k, v in est.phase_totals_s().items() if v > 0}
+    # Three runs at 2x, 4x and 1.25x the prediction: the median run is 2x.
+    runs = [_records(scale, predicted, est.iteration_s) for scale in (2.0, 4.0, 1.25)]
+    table = compare_runs(est, runs)
+    assert table.steps == 9
+    for p in table.phases:
+        assert p.measured_s == pytest.approx(2.0 * predicted[p.phase])
+        assert p.rel_error == pytest.approx(-0.5)
+    assert table.step.measured_s == pytest.approx(2.0 * est.iteration_s)
+    # A phase the 2x run lacks is the median of the two runs that have it: (4 + 1.25) / 2.
+    name = table.phases[0].phase
+    for r in runs[0]:
+        del r["phases"][name]
+    lacking = compare_runs(est, runs)
+    first = next(p for p in lacking.phases if p.phase == name)
+    assert first.measured_s == pytest.approx(2.625 * predicted[name])
+    # One run is `compare` itself; none is refused.
+    assert compare_runs(est, runs[1:2]) == compare(est, runs[1])
+    with pytest.raises(ValueError, match="no runs"):
+        compare_runs(est, [])
 
 
 def _call(name: str, device_set: int | None, start_s: float, end_s: float) -> dict:

@@ -1,0 +1,74 @@
+"""`benchmarks/fidelity_cpu.py --rounds`: a plan scored against the median of its runs.
+
+Records with known phase times (multiples of the simulated ones) stand in for the
+runs, so every figure of the row and of the round summary is computed by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fidelity_cpu import _round_summary, _score, make_plan  # benchmarks/ is on the test path
+
+from placeflow.executor.loop import as_run
+from placeflow.profiles.registry import load_profile
+from placeflow.simulator import simulate
+from placeflow.simulator.simulate import cost_models_for
+
+
+def _run(scale: float, predicted: dict[str, float], iteration: float, speed: float) -> dict:
+    """One run's entry as the benchmark keeps it: a warm-up step, then three steps at
+    `scale` times the prediction; checked at host speed `speed`."""
+    steps = [
+        {
+            "step": i,
+            "step_time_s": iteration * scale,
+            "phases": {k: v * scale for k, v in predicted.items()},
+        }
+        for i in range(1, 4)
+    ]
+    warm = {"step": 0, "step_time_s": 9.0, "phases": {k: 9.0 for k in predicted}}
+    return {
+        "records": [warm, *steps],
+        "load_1min_before": 2.0 * scale,
+        "load_1min_after": 3.0,
+        "host_speed": speed,
+        "host_checks": [speed, speed],
+    }
+
+
+def test_a_plan_is_scored_against_the_median_of_its_runs() -> None:
+    plan = as_run(make_plan("split", "tiny-llama", 8))
+    profile = load_profile("cpu")
+    est = simulate(plan, cost_models_for(plan, "cpu"))
+    predicted = {k: v for k, v in est.phase_totals_s().items() if v > 0}
+    # Host speed 1.0 in every run: the row is simulated with the profile as it is.
+    runs = [_run(scale, predicted, est.iteration_s, 1.0) for scale in (2.0, 4.0, 3.0)]
+    row = _score("split", plan, runs, profile, "cpu", warmup=1)
+    assert row["host_speed"] == 1.0 and len(row["host_checks"]) == 6
+    assert row["load_1min_before"] == pytest.approx(6.0)  # median of 4, 8, 6
+    # The median run is 3x the simulation (the simulation at speed 1 is `est`'s within
+    # the cost model's rounding).
+    for p in row["phases"]:
+        assert p["rel_error"] == pytest.approx(-2 / 3, rel=1e-6)
+    assert row["step"]["rel_error"] == pytest.approx(-2 / 3, rel=1e-6)
+    assert [r["step_s"] / est.iteration_s for r in row["runs"]] == pytest.approx([2, 4, 3])
+    assert "records" not in row["runs"][0]
+
+    summary = _round_summary([row])
+    # Runs at 2x, 4x and 3x against their median 3x: 1/3, 1/3 and 0 off.
+    spread = summary["run_vs_median_of_runs"]
+    assert spread["steps"] == pytest.approx({"median": 1 / 3, "worst": 1 / 3})
+    assert spread["phases"] == pytest.approx({"median": 1 / 3, "worst": 1 / 3})
+    # The model against each round alone: 1/2 - 1, 1/4 - 1 and 1/3 - 1.
+    each = [r["steps"]["median"] for r in summary["model_vs_each_round"]]
+    assert each == pytest.approx([0.5, 0.75, 2 / 3], rel=1e-6)
+
+
+def test_one_run_keeps_the_rows_shape() -> None:
+    plan = as_run(make_plan("split", "tiny-llama", 8))
+    est = simulate(plan, cost_models_for(plan, "cpu"))
+    predicted = {k: v for k, v in est.phase_totals_s().items() if v > 0}
+    run = _run(2.0, predicted, est.iteration_s, 1.0)
+    row = _score("split", plan, [run], load_profile("cpu"), "cpu", warmup=1)
+    assert "runs" not in row
+    assert row["step"]["rel_error"] == pytest.approx(-0.5, rel=1e-6)
