@@ -63,6 +63,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,14 +145,15 @@ def make_plan(placement: str, model: str, prompts: int) -> Plan:
         workload["reward_function"] = "arith"
     for p in par.values():
         p["recompute"] = False
-    data = {
-        "name": f"{placement}-{model}-{prompts}p",
+    name = f"{placement}-{model}-{prompts}p"
+    data: dict[str, Any] = {
+        "name": name,
         "workload": workload,
         "cluster": "../clusters/cpu4.toml",
         "sets": sets,
         "parallelism": par,
     }
-    return plan_from_dict(data, data["name"], PLANS)
+    return plan_from_dict(data, name, PLANS)
 
 
 # Example plans of the other algorithms and of a generator set (file, placement label).
@@ -355,6 +357,12 @@ def main() -> None:
         f"load average {report['load_1min_median']:.1f} (max {report['load_1min_max']:.1f}) "
         f"on {os.cpu_count()} CPUs"
     )
+    for pair, apart in report.get("round_vs_round", {}).items():
+        print(
+            f"rounds {pair}: {apart['phases']['median']:.0%} / {apart['phases']['worst']:.0%} "
+            f"apart over phases, {apart['steps']['median']:.0%} / "
+            f"{apart['steps']['worst']:.0%} over steps"
+        )
 
 
 def _median_step_s(records: list[dict[str, Any]], warmup: int) -> float:
@@ -408,39 +416,57 @@ def _score(
 
 
 def _round_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """How far each run lands from its plan's median of runs (per phase and per step),
-    and the model's error against each round's runs alone (what one round would have
-    scored), median and worst."""
+    """How far each run lands from its plan's median of runs, how far two rounds land
+    from each other (as `benchmarks/repeatability.py` scores two results files), and
+    the model's error against each round alone (what one round would have scored);
+    each over phases and over steps, median and worst of |a / b - 1|."""
 
     def off(pairs: list[tuple[float, float]]) -> dict[str, float]:
         errors = [abs(a / b - 1) for a, b in pairs]
         return {"median": statistics.median(errors), "worst": max(errors)}
 
-    deviation_phases, deviation_steps = [], []
-    for r in rows:
-        for run in r["runs"]:
-            deviation_phases += [
-                (run["phases"][p["phase"]], p["measured_s"])
-                for p in r["phases"]
-                if p["phase"] in run["phases"]
-            ]
-            deviation_steps.append((run["step_s"], r["step"]["measured_s"]))
-    per_round = []
-    for i in range(min(len(r["runs"]) for r in rows)):
-        model_phases = [
-            (p["predicted_s"], r["runs"][i]["phases"][p["phase"]])
-            for r in rows
-            for p in r["phases"]
-            if p["phase"] in r["runs"][i]["phases"]
-        ]
-        model_steps = [(r["step"]["predicted_s"], r["runs"][i]["step_s"]) for r in rows]
-        per_round.append({"phases": off(model_phases), "steps": off(model_steps)})
+    def pairs(
+        first: Callable[[dict[str, Any], str | None], float | None],
+        second: Callable[[dict[str, Any], str | None], float | None],
+    ) -> dict[str, dict[str, float]]:
+        """`first` against `second` over every plan's phases (name) and steps (None)."""
+        out = {}
+        for label, names in (("phases", True), ("steps", False)):
+            matched = []
+            for r in rows:
+                for name in [p["phase"] for p in r["phases"]] if names else [None]:
+                    a, b = first(r, name), second(r, name)
+                    if a is not None and b is not None:
+                        matched.append((a, b))
+            out[label] = off(matched)
+        return out
+
+    def run(i: int) -> Callable[[dict[str, Any], str | None], float | None]:
+        def measured(r: dict[str, Any], name: str | None) -> float | None:
+            own = r["runs"][i]
+            return own["step_s"] if name is None else own["phases"].get(name)
+
+        return measured
+
+    def median_of_runs(r: dict[str, Any], name: str | None) -> float:
+        if name is None:
+            return float(r["step"]["measured_s"])
+        return float(next(p["measured_s"] for p in r["phases"] if p["phase"] == name))
+
+    def simulated(r: dict[str, Any], name: str | None) -> float:
+        if name is None:
+            return float(r["step"]["predicted_s"])
+        return float(next(p["predicted_s"] for p in r["phases"] if p["phase"] == name))
+
+    rounds = min(len(r["runs"]) for r in rows)
     return {
-        "run_vs_median_of_runs": {
-            "phases": off(deviation_phases),
-            "steps": off(deviation_steps),
+        "run_vs_median_of_runs": [pairs(run(i), median_of_runs) for i in range(rounds)],
+        "round_vs_round": {
+            f"{i + 1} vs {j + 1}": pairs(run(i), run(j))
+            for i in range(rounds)
+            for j in range(i + 1, rounds)
         },
-        "model_vs_each_round": per_round,
+        "model_vs_each_round": [pairs(simulated, run(i)) for i in range(rounds)],
     }
 
 
@@ -465,7 +491,7 @@ def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
     loaded = load_profile(profile) if host_speed else None
     run_cms = None if loaded is None else _cost_models(loaded, speed, f"the run of {results.name}")
     measured = {r["plan"]: r for r in earlier["rows"]}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for _, plan in plans():
         if plan.name not in measured:
             continue

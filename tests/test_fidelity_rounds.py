@@ -56,12 +56,18 @@ def test_a_plan_is_scored_against_the_median_of_its_runs() -> None:
 
     summary = _round_summary([row])
     # Runs at 2x, 4x and 3x against their median 3x: 1/3, 1/3 and 0 off.
-    spread = summary["run_vs_median_of_runs"]
-    assert spread["steps"] == pytest.approx({"median": 1 / 3, "worst": 1 / 3})
-    assert spread["phases"] == pytest.approx({"median": 1 / 3, "worst": 1 / 3})
+    spread = [r["steps"]["median"] for r in summary["run_vs_median_of_runs"]]
+    assert spread == pytest.approx([1 / 3, 1 / 3, 0])
+    assert summary["run_vs_median_of_runs"][1]["phases"] == pytest.approx(
+        {"median": 1 / 3, "worst": 1 / 3}
+    )
+    # Rounds against each other: 2/4, 2/3 and 4/3.
+    apart = {k: v["steps"]["median"] for k, v in summary["round_vs_round"].items()}
+    assert apart == pytest.approx({"1 vs 2": 0.5, "1 vs 3": 1 / 3, "2 vs 3": 1 / 3})
     # The model against each round alone: 1/2 - 1, 1/4 - 1 and 1/3 - 1.
     each = [r["steps"]["median"] for r in summary["model_vs_each_round"]]
     assert each == pytest.approx([0.5, 0.75, 2 / 3], rel=1e-6)
+    assert summary["model_vs_each_round"][0]["phases"]["worst"] == pytest.approx(0.5, rel=1e-6)
 
 
 def test_one_run_keeps_the_rows_shape() -> None:
