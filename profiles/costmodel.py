@@ -42,7 +42,13 @@ import numpy as np
 
 from placeflow.errors import SpecError
 from placeflow.profiles import ops
-from placeflow.profiles.grid import DISPATCH_TENSOR_BYTES, DTYPE_BYTES
+from placeflow.profiles.grid import (
+    DISPATCH_TENSOR_BYTES,
+    DTYPE_BYTES,
+    SHARED_PROBE_BYTES,
+    SHARED_PROBE_WORLD,
+    SHARED_RANKS_PER_CORE,
+)
 from placeflow.profiles.schema import (
     DISPATCH_ENTRY_TENSORS,
     PER_TENSOR,
@@ -395,13 +401,31 @@ class CostModel:
         return view
 
     def partner_wait_s(self) -> float:
-        """What one collective adds to a rank's wall time on a host running two busy
-        ranks per core (the profile's `shared_collective` entry, `profiles.shared_cores`);
-        0 where the profile has none (GPU profiles, older CPU ones)."""
+        """What a collective adds to a rank's wall time on a host running two busy ranks
+        per core beyond its own time there: 0 where the profile has no `shared_collective`
+        entry (GPU profiles, older CPU ones).
+
+        The entry (`profiles.shared_cores`) is the whole wall time the probe, an
+        all-reduce of SHARED_PROBE_BYTES within a pair, adds to each rank's loop at
+        SHARED_RANKS_PER_CORE ranks per core: the all-reduce's own time included. The
+        shared view prices a collective as its profiled time stretched by the host's
+        sharing plus this wait, so the wait is the entry less the probe's own profiled
+        time stretched at the entry's sharing (`sliced`); never below 0, where the
+        probe's entry alone already holds more than the whole (a host whose small
+        collectives wait on their partners even on cores of their own).
+        """
         kind = FrameworkKind.SHARED_COLLECTIVE
         if (Op.FRAMEWORK, (kind.value,)) not in self.series:
             return 0.0
-        return self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
+
+        def wait() -> float:
+            whole = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
+            own = self._flat_collective_s(
+                CollectiveKind.ALL_REDUCE, SHARED_PROBE_BYTES, SHARED_PROBE_WORLD, Scope.INTRA
+            )
+            return max(0.0, whole - own * sliced(SHARED_RANKS_PER_CORE, self.slicing()))
+
+        return self.remember(("partner wait",), wait)
 
     def _per_core_points(self, kind: FrameworkKind) -> tuple[tuple[float, float], ...]:
         """The profile's framework entries of `kind` measured at num_units = W busy ranks

@@ -366,6 +366,12 @@ CPU_COPY_BYTES = geometric(4 * KIB, 256 * MIB)
 DISPATCH_BYTES = geometric(1 * KIB, 64 * MIB, 4)
 # A per-tensor dispatch entry's tensors: small, so that their count is what is timed.
 DISPATCH_TENSOR_BYTES = 64
+# The `shared_collective` entry's probe (`profiles.shared_cores`): an all-reduce of
+# SHARED_PROBE_BYTES within pairs of ranks, SHARED_RANKS_PER_CORE busy ranks per core:
+# small, so that the wait, not the bandwidth, is measured.
+SHARED_PROBE_BYTES = 4096
+SHARED_PROBE_WORLD = 2
+SHARED_RANKS_PER_CORE = 2  # the most oversubscription the shared entries are measured at
 
 
 def _quick_recipe(device: str, num_gpus: int) -> _Recipe:

@@ -29,7 +29,7 @@ cores it shares (`simulator.schedule`).
 `measure_shared_collective` measures the collective's wait as the executor meets it: 2·c ranks on
 the c cores of this host (one torch thread each, gloo), in pairs, each rank
 running the same fixed compute chunk (small matmuls, about a millisecond of one
-core) and then, in the second loop, an all-reduce of `PROBE_BYTES` within its
+core) and then, in the second loop, an all-reduce of `SHARED_PROBE_BYTES` within its
 pair after every chunk. The entry (op `framework`, kind `shared_collective`,
 source measured) is the wall time per iteration of the second loop less the
 first's, the slowest rank's: what one collective adds to each rank's time when
@@ -91,6 +91,7 @@ import torch.distributed as dist
 from placeflow.cliargs import add_kinds_option
 from placeflow.errors import MeasurementError
 from placeflow.procs import free_port, report_rank, run_ranks
+from placeflow.profiles.grid import SHARED_PROBE_BYTES, SHARED_RANKS_PER_CORE
 from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
@@ -105,9 +106,7 @@ from placeflow.profiles.schema import (
     with_some_kinds,
 )
 
-PROBE_BYTES = 4096  # a small all-reduce: the wait, not the bandwidth, is measured
 CHUNK_MATMULS = 40  # 64 x 64 fp32 matmuls per compute chunk (about 1 ms of one core here)
-RANKS_PER_CORE = 2  # the most oversubscription the entries are measured at
 SHARED_COMPUTE_SHAPE = (8, 32)  # (sequences, tokens) of the timed forward: a CPU micro-batch
 CALL_FORWARDS = 8  # forwards per rank of the long call of `measure_shared_call`'s pairs
 SHARED_KINDS = (
@@ -176,7 +175,7 @@ def _rank(rank: int, job: SharedJob, results: Any) -> None:
         pairs = [dist.new_group([r, r + 1]) for r in range(0, job.world_size, 2)]
         pair = pairs[rank // 2]
         a = torch.randn(64, 64)
-        buf = torch.zeros(PROBE_BYTES // 4)
+        buf = torch.zeros(SHARED_PROBE_BYTES // 4)
         _loop_s(2, a, pair, buf)  # warm-up: both paths, the groups' first use
         _loop_s(2, a, pair, None)
         for _ in range(job.repeats):
@@ -196,11 +195,14 @@ def measure_shared_collective(
     repeats: int = 7,
     stall_timeout_s: float = 180.0,
 ) -> Entry:
-    """The `shared_collective` entry, measured with RANKS_PER_CORE ranks per core of this
+    """The `shared_collective` entry, measured with SHARED_RANKS_PER_CORE ranks per core of this
     host (`cores`: os.cpu_count()); see the module docstring."""
     cores = cores or os.cpu_count() or 1
     job = SharedJob(
-        world_size=RANKS_PER_CORE * cores, port=free_port(), iterations=iterations, repeats=repeats
+        world_size=SHARED_RANKS_PER_CORE * cores,
+        port=free_port(),
+        iterations=iterations,
+        repeats=repeats,
     )
     extra: list[float] = []
 
@@ -279,11 +281,11 @@ def measure_shared_compute(
     stall_timeout_s: float = 180.0,
 ) -> list[Entry]:
     """The `shared_compute` entries (module docstring): the slowest rank's seconds per
-    reference forward with W = 1 ... RANKS_PER_CORE · cores busy ranks on this host
+    reference forward with W = 1 ... SHARED_RANKS_PER_CORE · cores busy ranks on this host
     (`cores`: os.cpu_count())."""
     cores = cores or os.cpu_count() or 1
     entries = []
-    for ranks in range(1, RANKS_PER_CORE * cores + 1):
+    for ranks in range(1, SHARED_RANKS_PER_CORE * cores + 1):
         job = SharedJob(world_size=ranks, port=free_port(), iterations=forwards, repeats=repeats)
         samples: list[float] = []
 
@@ -322,7 +324,7 @@ def measure_shared_call(
     *, cores: int | None = None, pairs: int = 30, warmup: int = 3
 ) -> list[Entry]:
     """The `shared_call` entries (module docstring): the fixed seconds of a call to W =
-    1 ... RANKS_PER_CORE · cores Ray actor ranks on this host (`cores`: os.cpu_count()).
+    1 ... SHARED_RANKS_PER_CORE · cores Ray actor ranks on this host (`cores`: os.cpu_count()).
     Starts a local Ray instance unless Ray is up (then uses it and leaves it running)."""
     import ray
 
@@ -335,7 +337,7 @@ def measure_shared_call(
     try:
         actor = ray.remote(num_cpus=0, runtime_env=WORKER_RUNTIME_ENV)(CallRank)
         entries = []
-        for ranks in range(1, RANKS_PER_CORE * cores + 1):
+        for ranks in range(1, SHARED_RANKS_PER_CORE * cores + 1):
             port = free_port()
             # Any: Ray's handle types do not know the remote methods of a class made here.
             world: list[Any] = [actor.remote(r, ranks, port) for r in range(ranks)]
@@ -503,17 +505,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     batch, tokens = SHARED_COMPUTE_SHAPE
     how = {
         FrameworkKind.SHARED_COLLECTIVE: (
-            f"shared_collective: {RANKS_PER_CORE * cores} gloo ranks on {cores} cores in "
-            f"pairs, a {PROBE_BYTES}-byte all-reduce after each compute chunk, less the "
+            f"shared_collective: {SHARED_RANKS_PER_CORE * cores} gloo ranks on {cores} cores in "
+            f"pairs, a {SHARED_PROBE_BYTES}-byte all-reduce after each compute chunk, less the "
             "chunks alone"
         ),
         FrameworkKind.SHARED_COMPUTE: (
             f"shared_compute: the engine's forward of the reference model at {batch}x"
-            f"{tokens} tokens on 1 to {RANKS_PER_CORE * cores} ranks (num_units) of the "
+            f"{tokens} tokens on 1 to {SHARED_RANKS_PER_CORE * cores} ranks (num_units) of the "
             f"{cores} cores, the slowest rank's wall time per forward"
         ),
         FrameworkKind.SHARED_CALL: (
-            f"shared_call: a call to 1 to {RANKS_PER_CORE * cores} Ray actor ranks "
+            f"shared_call: a call to 1 to {SHARED_RANKS_PER_CORE * cores} Ray actor ranks "
             f"(num_units) of one and of {CALL_FORWARDS} such forwards each, alternated, "
             "its time at no forward"
         ),

@@ -1,7 +1,8 @@
 """Collectives of ranks that share their host's cores: measured, priced, simulated.
 
-Oracles: the view adds the profile's entry divided by the contention to every
-collective within a host and nothing else (hand-computed from the entry); a
+Oracles: the view adds the partner wait (the profile's entry less the probe
+all-reduce's own stretched time) divided by the contention to every collective
+within a host and nothing else (hand-computed from the entries); a
 data-parallel update on an oversubscribed CPU set pays exactly its collectives'
 count times that wait more than on free cores, counted by hand from the
 layout (per optimizer step: one gradient reduce-scatter and one parameter
@@ -53,6 +54,16 @@ def _entry_s() -> float:
     return entry.median_s
 
 
+def _wait_s(cm: CostModel) -> float:
+    """The partner wait by hand: the entry (the whole wall time a 4 KiB all-reduce within a
+    pair adds at 2 busy ranks per core) less that all-reduce's own profiled time,
+    stretched as the host's slices stretch it at 2 ranks per core."""
+    own = cm.collective_s(CollectiveKind.ALL_REDUCE, 4096, 2, Scope.INTRA)
+    entry = cm.framework_s(FrameworkKind.SHARED_COLLECTIVE, 1)
+    assert entry is not None
+    return max(0.0, entry - own * sliced(2.0, cm.slicing()))
+
+
 def _without_wait(cm: CostModel) -> CostModel:
     """`cm` with the `shared_collective` entry left out of its profile: rates only."""
     kept = {k: v for k, v in cm.series.items() if k != (Op.FRAMEWORK, ("shared_collective",))}
@@ -61,7 +72,8 @@ def _without_wait(cm: CostModel) -> CostModel:
 
 def test_the_view_adds_the_measured_wait_to_collectives_within_a_host() -> None:
     cm = fitted_cost_model("cpu")
-    wait = _entry_s()
+    wait = _wait_s(cm)
+    assert wait == cm.partner_wait_s() and 0 < wait < _entry_s()
     assert cm.shared_cores(1.0) is cm  # free cores: nothing changes
     view = cm.shared_cores(2.0)
     assert view.shared_wait_s == pytest.approx(wait / 2)
@@ -260,11 +272,27 @@ def test_a_set_s_collectives_wait_less_the_slices_in_its_stretch() -> None:
 
     plan = make_plan("colocate", "tiny-llama", 8)
     cm = _with_slicing(fitted_cost_model("cpu"), HAND)
-    assert _set_cm(plan, {"*": cm}, 0).shared_wait_s == pytest.approx(_entry_s() / 2.5)
+    assert _set_cm(plan, {"*": cm}, 0).shared_wait_s == pytest.approx(_wait_s(cm) / 2.5)
     # The split plan's sets (2 workers each on the 2 cores) have a core per worker: no
     # view, though the curve stretches their calls 1.05x for what they cost one another.
     split = make_plan("split", "tiny-llama", 8)
     assert _set_cm(split, {"*": cm}, 0) is cm
+
+
+def test_the_partner_wait_is_the_probe_s_whole_time_less_its_own_by_hand() -> None:
+    # The hand-made curve stretches 2.5x at 2 ranks per core; the probe's own all-reduce
+    # (4 KiB within a pair) is the profile's entry. An entry 1 ms over that time
+    # stretched leaves a 1 ms wait; one that the stretched all-reduce alone already
+    # exceeds leaves none (the small collectives' entries hold the wait).
+    cm = _with_slicing(fitted_cost_model("cpu"), HAND)
+    own = cm.collective_s(CollectiveKind.ALL_REDUCE, 4096, 2, Scope.INTRA)
+    assert own > 0
+    waiting = with_framework(cm, FrameworkKind.SHARED_COLLECTIVE, {1: own * 2.5 + 1e-3})
+    assert waiting.partner_wait_s() == pytest.approx(1e-3)
+    assert waiting.shared_cores(2.5).shared_wait_s == pytest.approx(1e-3 / 2.5)
+    covered = with_framework(cm, FrameworkKind.SHARED_COLLECTIVE, {1: own * 2.0})
+    assert covered.partner_wait_s() == 0.0
+    assert with_framework(cm, FrameworkKind.SHARED_COLLECTIVE, None).partner_wait_s() == 0.0
 
 
 # A host's measured curve with a slices' overhead of 0.1 at two busy workers per core.
