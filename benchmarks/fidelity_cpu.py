@@ -28,8 +28,10 @@ median of its runs (`simulator.fidelity.compare_runs`): on this VM two runs of t
 same code land 9-18 % apart at the median step (benchmarks/repeatability.py), and a
 slow minute of the VM falls on one run of a plan rather than its whole measurement.
 Each row then lists its runs' own times (`runs`), and the report how far the runs
-land from their plan's median (`run_vs_median_of_runs`) and what the model scores
-against each round alone (`model_vs_each_round`).
+land from their plan's median (`run_vs_median_of_runs`), how far the rounds land from
+one another pair by pair (`round_vs_round`, as benchmarks/repeatability.py scores two
+results files) and what the model scores against each round alone
+(`model_vs_each_round`).
 
 Before it runs anything it re-times a few of the profile's GEMMs on this host
 (`profiles.hostcheck`) and refuses a host that runs them more than 50 % off the
