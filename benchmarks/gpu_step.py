@@ -27,6 +27,7 @@ its model by a path relative to it):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -80,7 +81,8 @@ def phase_flops(plan: Any, tokens: float) -> dict[str, float]:
 
     models = plan.workload.models
     fwd = {role: spec.flops_per_token_forward() for role, spec in models.items()}
-    out = {Phase.ACTOR_UPDATE: 3 * fwd[Role.ACTOR] * tokens}  # forward + backward = 3 forwards
+    # Forward + backward = 3 forwards.
+    out: dict[str, float] = {Phase.ACTOR_UPDATE: 3 * fwd[Role.ACTOR] * tokens}
     if Role.REF in models:
         out[Phase.REF_LOGPROB] = fwd[Role.REF] * tokens
     return out
@@ -100,13 +102,76 @@ def run(plan: Any, steps: int, warmup: int) -> list[Any]:
         ray.shutdown()
 
 
+def with_micro_batch(plan: Any, micro_batch: int) -> Any:
+    """`plan` with the actor's training micro-batch set to `micro_batch` (0: as it is)."""
+    from placeflow.workload import Role
+
+    if not micro_batch:
+        return plan
+    par = dict(plan.parallelism)
+    par[Role.ACTOR] = dataclasses.replace(par[Role.ACTOR], micro_batch=micro_batch)
+    return dataclasses.replace(plan, parallelism=par)
+
+
+def resimulate(path: Path) -> None:
+    """The run recorded in `path` simulated again with the current model: its measured
+    figures kept, its simulated ones (step, error, per phase) replaced, the model's
+    commit recorded beside the run's."""
+    from placeflow.plan import load_plan
+    from placeflow.simulator import simulate
+    from placeflow.simulator.simulate import cost_models_for
+
+    report = json.loads(path.read_text())
+    plan = with_micro_batch(load_plan(ROOT / report["plan"]), report.get("actor_micro_batch", 0))
+    estimate = simulate(plan, cost_models_for(plan))
+    simulated = estimate.phase_totals_s()
+    report["simulated_step_s"] = round(estimate.iteration_s, 4)
+    report["step_error"] = round(estimate.iteration_s / report["step_s"] - 1, 4)
+    for name, row in report["phases"].items():
+        row["simulated_s"] = round(simulated[name], 4) if name in simulated else None
+    report["resimulated"] = {
+        "command": f"python benchmarks/gpu_step.py --resimulate {path}",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "placeflow_commit": subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
+    }
+    out = path.with_name(path.stem + "_resimulated.json")
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    errors = {
+        name: round(row["simulated_s"] / row["measured_s"] - 1, 3)
+        for name, row in report["phases"].items()
+        if row["simulated_s"] is not None and row["measured_s"] > 0
+    }
+    print(
+        f"{path.name}: measured {report['step_s']} s, simulated {report['simulated_step_s']} s "
+        f"({report['step_error']:+.1%}); per phase {errors}; wrote {out}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="measured steps")
     parser.add_argument("--warmup", type=int, default=1, help="steps run first, not measured")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=0,
+        help="the actor's training micro-batch in place of the plan's (0: the plan's)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULT, help="results file")
+    parser.add_argument(
+        "--resimulate",
+        type=Path,
+        help="re-simulate a results file's run with the current model (no GPU needed) and "
+        "write FILE_resimulated.json beside it",
+    )
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit(f"--steps and --warmup must be >= 1, got {args.steps}, {args.warmup}")
+    if args.resimulate:
+        resimulate(args.resimulate)
+        return
     require_cuda()
 
     from placeflow.metrics import Metric
@@ -114,8 +179,9 @@ def main() -> None:
     from placeflow.plan import load_plan
     from placeflow.simulator import simulate
     from placeflow.simulator.simulate import cost_models_for
+    from placeflow.workload import Role
 
-    plan = load_plan(PLAN)
+    plan = with_micro_batch(load_plan(PLAN), args.micro_batch)
     peak = matmul_peak_tflops()
     records = run(plan, args.steps, args.warmup)
     estimate = simulate(plan, cost_models_for(plan))
@@ -151,6 +217,7 @@ def main() -> None:
         "plan": str(PLAN.relative_to(ROOT)),
         "profile": estimate.profile_name,
         "settings": {"steps": args.steps, "warmup": args.warmup},
+        "actor_micro_batch": plan.parallelism[Role.ACTOR].micro_batch,
         "matmul_peak_tflops": round(peak, 1),
         "step_s": round(step_s, 4),
         "simulated_step_s": round(estimate.iteration_s, 4),
@@ -161,7 +228,7 @@ def main() -> None:
         "phases": phases,
         "steps": [{"metrics": r.metrics, "phases": r.phases} for r in records],
     }
-    RESULT.write_text(json.dumps(report, indent=1) + "\n")
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "steps"}, indent=1))
 
 

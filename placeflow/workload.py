@@ -87,12 +87,30 @@ class KVCacheDType(StrEnum):
 class RolloutEngine(StrEnum):
     """The engine that generates rollouts (the simulator prices its decode step).
 
-    builtin: placeflow's batched KV-cache sampler, eager decode; vllm: vLLM,
-    which replays CUDA graphs for decode on GPUs.
+    builtin: placeflow's batched KV-cache sampler: eager decode on CPU and under
+    tensor parallelism, CUDA-graph decode on a GPU with whole-model ranks
+    (`decode_graphed`); vllm: vLLM, which replays CUDA graphs for decode on GPUs.
     """
 
     BUILTIN = "builtin"
     VLLM = "vllm"
+
+
+# Eager runs of the built-in engine's decode step before it is captured as a CUDA graph
+# (torch's capture recipe: warm up on a side stream, then capture), once per generation.
+GRAPH_WARMUP_RUNS = 2
+
+
+def decode_graphed(engine: RolloutEngine, device_kind: str, tg: int) -> bool:
+    """Whether `engine` replays its decode steps as CUDA graphs on `tg`-way generation
+    ranks of a `device_kind` device: never off CUDA (a graph saves launches, which a CPU
+    does not have); vLLM always on CUDA; the built-in sampler with whole-model ranks only
+    (tg = 1: no TP collective inside the step), where it runs fixed-shape steps over its
+    preallocated cache (`executor.engines.sampler.DecodeMode.GRAPH`), attention over the
+    whole capacity under a mask, captured once per generation."""
+    if device_kind != "cuda":
+        return False
+    return engine is RolloutEngine.VLLM or tg == 1
 
 
 class Role(StrEnum):

@@ -70,7 +70,7 @@ from placeflow.reshard_plan import (
 )
 from placeflow.simulator import compute, memory
 from placeflow.simulator.lengths import LengthModel
-from placeflow.workload import KVCacheDType, LoRASpec, RolloutEngine
+from placeflow.workload import KVCacheDType, LoRASpec, RolloutEngine, decode_graphed
 
 DECODE_POINTS = 12
 
@@ -114,6 +114,7 @@ def _decode_sum_s(
     """
     prompt, lengths = shape.prompt_len, shape.lengths
     last = lengths.last_step(n, shape.tail_left)
+    over_capacity = static_cache(cm, gen, shape)
     points = sorted({round(1 + i * (last - 1) / (DECODE_POINTS - 1)) for i in range(DECODE_POINTS)})
     values = [
         compute.decode_step_s(
@@ -122,7 +123,7 @@ def _decode_sum_s(
             gen.tg,
             gen.pg,
             max(1, math.ceil(n * lengths.survival(s))),
-            prompt + s,
+            prompt + lengths.max_len if over_capacity else prompt + s,
             engine=shape.engine,
         )
         for s in points
@@ -134,6 +135,16 @@ def _decode_sum_s(
         for s0, s1, v0, v1 in zip(points, points[1:], values, values[1:], strict=False)
     )
     return integral + (values[0] + values[-1]) / 2, last
+
+
+def static_cache(cm: CostModel, gen: GenLayout, shape: GenerationShape) -> bool:
+    """Whether the engine's decode attends over its whole preallocated cache (prompt +
+    max response) rather than the tokens so far: the built-in engine's graphed decode
+    runs fixed shapes under a mask (`placeflow.workload.decode_graphed`); vLLM's paged
+    attention reads the blocks in use."""
+    return shape.engine is RolloutEngine.BUILTIN and decode_graphed(
+        shape.engine, cm.device_kind, gen.tg
+    )
 
 
 def weights_from_memory(cm: CostModel, model: ModelSpec, gen: GenLayout, workers: int) -> bool:
@@ -159,13 +170,18 @@ def generation_cost(
     prefill_one += compute.head_forward_s(cm, model, gen.tg, batch, value_head=False)
     prefill_s = prefill_one * n / batch
     steady_s = 0.0
+    capacity_kv = prompt + shape.lengths.max_len
+    over_capacity = static_cache(cm, gen, shape)
     if n > c:
         steady_steps = (n - c) * shape.lengths.mean / c
-        mean_kv = prompt + int(shape.lengths.mean / 2)
+        mean_kv = capacity_kv if over_capacity else prompt + int(shape.lengths.mean / 2)
         steady_s = steady_steps * compute.decode_step_s(
             cm, model, gen.tg, gen.pg, c, mean_kv, engine=shape.engine
         )
     tail_s, steps = _decode_sum_s(cm, model, gen, batch, shape)
+    # The built-in engine captures its decode graph once per generation (a call); vLLM
+    # captures its graphs when the engine starts, outside the step.
+    capture_s = compute.graph_capture_s(cm, model, batch, capacity_kv) if over_capacity else 0.0
     kv_bytes = (
         batch
         * (prompt + shape.lengths.max_len)
@@ -178,7 +194,7 @@ def generation_cost(
         passes = math.ceil(n / batch) + (steady_steps if n > c else 0.0) + steps
         shard = generation_shard_bytes(model.num_bytes(), gen)
         reads_s = passes * cm.memory_read_s(int(shard))
-    time_s = prefill_s + steady_s + tail_s + reads_s
+    time_s = prefill_s + steady_s + tail_s + reads_s + capture_s
     return CallCost(
         time_s=time_s,
         transient_bytes=kv_bytes,
@@ -187,6 +203,7 @@ def generation_cost(
             "prefill_s": prefill_s,
             "decode_s": steady_s + tail_s,
             "weight_reads_s": reads_s,
+            "graph_capture_s": capture_s,
             "seqs_per_replica": n,
             "kv_capacity_seqs": c,
             "waves": math.ceil(n / c),

@@ -36,10 +36,12 @@ such entries and keep the counted ops. How the two resources combine
 - GPU, eager: launches are asynchronous and overlap the kernels, so a piece of
   work costs max(device time, every launched op × op dispatch): the host bounds
   the step only when dispatch outruns the device (small models, small batches).
-- GPU, CUDA-graph replay (`DECODE_GRAPHS`: vLLM's decode): the layers' launches
-  become one graph launch; what the host still dispatches per decode step is
-  the step's own ops outside the layers (input preparation, sampling, stop
-  checks; `EXTRA_OPS_DECODE_STEP` of placeflow's engine stands for them).
+- GPU, CUDA-graph replay (`placeflow.workload.decode_graphed`: vLLM's decode,
+  and the built-in engine's with tg = 1): the layers' launches become one graph
+  launch; what the host still dispatches per decode step is the step's own ops
+  outside the layers (input preparation, sampling, stop checks;
+  `EXTRA_OPS_DECODE_STEP` of placeflow's engine stands for them). The built-in
+  engine captures its graph once per generation (`graph_capture_s`).
 
 Mixture of experts (`ModelSpec.moe`). A layer's time is the mean over the
 model's layers, so that callers multiply by the layer count as for a dense
@@ -115,7 +117,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from placeflow.catalogue import get_model
@@ -124,7 +125,7 @@ from placeflow.models import Feature, ModelSpec
 from placeflow.profiles import framework as ref
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, FrameworkKind, Scope
-from placeflow.workload import RolloutEngine
+from placeflow.workload import GRAPH_WARMUP_RUNS, RolloutEngine, decode_graphed
 
 # Dispatched ops of the engine not costed as kernels (see the module docstring).
 EXTRA_OPS_LAYER_FORWARD = 50  # per decoder layer, prefill or training forward
@@ -148,12 +149,6 @@ KERNELS_LAYER_BACKWARD = 17
 KERNELS_TP_ALL_REDUCES = 2
 KERNELS_HEAD_FORWARD = {False: 2, True: 1}  # by value_head: LM head + log-softmax, or one GEMM
 KERNELS_HEAD_BACKWARD = {False: 3, True: 2}
-
-# Whether an engine's decode step replays a CUDA graph (on a GPU; never on CPU).
-DECODE_GRAPHS: Mapping[RolloutEngine, bool] = {
-    RolloutEngine.BUILTIN: False,
-    RolloutEngine.VLLM: True,
-}
 
 
 def op_overhead_s(cm: CostModel) -> float:
@@ -775,7 +770,21 @@ def decode_step_s(
     A single decode batch passes the stages one after another, so pipeline
     parallelism in generation splits memory, not time (plus one send per stage).
     """
+    graphed = decode_graphed(engine, cm.device_kind, tg)
+    return _decode_step_s(cm, model, tg, pg, batch, kv_len, graphed=graphed)
 
+
+def graph_capture_s(cm: CostModel, model: ModelSpec, batch: int, kv_len: int) -> float:
+    """The built-in engine's CUDA-graph capture of its decode step, once per generation
+    (tg = 1, `placeflow.workload.decode_graphed`): `GRAPH_WARMUP_RUNS` eager runs of the
+    step, then the captured run, whose launches cost the host what an eager run's do."""
+    eager = _decode_step_s(cm, model, 1, 1, batch, kv_len, graphed=False)
+    return (GRAPH_WARMUP_RUNS + 1) * eager
+
+
+def _decode_step_s(
+    cm: CostModel, model: ModelSpec, tg: int, pg: int, batch: int, kv_len: int, *, graphed: bool
+) -> float:
     def compute() -> float:
         layer = layer_forward_kernels_s(cm, model, tg, batch, 1, decode_kv_len=kv_len)
         p2p = (pg - 1) * cm.collective_s(
@@ -789,7 +798,7 @@ def decode_step_s(
             + _head_forward_kernels_s(cm, model, tg, batch, value_head=False)
             + p2p
         )
-        if cm.device_kind == "cuda" and DECODE_GRAPHS[engine]:
+        if graphed:
             # One graph launch replaces the layers' and the head's launches.
             time_s = max(device_s, (1 + EXTRA_OPS_DECODE_STEP) * op_overhead_s(cm))
         else:
@@ -811,7 +820,7 @@ def decode_step_s(
                 time_s = _combined_s(cm, device_s, kernels, host_s)
         return time_s
 
-    return cm.remember(("decode_step", model, tg, pg, batch, kv_len, engine), compute)
+    return cm.remember(("decode_step", model, tg, pg, batch, kv_len, graphed), compute)
 
 
 # --- LoRA (placeflow/lora.py) ------------------------------------------------------------

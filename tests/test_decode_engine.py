@@ -8,16 +8,26 @@ decode step's time is computed by hand from the module docstring's rules of
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import pytest
 
 from placeflow.catalogue import get_model
 from placeflow.errors import SpecError
+from placeflow.layout import GenLayout, TrainLayout
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.schema import CollectiveKind, Scope
-from placeflow.simulator import compute
-from placeflow.workload import RolloutEngine, load_workload, workload_from_dict, workload_to_dict
+from placeflow.simulator import callcosts, compute
+from placeflow.simulator.lengths import LengthModel
+from placeflow.workload import (
+    GRAPH_WARMUP_RUNS,
+    RolloutEngine,
+    decode_graphed,
+    load_workload,
+    workload_from_dict,
+    workload_to_dict,
+)
 
 GEMM_S, ATTN_S, ELEM_S = 10e-6, 20e-6, 4e-6
 
@@ -74,28 +84,92 @@ def test_cpu_decode_adds_the_framework_ops_to_the_kernels(engine: RolloutEngine)
 
 
 def test_gpu_eager_decode_costs_the_larger_of_host_and_device() -> None:
+    # The built-in engine decodes eagerly under tensor parallelism (tg = 2): every op
+    # launched, two all-reduces per layer among them (30 µs each on the device).
+    ops, device = EAGER_OPS + 2 * L, DEVICE_S + 2 * L * 30e-6
     slow_host, fast_host = 14e-6, 0.1e-6
-    host_bound = compute.decode_step_s(_costs("cuda", slow_host), MODEL, 1, 1, 8, 100)
-    assert EAGER_OPS * slow_host > DEVICE_S
-    assert host_bound == pytest.approx(EAGER_OPS * slow_host)
-    device_bound = compute.decode_step_s(_costs("cuda", fast_host), MODEL, 1, 1, 8, 100)
-    assert EAGER_OPS * fast_host < DEVICE_S
-    assert device_bound == pytest.approx(DEVICE_S)
+    host_bound = compute.decode_step_s(_costs("cuda", slow_host), MODEL, 2, 1, 8, 100)
+    assert ops * slow_host > device
+    assert host_bound == pytest.approx(ops * slow_host)
+    device_bound = compute.decode_step_s(_costs("cuda", fast_host), MODEL, 2, 1, 8, 100)
+    assert ops * fast_host < device
+    assert device_bound == pytest.approx(device)
 
 
-def test_gpu_graph_replay_removes_the_layer_launches() -> None:
+@pytest.mark.parametrize("engine", list(RolloutEngine))
+def test_gpu_graph_replay_removes_the_layer_launches(engine: RolloutEngine) -> None:
     cm = _costs("cuda", 14e-6)
-    got = compute.decode_step_s(cm, MODEL, 1, 1, 8, 100, engine=RolloutEngine.VLLM)
+    got = compute.decode_step_s(cm, MODEL, 1, 1, 8, 100, engine=engine)
     # One graph launch plus the step's own ops: 69 · 14 µs = 0.966 ms against the kernels.
     assert got == pytest.approx(max(DEVICE_S, 69 * 14e-6))
-    eager = compute.decode_step_s(cm, MODEL, 1, 1, 8, 100, engine=RolloutEngine.BUILTIN)
-    assert got < eager
 
 
-def test_tensor_parallel_decode_launches_two_all_reduces_per_layer() -> None:
+def test_which_decode_replays_graphs() -> None:
+    """vLLM on CUDA at any tg; the built-in engine on CUDA with whole-model ranks only
+    (the sampler's `default_decode` asks the same function); nothing on CPU."""
+    assert decode_graphed(RolloutEngine.VLLM, "cuda", 4)
+    assert decode_graphed(RolloutEngine.BUILTIN, "cuda", 1)
+    assert not decode_graphed(RolloutEngine.BUILTIN, "cuda", 2)
+    assert not decode_graphed(RolloutEngine.VLLM, "cpu", 1)
+    assert not decode_graphed(RolloutEngine.BUILTIN, "cpu", 1)
+
+
+def test_graph_capture_is_three_eager_steps() -> None:
+    # Two warm-up runs and the captured run, each launching an eager step's ops
+    # (host-bound here: 1,000 ops x 14 µs against 0.2 ms of kernels).
     cm = _costs("cuda", 14e-6)
-    got = compute.decode_step_s(cm, MODEL, 2, 1, 8, 100)
-    assert got == pytest.approx((EAGER_OPS + 2 * L) * 14e-6)
+    assert GRAPH_WARMUP_RUNS == 2
+    assert compute.graph_capture_s(cm, MODEL, 8, 100) == pytest.approx(3 * EAGER_OPS * 14e-6)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KvCosts(RoundCosts):
+    """RoundCosts with decode attention 1 µs per cached token (prefill attention 20 µs)."""
+
+    def attn_prefill_s(self, *args: object, **kwargs: object) -> float:
+        return ATTN_S
+
+    def attn_decode_s(self, batch: int, kv_len: int, *args: int) -> float:
+        return kv_len * 1e-6
+
+
+def _generation(engine: RolloutEngine, tg: int) -> callcosts.CallCost:
+    cm = KvCosts(
+        profile_name="kv", dtype_bytes=2, rooflines={}, series={}, device_kind="cuda", op_s=0.1e-6
+    )
+    gen = GenLayout(train=TrainLayout(d=1, t=tg), tg=tg)
+    shape = callcosts.GenerationShape(
+        num_seqs=8, prompt_len=10, lengths=LengthModel(4), kv_capacity_seqs=8, engine=engine
+    )
+    return callcosts.generation_cost(cm, MODEL, gen, shape)
+
+
+def test_builtin_graphed_decode_attends_over_its_whole_cache_and_captures_once() -> None:
+    """Four response tokens after a 10-token prompt: steps at KV 11..14 for vLLM, at the
+    cache's capacity 14 for the built-in engine, whose generation also pays one capture
+    (3 eager steps at capacity). Device-bound steps (0.1 µs per launch): per step
+    DEVICE_S less the 20 µs attention, plus kv µs per layer."""
+    base = DEVICE_S - L * ATTN_S
+
+    def steps(kvs: list[int]) -> float:
+        # _decode_sum_s: trapezoid over steps 1..4 plus half of each end value.
+        values = [base + L * kv * 1e-6 for kv in kvs]
+        inner = sum((a + b) / 2 for a, b in itertools.pairwise(values))
+        return inner + (values[0] + values[-1]) / 2
+
+    vllm = _generation(RolloutEngine.VLLM, 1)
+    assert vllm.detail["decode_s"] == pytest.approx(steps([11, 12, 13, 14]))
+    assert vllm.detail["graph_capture_s"] == 0.0
+    builtin = _generation(RolloutEngine.BUILTIN, 1)
+    assert builtin.detail["decode_s"] == pytest.approx(steps([14, 14, 14, 14]))
+    eager_ops = EAGER_OPS * 0.1e-6
+    assert eager_ops < base + L * 14e-6  # the eager step is device-bound too
+    assert builtin.detail["graph_capture_s"] == pytest.approx(3 * (base + L * 14e-6))
+    assert builtin.time_s == pytest.approx(
+        builtin.detail["prefill_s"] + builtin.detail["decode_s"] + 3 * (base + L * 14e-6)
+    )
+    tp = _generation(RolloutEngine.BUILTIN, 2)  # eager: the growing cache, no capture
+    assert tp.detail["graph_capture_s"] == 0.0
 
 
 def test_workload_names_its_rollout_engine() -> None:

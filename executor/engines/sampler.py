@@ -31,6 +31,7 @@ import torch
 
 from placeflow.errors import SpecError
 from placeflow.executor.engines.transformer import KVCache, Transformer
+from placeflow.workload import GRAPH_WARMUP_RUNS, RolloutEngine, decode_graphed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,10 +101,12 @@ class DecodeMode(StrEnum):
 
 
 def default_decode(model: Transformer) -> DecodeMode:
-    """CUDA graphs where they apply (a CUDA device, no TP collectives inside the step);
-    eager decode elsewhere (on CPU the launch cost a graph saves does not exist)."""
-    on_cuda = next(model.parameters()).device.type == "cuda"
-    return DecodeMode.GRAPH if on_cuda and model.tp.size == 1 else DecodeMode.DYNAMIC
+    """CUDA graphs where they apply (`placeflow.workload.decode_graphed`: a CUDA device, no
+    TP collectives inside the step); eager decode elsewhere (on CPU the launch cost a
+    graph saves does not exist). The simulator prices the same rule."""
+    device_kind = next(model.parameters()).device.type
+    graphed = decode_graphed(RolloutEngine.BUILTIN, device_kind, model.tp.size)
+    return DecodeMode.GRAPH if graphed else DecodeMode.DYNAMIC
 
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (token, done) -> logits
@@ -114,7 +117,8 @@ def _cuda_graph(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):  # their cache writes land in the slot the first real step rewrites
+        # Their cache writes land in the slot the first real step rewrites.
+        for _ in range(GRAPH_WARMUP_RUNS):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
