@@ -2,7 +2,8 @@
 
 The plan is `examples/plans/grpo-llama-0.9b-h100x1.toml` (issue 20): actor and
 reference colocated on one GPU, 32 prompts x 4 samples x up to 128 response
-tokens. The script
+tokens; `--plan` names another one-GPU plan (`grpo-tiny-llama-h100x1.toml` and
+`grpo-tiny-llama-m-h100x1.toml`: the host-bound end). The script
 
 1. measures the GPU's dense bf16 matmul peak on the spot (8192^3 `torch.mm`,
    CUDA events, median of repeats): the denominator of every MFU below;
@@ -161,6 +162,9 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=RESULT, help="results file")
     parser.add_argument(
+        "--plan", type=Path, default=PLAN, help="a one-GPU plan in place of the 0.9B one"
+    )
+    parser.add_argument(
         "--resimulate",
         type=Path,
         help="re-simulate a results file's run with the current model (no GPU needed) and "
@@ -181,7 +185,8 @@ def main() -> None:
     from placeflow.simulator.simulate import cost_models_for
     from placeflow.workload import Role
 
-    plan = with_micro_batch(load_plan(PLAN), args.micro_batch)
+    plan_path = args.plan.resolve()
+    plan = with_micro_batch(load_plan(plan_path), args.micro_batch)
     peak = matmul_peak_tflops()
     records = run(plan, args.steps, args.warmup)
     estimate = simulate(plan, cost_models_for(plan))
@@ -214,7 +219,7 @@ def main() -> None:
         "placeflow_commit": subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),
-        "plan": str(PLAN.relative_to(ROOT)),
+        "plan": str(plan_path.relative_to(ROOT)),
         "profile": estimate.profile_name,
         "settings": {"steps": args.steps, "warmup": args.warmup},
         "actor_micro_batch": plan.parallelism[Role.ACTOR].micro_batch,
