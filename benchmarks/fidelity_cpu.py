@@ -24,7 +24,7 @@ all phases, and over steps), and prints a markdown table.
 
 With `--rounds N` it runs every plan N times, a round of all the plans after
 another (every other round in reverse order), and scores each plan against the
-median of its runs (`simulator.fidelity.compare_runs`): on this VM two runs of the
+median of its runs (`simulator.fidelity.median_table`): on this VM two runs of the
 same code land 9-18 % apart at the median step (benchmarks/repeatability.py), and a
 slow minute of the VM falls on one run of a plan rather than its whole measurement.
 Each row then lists its runs' own times (`runs`), and the report how far the runs
@@ -65,12 +65,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
+from repeatability import Key, per_phase
 
 from placeflow.executor.loop import as_run
 from placeflow.executor.run import RunConfig, read_metrics, run_plan
@@ -80,7 +80,7 @@ from placeflow.profiles.hostcheck import at_host_speed, check_host
 from placeflow.profiles.registry import load_profile
 from placeflow.profiles.schema import Profile
 from placeflow.simulator import simulate
-from placeflow.simulator.fidelity import compare, compare_runs
+from placeflow.simulator.fidelity import compare, median_table
 from placeflow.simulator.simulate import cost_models_for
 from placeflow.workload import Role
 
@@ -382,14 +382,15 @@ def _score(
     warmup: int,
 ) -> dict[str, Any]:
     """One plan's row: the simulation (at the median of its runs' host speeds, where
-    they were checked) against the median of its runs (`compare_runs`); with several
+    they were checked) against the median of its runs (`median_table`); with several
     runs, each run's own measured times in `runs`."""
     speeds = [r["host_speed"] for r in plan_runs if r.get("host_speed") is not None]
     plan_speed = statistics.median(speeds) if speeds else None
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     cms = _cost_models(profile, plan_speed, stamp)
     estimate = simulate(plan, cms or cost_models_for(plan, profile_name))
-    table = compare_runs(estimate, [r["records"] for r in plan_runs], warmup=warmup)
+    own = [compare(estimate, r["records"], warmup=warmup) for r in plan_runs]
+    table = median_table(estimate, own)
     row: dict[str, Any] = {
         "placement": placement,
         "algorithm": plan.workload.algorithm.value,
@@ -404,16 +405,14 @@ def _score(
         row["host_checks"] = [c for r in plan_runs for c in r.get("host_checks", [])]
     row.update(table.to_json())
     if len(plan_runs) > 1:
-        row["runs"] = []
-        for run in plan_runs:
-            own = compare(estimate, run["records"], warmup=warmup)
-            row["runs"].append(
-                {
-                    **{k: v for k, v in run.items() if k != "records"},
-                    "phases": {p.phase: p.measured_s for p in own.phases},
-                    "step_s": own.step.measured_s,
-                }
-            )
+        row["runs"] = [
+            {
+                **{k: v for k, v in run.items() if k != "records"},
+                "phases": {p.phase: p.measured_s for p in run_table.phases},
+                "step_s": run_table.step.measured_s,
+            }
+            for run, run_table in zip(plan_runs, own, strict=True)
+        ]
     return row
 
 
@@ -422,54 +421,44 @@ def _round_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     from each other (as `benchmarks/repeatability.py` scores two results files), and
     the model's error against each round alone (what one round would have scored);
     each over phases and over steps, median and worst of |a / b - 1|."""
-
-    def off(pairs: list[tuple[float, float]]) -> dict[str, float]:
-        errors = [abs(a / b - 1) for a, b in pairs]
-        return {"median": statistics.median(errors), "worst": max(errors)}
-
-    def pairs(
-        first: Callable[[dict[str, Any], str | None], float | None],
-        second: Callable[[dict[str, Any], str | None], float | None],
-    ) -> dict[str, dict[str, float]]:
-        """`first` against `second` over every plan's phases (name) and steps (None)."""
-        out = {}
-        for label, names in (("phases", True), ("steps", False)):
-            matched = []
-            for r in rows:
-                for name in [p["phase"] for p in r["phases"]] if names else [None]:
-                    a, b = first(r, name), second(r, name)
-                    if a is not None and b is not None:
-                        matched.append((a, b))
-            out[label] = off(matched)
-        return out
-
-    def run(i: int) -> Callable[[dict[str, Any], str | None], float | None]:
-        def measured(r: dict[str, Any], name: str | None) -> float | None:
-            own = r["runs"][i]
-            return own["step_s"] if name is None else own["phases"].get(name)
-
-        return measured
-
-    def median_of_runs(r: dict[str, Any], name: str | None) -> float:
-        if name is None:
-            return float(r["step"]["measured_s"])
-        return float(next(p["measured_s"] for p in r["phases"] if p["phase"] == name))
-
-    def simulated(r: dict[str, Any], name: str | None) -> float:
-        if name is None:
-            return float(r["step"]["predicted_s"])
-        return float(next(p["predicted_s"] for p in r["phases"] if p["phase"] == name))
-
+    report = {"rows": rows}
+    median_of_runs = per_phase(report, "measured_s")
+    simulated = per_phase(report, "predicted_s")
     rounds = min(len(r["runs"]) for r in rows)
+    each = [_round_times(rows, i) for i in range(rounds)]
     return {
-        "run_vs_median_of_runs": [pairs(run(i), median_of_runs) for i in range(rounds)],
+        "run_vs_median_of_runs": [_off(run, median_of_runs) for run in each],
         "round_vs_round": {
-            f"{i + 1} vs {j + 1}": pairs(run(i), run(j))
+            f"{i + 1} vs {j + 1}": _off(each[i], each[j])
             for i in range(rounds)
             for j in range(i + 1, rounds)
         },
-        "model_vs_each_round": [pairs(simulated, run(i)) for i in range(rounds)],
+        "model_vs_each_round": [_off(simulated, run) for run in each],
     }
+
+
+def _round_times(rows: list[dict[str, Any]], i: int) -> dict[Key, float]:
+    """Round i's own measured times, keyed as `repeatability.per_phase` keys a file."""
+    out: dict[Key, float] = {}
+    for r in rows:
+        own = r["runs"][i]
+        out.update({(r["plan"], name): t for name, t in own["phases"].items()})
+        out[(r["plan"], "step")] = own["step_s"]
+    return out
+
+
+def _off(first: dict[Key, float], second: dict[Key, float]) -> dict[str, dict[str, float]]:
+    """|first / second - 1| over the keys both have: median and worst over the phases
+    and over the steps."""
+    out = {}
+    for label, steps in (("phases", False), ("steps", True)):
+        errors = [
+            abs(a / second[key] - 1)
+            for key, a in first.items()
+            if key in second and (key[1] == "step") == steps
+        ]
+        out[label] = {"median": statistics.median(errors), "worst": max(errors)}
+    return out
 
 
 def _cost_models(

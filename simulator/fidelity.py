@@ -155,17 +155,24 @@ def compare_runs(
     *,
     warmup: int = 1,
 ) -> FidelityTable:
-    """The table for `estimate` against several runs of its plan (each a list of records).
-
-    Each phase's and the step's measured time is the median over the runs of each
-    run's own median (`compare`), the measured overlap the median of the runs' own:
-    on a host whose speed drifts for minutes at a time, one slow run moves the
-    median of three runs less than it moves the median of their steps pooled.
-    A phase some run lacks is taken over the runs that have it.
-    """
+    """The table for `estimate` against several runs of its plan (each a list of records):
+    `median_table` of each run's own `compare`."""
     if not runs:
         raise ValueError("no runs to compare")
-    tables = [compare(estimate, records, warmup=warmup) for records in runs]
+    return median_table(estimate, [compare(estimate, records, warmup=warmup) for records in runs])
+
+
+def median_table(estimate: StepEstimate, tables: Sequence[FidelityTable]) -> FidelityTable:
+    """One table from the tables of several runs of `estimate`'s plan.
+
+    Each phase's and the step's measured time is the median over the runs of each
+    run's own median, the measured overlap the median of the runs' own: on a host
+    whose speed drifts for minutes at a time, one slow run moves the median of
+    three runs less than it moves the median of their steps pooled. A phase some
+    run lacks is taken over the runs that have it. One table is returned as it is.
+    """
+    if not tables:
+        raise ValueError("no runs to compare")
     if len(tables) == 1:
         return tables[0]
     predicted = estimate.phase_totals_s()
