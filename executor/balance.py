@@ -143,6 +143,11 @@ def balanced_partition(
 ) -> Partition:
     """Balance total work per rank (Karmarkar–Karp, then local search).
 
+    Never worse than `positional_partition` where groups do not constrain it: past
+    the branch and bound's reach the heuristics can land a hair above contiguous
+    chunks that happen to balance (1.0003 against 1.00002 on 16 skewed samples over
+    2 ranks), and then the chunks are returned.
+
     `equal_counts`: every rank gets n // k or n // k + 1 items.
     `groups`: a group id per sample; samples of one group stay on one rank, and
     with `equal_counts` the number of groups per rank is equal (so the sample
@@ -163,7 +168,13 @@ def balanced_partition(
     _improve(item_works, bins, allow_moves=not equal_counts)
     if len(item_works) <= MAX_SEARCH_ITEMS:
         bins = _branch_and_bound(item_works, bins, equal_counts=equal_counts)
-    return _partition(works, [[i for item in b for i in members[item]] for b in bins])
+    found = _partition(works, [[i for item in b for i in members[item]] for b in bins])
+    if groups is None:
+        # Contiguous chunks have counts within one of each other: valid either way.
+        chunks = positional_partition(works, num_ranks)
+        if max(chunks.work) < max(found.work):
+            return chunks
+    return found
 
 
 def token_micro_batches(

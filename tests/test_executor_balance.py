@@ -111,6 +111,9 @@ def test_invalid_arguments():
     equal_counts=st.booleans(),
 )
 @example(seed=23538, n=16, num_ranks=8, equal_counts=True)  # positional already optimal
+# Past the branch and bound's reach the heuristics landed at 1.0003 against the chunks'
+# 1.00002 (found by hypothesis in CI): the chunks are returned then.
+@example(seed=768003, n=16, num_ranks=2, equal_counts=False)
 def test_token_aware_split_beats_positional_on_skewed_lengths(seed, n, num_ranks, equal_counts):
     works = WORK.works(skewed_lengths(seed, n))
     balanced = balanced_partition(works, num_ranks, equal_counts=equal_counts)
