@@ -105,16 +105,22 @@ class GenerationShape:
 
 
 def _decode_sum_s(
-    cm: CostModel, model: ModelSpec, gen: GenLayout, n: int, shape: GenerationShape
+    cm: CostModel,
+    model: ModelSpec,
+    gen: GenLayout,
+    n: int,
+    shape: GenerationShape,
+    static_kv: int | None,
 ) -> tuple[float, int]:
     """Seconds to decode one batch of n sequences to completion, and the step count.
 
     Sum over steps 1..S of the step cost, as the trapezoid integral over sampled
     steps plus half of each end value (exact for a constant or linear step cost).
+    Step s attends over prompt + s tokens, or over `static_kv` at every step where
+    the engine attends over its whole cache (`static_cache`).
     """
     prompt, lengths = shape.prompt_len, shape.lengths
     last = lengths.last_step(n, shape.tail_left)
-    over_capacity = static_cache(cm, gen, shape)
     points = sorted({round(1 + i * (last - 1) / (DECODE_POINTS - 1)) for i in range(DECODE_POINTS)})
     values = [
         compute.decode_step_s(
@@ -123,7 +129,7 @@ def _decode_sum_s(
             gen.tg,
             gen.pg,
             max(1, math.ceil(n * lengths.survival(s))),
-            prompt + lengths.max_len if over_capacity else prompt + s,
+            static_kv or prompt + s,
             engine=shape.engine,
         )
         for s in points
@@ -170,18 +176,18 @@ def generation_cost(
     prefill_one += compute.head_forward_s(cm, model, gen.tg, batch, value_head=False)
     prefill_s = prefill_one * n / batch
     steady_s = 0.0
-    capacity_kv = prompt + shape.lengths.max_len
-    over_capacity = static_cache(cm, gen, shape)
+    # The KV length every step attends over where the engine's cache is static.
+    static_kv = prompt + shape.lengths.max_len if static_cache(cm, gen, shape) else None
     if n > c:
         steady_steps = (n - c) * shape.lengths.mean / c
-        mean_kv = capacity_kv if over_capacity else prompt + int(shape.lengths.mean / 2)
+        mean_kv = static_kv or prompt + int(shape.lengths.mean / 2)
         steady_s = steady_steps * compute.decode_step_s(
             cm, model, gen.tg, gen.pg, c, mean_kv, engine=shape.engine
         )
-    tail_s, steps = _decode_sum_s(cm, model, gen, batch, shape)
+    tail_s, steps = _decode_sum_s(cm, model, gen, batch, shape, static_kv)
     # The built-in engine captures its decode graph once per generation (a call); vLLM
     # captures its graphs when the engine starts, outside the step.
-    capture_s = compute.graph_capture_s(cm, model, batch, capacity_kv) if over_capacity else 0.0
+    capture_s = compute.graph_capture_s(cm, model, batch, static_kv) if static_kv else 0.0
     kv_bytes = (
         batch
         * (prompt + shape.lengths.max_len)
