@@ -114,6 +114,23 @@ def with_micro_batch(plan: Any, micro_batch: int) -> Any:
     return dataclasses.replace(plan, parallelism=par)
 
 
+def head_commit() -> str:
+    """The repository's HEAD commit ("" outside a git checkout)."""
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def set_simulated(report: dict[str, Any], estimate: Any, step_s: float) -> None:
+    """Fill a report's simulated fields from `estimate`: the step, its error against the
+    measured `step_s`, and each measured phase's simulated seconds (None for a phase the
+    simulator has not)."""
+    simulated = estimate.phase_totals_s()
+    report["simulated_step_s"] = round(estimate.iteration_s, 4)
+    report["step_error"] = round(estimate.iteration_s / step_s - 1, 4)
+    for name, row in report["phases"].items():
+        row["simulated_s"] = round(simulated[name], 4) if name in simulated else None
+
+
 def resimulate(path: Path) -> None:
     """The run recorded in `path` simulated again with the current model: its measured
     figures kept, its simulated ones (step, error, per phase) replaced, the model's
@@ -124,18 +141,11 @@ def resimulate(path: Path) -> None:
 
     report = json.loads(path.read_text())
     plan = with_micro_batch(load_plan(ROOT / report["plan"]), report.get("actor_micro_batch", 0))
-    estimate = simulate(plan, cost_models_for(plan))
-    simulated = estimate.phase_totals_s()
-    report["simulated_step_s"] = round(estimate.iteration_s, 4)
-    report["step_error"] = round(estimate.iteration_s / report["step_s"] - 1, 4)
-    for name, row in report["phases"].items():
-        row["simulated_s"] = round(simulated[name], 4) if name in simulated else None
+    set_simulated(report, simulate(plan, cost_models_for(plan)), report["step_s"])
     report["resimulated"] = {
         "command": f"python benchmarks/gpu_step.py --resimulate {path}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "placeflow_commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
+        "placeflow_commit": head_commit(),
     }
     out = path.with_name(path.stem + "_resimulated.json")
     out.write_text(json.dumps(report, indent=1) + "\n")
@@ -190,7 +200,6 @@ def main() -> None:
     peak = matmul_peak_tflops()
     records = run(plan, args.steps, args.warmup)
     estimate = simulate(plan, cost_models_for(plan))
-    simulated = estimate.phase_totals_s()
 
     step_s = statistics.mean(r.metrics[Metric.STEP_TIME_S] for r in records)
     tokens = statistics.mean(
@@ -203,7 +212,7 @@ def main() -> None:
         tflops = flops[name] / measured / 1e12 if name in flops and measured > 0 else None
         phases[name] = {
             "measured_s": round(measured, 4),
-            "simulated_s": round(simulated[name], 4) if name in simulated else None,
+            "simulated_s": None,  # set_simulated below
             "tokens_per_s": round(tokens / measured, 1) if measured > 0 else None,
             "tflops": round(tflops, 1) if tflops is not None else None,
             "mfu": round(tflops / peak, 4) if tflops is not None else None,
@@ -216,23 +225,23 @@ def main() -> None:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "placeflow_commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
-        "plan": str(plan_path.relative_to(ROOT)),
+        "placeflow_commit": head_commit(),
+        # Relative to the repository where it lies there, so that --resimulate finds it.
+        "plan": str(plan_path.relative_to(ROOT) if plan_path.is_relative_to(ROOT) else plan_path),
         "profile": estimate.profile_name,
         "settings": {"steps": args.steps, "warmup": args.warmup},
         "actor_micro_batch": plan.parallelism[Role.ACTOR].micro_batch,
         "matmul_peak_tflops": round(peak, 1),
         "step_s": round(step_s, 4),
-        "simulated_step_s": round(estimate.iteration_s, 4),
-        "step_error": round(estimate.iteration_s / step_s - 1, 4),
+        "simulated_step_s": None,  # set_simulated below
+        "step_error": None,
         "tokens_per_step": round(tokens),
         "tokens_per_s": round(tokens / step_s, 1),
         "mfu_update": update.get("mfu"),
         "phases": phases,
         "steps": [{"metrics": r.metrics, "phases": r.phases} for r in records],
     }
+    set_simulated(report, estimate, step_s)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "steps"}, indent=1))
 
