@@ -14,7 +14,8 @@ read against each piece:
   mode (a CUDA graph replay for graph), back to back without a host sync
   between steps: the device's time per step;
 - `decode_synced_s`: the same with a host sync after each step, as the
-  sampler's loop has (`bool(done.all())`).
+  sampler's loop has where it checks stop tokens (there a count of the finished
+  rows; here `bool(done.all())`, the same one read back).
 
 Every time is the median of `--repeats` after one warm-up, by CUDA
 synchronisation around wall clocks. Results go to

@@ -116,8 +116,9 @@ def _decode_sum_s(
 
     Sum over steps 1..S of the step cost, as the trapezoid integral over sampled
     steps plus half of each end value (exact for a constant or linear step cost).
-    Step s attends over prompt + s tokens, or over `static_kv` at every step where
-    the engine attends over its whole cache (`static_cache`).
+    Step s runs the sequences still going at s and attends over prompt + s tokens;
+    where the engine attends over its whole cache (`static_cache`) it runs fixed
+    shapes: every step holds all n sequences, finished ones masked, over `static_kv`.
     """
     prompt, lengths = shape.prompt_len, shape.lengths
     last = lengths.last_step(n, shape.tail_left)
@@ -128,7 +129,7 @@ def _decode_sum_s(
             model,
             gen.tg,
             gen.pg,
-            max(1, math.ceil(n * lengths.survival(s))),
+            n if static_kv else max(1, math.ceil(n * lengths.survival(s))),
             static_kv or prompt + s,
             engine=shape.engine,
         )

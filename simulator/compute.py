@@ -133,7 +133,7 @@ EXTRA_OPS_LAYER_BACKWARD = 95  # per decoder layer, backward
 EXTRA_OPS_LAYER_DECODE = 56  # per decoder layer, one decode step with the KV cache
 EXTRA_OPS_CALL_FORWARD = 39  # per forward: embedding, positions, mask, final norm, head
 EXTRA_OPS_CALL_BACKWARD = 39  # per backward: the same ops' gradients and the loss
-EXTRA_OPS_DECODE_STEP = 68  # per decode step: embedding, head, sampling, stop checks
+EXTRA_OPS_DECODE_STEP = 67  # per decode step: embedding, head, sampling, stop checks
 OP_OVERHEAD_BYTES = 1024  # the profile's smallest elementwise point
 
 # An MoE block's extra launches: router, top-k, permute, unpermute, the dispatch and

@@ -321,6 +321,32 @@ def test_static_decode_equals_the_growing_cache(temperature: float) -> None:
     )  # and it makes its tensors on the model's device
 
 
+def test_eager_decode_drops_finished_rows_and_draws_the_same_tokens() -> None:
+    """The eager decode runs each step on the sequences still going (finished rows leave
+    its batch and cache); the fixed-shape decode keeps them masked. Same tokens either way."""
+    from placeflow.executor.engines.sampler import DecodeMode
+
+    model = Transformer(ARCH).eval()
+    model.load_shards(random_full(ARCH, seed=5))
+    # A third of the vocabulary stops: rows end at different steps.
+    params = SamplingParams(temperature=1.0, max_tokens=12, stop_ids=tuple(range(0, 256, 3)))
+    prompts = PROMPTS * 4
+    batches: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _m, args: batches.append(args[0].shape[0]))
+    dynamic = Sampler(model, pad_id=0, decode=DecodeMode.DYNAMIC).generate(prompts, params, 7)
+    hook.remove()
+    static = Sampler(model, pad_id=0, decode=DecodeMode.STATIC).generate(prompts, params, 7)
+    assert [c.token_ids for c in dynamic] == [c.token_ids for c in static]
+    for d, s in zip(dynamic, static, strict=True):
+        assert torch.allclose(torch.tensor(d.logprobs), torch.tensor(s.logprobs), atol=1e-5)
+    lengths = [len(c.token_ids) for c in dynamic]
+    assert len(set(lengths)) > 2  # the case tests something: rows stop at several steps
+    # Oracle: the prefill holds every row; the decode step after token k holds the rows
+    # that have not stopped by then (their length is over k), up to the longest.
+    want = [len(prompts)] + [sum(n > k for n in lengths) for k in range(1, max(lengths))]
+    assert batches == want
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_cuda_graph_decode_equals_eager_on_cuda() -> None:

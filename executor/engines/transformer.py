@@ -129,6 +129,13 @@ class KVCache:
             mask=torch.zeros((batch, capacity), dtype=torch.bool, device=device),
         )
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows `rows` (indices, in order): the sampler drops the
+        sequences that have finished, so the steps after run on the rows still decoding."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        self.mask = self.mask.index_select(0, rows)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Attention:
