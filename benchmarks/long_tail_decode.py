@@ -15,8 +15,8 @@ a stop token, so that rows stop at many different steps. It records
   pre-hook on the model); and, interleaved with it, the same generation with
   every row running to `--tokens` (`ignore_stop`);
 - priced by the profile (`--profile`): the generation's prefill as
-  `callcosts.generation_cost` prices it, plus `compute.decode_step_s` at each
-  step's realised batch and KV length (the sum `_decode_sum_s` integrates
+  `callcosts.generation_cost` prices it, plus `callcosts.decode_pass_s` at
+  each step's realised batch and KV length (the sum `_decode_sum_s` integrates
   over a survival curve); the same steps with every row kept to the last one
   (what the engine ran before it dropped finished rows); and the fixed-length
   generation.
@@ -51,7 +51,7 @@ from placeflow.executor.engines.sampler import DecodeMode, Sampler, SamplingPara
 from placeflow.executor.engines.transformer import Arch, KVCache, Transformer, random_full
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.profiles.registry import fitted_cost_model
-from placeflow.simulator import callcosts, compute
+from placeflow.simulator import callcosts
 from placeflow.simulator.lengths import LengthModel
 from placeflow.workload import RolloutEngine
 
@@ -126,7 +126,7 @@ def main() -> None:
         # Decode step k (fed token k) attends over the prompt and k tokens, as the
         # simulator's step s does.
         return sum(
-            compute.decode_step_s(cm, spec, 1, 1, n, args.prompt + k)
+            callcosts.decode_pass_s(cm, spec, gen, shape, n, args.prompt + k)
             for k, n in enumerate(rows, start=1)
         )
 

@@ -48,6 +48,7 @@ from placeflow.profiles.grid import (
     SHARED_PROBE_BYTES,
     SHARED_PROBE_WORLD,
     SHARED_RANKS_PER_CORE,
+    cold_model_bytes,
 )
 from placeflow.profiles.schema import (
     DISPATCH_ENTRY_TENSORS,
@@ -219,6 +220,9 @@ class CostModel:
     # The last-level cache of the host a CPU profile was measured on (its provenance;
     # None for other profiles or where it was not recorded).
     host_cache_bytes: int | None = None
+    # The level-2 (a core's own) cache of that host, recorded with its `cold_weights`
+    # entries; None for other profiles or where it was not recorded.
+    host_l2_bytes: int | None = None
     # Per op: exact key parts, log numeric key parts and the series, for nearest lookups.
     series_index: Mapping[Op, tuple[list[tuple[int | str, ...]], np.ndarray, list[Series]]] = field(
         default_factory=dict, hash=False, compare=False, repr=False
@@ -257,6 +261,7 @@ class CostModel:
             device_kind=profile.device_kind,
             profile_cores=_profile_cores(profile),
             host_cache_bytes=_host_cache_bytes(profile),
+            host_l2_bytes=_host_size(profile, "l2_bytes"),
             rooflines=rooflines,
             series=series,
             series_index=_index_series(series),
@@ -495,6 +500,31 @@ class CostModel:
             return tuple(out)
 
         return self.remember(("wake curve",), curve)
+
+    def cold_weights_s(self, weight_bytes: float, rows: int) -> float:
+        """What one pass of GEMMs of `rows` rows over `weight_bytes` of weights costs
+        beyond the profile's GEMM entries (timed hot) where those weights outgrow a core's
+        own cache and come from the shared one: the profile's `cold_weights` entries
+        (`profiles.shared_cores`, a pass over `grid.COLD_MODEL`'s weights), piecewise linear
+        in the rows and held beyond the measured ones, scaled by the bytes past the
+        level-2 cache over the reference's. 0 where those fit in it, and where the profile
+        has no such entries or no level-2 size (GPU profiles, older CPU ones)."""
+        l2 = self.host_l2_bytes
+        units = self.framework_units(FrameworkKind.COLD_WEIGHTS)
+        if l2 is None or not units or weight_bytes <= l2:
+            return 0.0
+
+        def curve() -> tuple[tuple[float, float], ...]:
+            points = []
+            for rows in units:
+                extra = self.framework_s(FrameworkKind.COLD_WEIGHTS, rows)
+                assert extra is not None
+                points.append((float(rows), extra))
+            return tuple(points)
+
+        points = self.remember(("cold weights curve",), curve)
+        past = cold_model_bytes() - l2
+        return piecewise(points, rows) * (weight_bytes - l2) / past
 
     def with_probe_wait(self) -> CostModel:
         """This model with every collective that `shared_cores` would charge a partner
@@ -805,7 +835,12 @@ def piecewise(points: tuple[tuple[float, float], ...], x: float) -> float:
 def _host_cache_bytes(profile: Profile) -> int | None:
     """The last-level cache of the host a CPU profile was measured on, from its
     provenance (`profiles.profiler.last_level_cache_bytes`)."""
-    size = profile.provenance.host.get("llc_bytes")
+    return _host_size(profile, "llc_bytes")
+
+
+def _host_size(profile: Profile, key: str) -> int | None:
+    """A size in bytes the provenance's host of a CPU profile records under `key`."""
+    size = profile.provenance.host.get(key)
     return int(size) if profile.device_kind == "cpu" and size else None
 
 

@@ -372,6 +372,15 @@ DISPATCH_TENSOR_BYTES = 64
 SHARED_PROBE_BYTES = 4096
 SHARED_PROBE_WORLD = 2
 SHARED_RANKS_PER_CORE = 2  # the most oversubscription the shared entries are measured at
+# The `cold_weights` entries' model (`profiles.shared_cores`): the GEMM weights a pass
+# reads, 12.3 MB, past a core's own cache and within the last-level cache here.
+COLD_MODEL = "tiny-llama-m"
+
+
+def cold_model_bytes() -> int:
+    """The weights of `COLD_MODEL` (`CostModel.cold_weights_s` scales its entries by
+    bytes over these)."""
+    return CATALOGUE[COLD_MODEL].num_bytes()
 
 
 def _quick_recipe(device: str, num_gpus: int) -> _Recipe:

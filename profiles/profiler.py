@@ -315,8 +315,21 @@ def _cpu_model() -> str:
 def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
     """The size of this host's last-level CPU cache as the OS reports it (the highest
     `level` under `root`, Linux's sysfs); None where it does not."""
+    sizes = _cache_sizes(root)
+    return sizes[max(sizes)] if sizes else None
+
+
+def level2_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The size of cpu0's level-2 cache as the OS reports it (a core's own on the hosts
+    placeflow runs on); None where it does not."""
+    return _cache_sizes(root).get(2)
+
+
+def _cache_sizes(root: Path) -> dict[int, int]:
+    """Cache level -> size in bytes under `root` (Linux's sysfs; the unified or data
+    cache of a level, whichever is listed last)."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    best: tuple[int, int] | None = None
+    sizes: dict[int, int] = {}
     for index in sorted(root.glob("index*")):
         try:
             level = int((index / "level").read_text().strip())
@@ -324,9 +337,8 @@ def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache
             num = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size)
         except (OSError, ValueError):
             continue  # an entry the OS does not fill in, or a size it writes otherwise
-        if best is None or level > best[0]:
-            best = (level, num)
-    return None if best is None else best[1]
+        sizes[level] = num
+    return sizes
 
 
 def _host(device: str) -> dict[str, object]:

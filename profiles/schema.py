@@ -159,6 +159,11 @@ class FrameworkKind(StrEnum):
     # run back to back when its rank slept num_units milliseconds before it (its core
     # idle or running others' work), the cold caches' refill; measured by `shared_cores`.
     WAKE_CALL = "wake_call"
+    # Not the engine's either: what one pass of GEMMs of num_units rows over the weights of
+    # `shared_cores.COLD_MODEL` costs beyond the same GEMMs each timed back to back (its
+    # weights hot in the core's private cache, as the profile's GEMM entries are): the
+    # weights read from the shared last-level cache; measured by `shared_cores`.
+    COLD_WEIGHTS = "cold_weights"
 
 
 class CopyDirection(StrEnum):

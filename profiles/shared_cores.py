@@ -66,15 +66,30 @@ more after 30 ms: a refill, not a rate. The simulator charges it to each call by
 the time its set was idle before it (`CostModel.wake_curve`,
 `simulator.schedule`).
 
+Weights past a core's own cache cost a rank too: every GEMM entry of the profile was
+timed back to back, its weights hot in the core's private (level-2) cache, but a
+forward or a decode step multiplies by each weight once and moves on, so a model
+whose weights outgrow that cache reads each from the shared last-level cache
+every pass. `measure_cold_weights` times one pass of GEMMs of `COLD_ROWS` rows
+over `COLD_MODEL`'s weights in turn against the same GEMMs each repeated back to
+back, in paired samples of thread CPU time: `framework` entries of kind
+`cold_weights`, num_units the rows; the host's level-2 cache goes into the
+profile's provenance (`l2_bytes`). On this 2-core VM a pass over tiny-llama-m's
+12 MB took 0.5-0.8 ms more at 1 row and 1.5-1.8 ms more at 8 to 128 rows than the
+hot GEMMs' 0.4-10 ms (ad hoc, 2026-11-27). The simulator charges it to each
+decode step and prefill of a generation whose shard outgrows the level-2 cache,
+by its bytes past that cache (`CostModel.cold_weights_s`, `simulator.callcosts`).
+
     python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json [--kinds ...]
 
-measures all four (or the `--kinds` named) and replaces the file's entries of
+measures all five (or the `--kinds` named) and replaces the file's entries of
 those kinds (its other framework entries are kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import statistics
@@ -91,7 +106,7 @@ import torch.distributed as dist
 from placeflow.cliargs import add_kinds_option
 from placeflow.errors import MeasurementError
 from placeflow.procs import free_port, report_rank, run_ranks
-from placeflow.profiles.grid import SHARED_PROBE_BYTES, SHARED_RANKS_PER_CORE
+from placeflow.profiles.grid import COLD_MODEL, SHARED_PROBE_BYTES, SHARED_RANKS_PER_CORE
 from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
@@ -114,7 +129,14 @@ SHARED_KINDS = (
     FrameworkKind.SHARED_COMPUTE,
     FrameworkKind.SHARED_CALL,
     FrameworkKind.WAKE_CALL,
+    FrameworkKind.COLD_WEIGHTS,
 )
+# `measure_cold_weights`: the GEMMs' rows (num_units: a decode step's sequences up to a
+# forward's tokens), the pairs timed at each and the passes of a sample (the model:
+# `grid.COLD_MODEL`).
+COLD_ROWS = (1, 8, 32, 128, 512)
+COLD_PAIRS = 15
+COLD_PASSES = 10
 # `measure_wake_call`: the sleeps (ms, the entries' num_units) before its cold forwards,
 # from a scheduler tick to several phases of a CPU run, and the pairs timed at each.
 WAKE_IDLE_MS = (1, 3, 10, 30, 100)
@@ -460,6 +482,70 @@ def measure_wake_call(*, pairs: int = WAKE_PAIRS) -> list[Entry]:
     return wake_entries(samples)
 
 
+def gemm_weights(model_name: str) -> list[torch.Tensor]:
+    """The matrices a forward of `model_name` multiplies by (random weights; every 2-D
+    parameter but the embedding table, which is gathered, not multiplied)."""
+    from placeflow.catalogue import get_model
+    from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+
+    model = Transformer(Arch.of(get_model(model_name)))
+    model.load_shards(random_full(model.arch, seed=0))
+    return [p.detach() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n]
+
+
+def cold_samples(
+    weights: Sequence[torch.Tensor],
+    rows: int,
+    *,
+    pairs: int,
+    passes: int = COLD_PASSES,
+    clock: Callable[[], float] = time.thread_time,
+) -> list[float]:
+    """`pairs` paired differences: the seconds of one pass of GEMMs of `rows` rows over
+    `weights` in turn (each weight's GEMM once, then the next's, so that each finds its
+    weights where the others left the cache) less the same GEMMs each repeated back to
+    back (`passes` times, the mean; its weights hot, as the profile's GEMM entries time
+    them). `clock` is this thread's CPU time."""
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    with torch.no_grad():
+        for w in weights:  # warm-up: every shape once
+            xs[w.shape[1]] @ w.t()
+        out = []
+        for _ in range(pairs):
+            hot = 0.0
+            for w in weights:
+                x = xs[w.shape[1]]
+                x @ w.t()
+                t0 = clock()
+                for _ in range(passes):
+                    x @ w.t()
+                hot += (clock() - t0) / passes
+            t0 = clock()
+            for _ in range(passes):
+                for w in weights:
+                    xs[w.shape[1]] @ w.t()
+            out.append((clock() - t0) / passes - hot)
+    return out
+
+
+def measure_cold_weights(*, pairs: int = COLD_PAIRS) -> list[Entry]:
+    """The `cold_weights` entries (module docstring): per row count of `COLD_ROWS`, a
+    pass over `COLD_MODEL`'s GEMM weights in turn against each GEMM hot, one torch
+    thread. A row count whose median is not above 0 has no entry."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        weights = gemm_weights(COLD_MODEL)
+        samples = {rows: cold_samples(weights, rows, pairs=pairs) for rows in COLD_ROWS}
+    finally:
+        torch.set_num_threads(threads)
+    return [
+        _entry(FrameworkKind.COLD_WEIGHTS, rows, extra, p10_floor_s=WAKE_FLOOR_S)
+        for rows, extra in samples.items()
+        if statistics.median(extra) > 0
+    ]
+
+
 def with_shared_entries(profile: Profile, entries: Sequence[Entry], note: str) -> Profile:
     """`profile` with `entries` as its only entries of the shared-cores kinds
     (`SHARED_KINDS`); the other framework entries and their note kept, `note` (a
@@ -490,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{os.cpu_count()}: measure its shared-cores entries on a host like the "
             "profile's, or profile this host first (`python -m placeflow.profiles.profiler`)"
         )
-    from placeflow.profiles.profiler import cpu_busy_fraction
+    from placeflow.profiles.profiler import cpu_busy_fraction, level2_cache_bytes
 
     busy = cpu_busy_fraction()
     measure: dict[FrameworkKind, Callable[[], list[Entry]]] = {
@@ -498,6 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         FrameworkKind.SHARED_COMPUTE: lambda: measure_shared_compute(repeats=args.repeats),
         FrameworkKind.SHARED_CALL: measure_shared_call,
         FrameworkKind.WAKE_CALL: measure_wake_call,
+        FrameworkKind.COLD_WEIGHTS: measure_cold_weights,
     }
     entries = [e for kind in kinds for e in measure[kind]()]
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -526,15 +613,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"measurable cost has no entry) less one right after another, {WAKE_PAIRS} "
             "pairs each, thread CPU time, p10 floored at 1 ns"
         ),
+        FrameworkKind.COLD_WEIGHTS: (
+            f"cold_weights: one pass of GEMMs of {', '.join(map(str, COLD_ROWS))} rows "
+            f"(num_units) over {COLD_MODEL}'s weights in turn less the same GEMMs each "
+            f"repeated back to back, one torch thread, {COLD_PAIRS} pairs of "
+            f"{COLD_PASSES} passes each, thread CPU time, p10 floored at 1 ns; the host's "
+            f"level-2 cache, {level2_cache_bytes()} bytes as the OS reports it, recorded "
+            "in the provenance's host as l2_bytes"
+        ),
     }
     command = f"`python -m placeflow.profiles.shared_cores --add-to {args.add_to}"
     said = (
         f"{'; '.join(how[k] for k in kinds)}; CPU busy with other work before: "
         f"{'?' if busy is None else f'{busy:.0%}'})."
     )
+    if FrameworkKind.COLD_WEIGHTS in kinds:
+        # The simulator prices a pass by the bytes past a core's own cache
+        # (`CostModel.cold_weights_s`): its size goes with the entries.
+        host = {**profile.provenance.host, "l2_bytes": level2_cache_bytes()}
+        profile = dataclasses.replace(
+            profile, provenance=dataclasses.replace(profile.provenance, host=host)
+        )
     if set(kinds) == set(SHARED_KINDS):
         note = (
-            f"{SENTENCE}, shared_compute, shared_call and wake_call: measured {date} by "
+            f"{SENTENCE}, shared_compute, shared_call, wake_call and cold_weights: measured "
+            f"{date} by "
             f"{command}` ({said}"
         )
         save_profile(with_shared_entries(profile, entries, note), args.add_to)
@@ -562,6 +665,11 @@ def _describe(e: Entry, cores: int) -> str:
         return (
             f"shared_call with {units} ranks on {cores} cores: {e.median_s * 1e3:.3f} ms "
             f"per call beyond its forwards {spread}"
+        )
+    if kind is FrameworkKind.COLD_WEIGHTS:
+        return (
+            f"cold_weights at {units} rows: {e.median_s * 1e3:.3f} ms more per pass over "
+            f"{COLD_MODEL}'s weights {spread}"
         )
     return f"wake_call after {units} ms asleep: {e.median_s * 1e3:.3f} ms more {spread}"
 

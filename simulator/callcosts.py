@@ -119,21 +119,15 @@ def _decode_sum_s(
     Step s runs the sequences still going at s and attends over prompt + s tokens;
     where the engine attends over its whole cache (`static_cache`) it runs fixed
     shapes: every step holds all n sequences, finished ones masked, over `static_kv`.
+    Each step is priced by `decode_pass_s`.
     """
     prompt, lengths = shape.prompt_len, shape.lengths
     last = lengths.last_step(n, shape.tail_left)
     points = sorted({round(1 + i * (last - 1) / (DECODE_POINTS - 1)) for i in range(DECODE_POINTS)})
+    rows = [n if static_kv else max(1, math.ceil(n * lengths.survival(s))) for s in points]
     values = [
-        compute.decode_step_s(
-            cm,
-            model,
-            gen.tg,
-            gen.pg,
-            n if static_kv else max(1, math.ceil(n * lengths.survival(s))),
-            static_kv or prompt + s,
-            engine=shape.engine,
-        )
-        for s in points
+        decode_pass_s(cm, model, gen, shape, r, static_kv or prompt + s)
+        for s, r in zip(points, rows, strict=True)
     ]
     if len(points) == 1:
         return values[0], last
@@ -142,6 +136,26 @@ def _decode_sum_s(
         for s0, s1, v0, v1 in zip(points, points[1:], values, values[1:], strict=False)
     )
     return integral + (values[0] + values[-1]) / 2, last
+
+
+def decode_pass_s(
+    cm: CostModel, model: ModelSpec, gen: GenLayout, shape: GenerationShape, rows: int, kv_len: int
+) -> float:
+    """One decode step of `rows` sequences at KV length `kv_len` as a generation of
+    `shape` prices it: the step as its engine runs it (`compute.decode_step_s`) plus the
+    pass's weights read from the host's shared cache where they outgrow a core's own
+    (`CostModel.cold_weights_s`; where they come from memory, `generation_cost` prices
+    the reads instead)."""
+    step_s = compute.decode_step_s(cm, model, gen.tg, gen.pg, rows, kv_len, engine=shape.engine)
+    return step_s + _cold_pass_s(cm, model, gen, shape, rows)
+
+
+def _cold_pass_s(
+    cm: CostModel, model: ModelSpec, gen: GenLayout, shape: GenerationShape, rows: int
+) -> float:
+    if shape.weights_from_memory:
+        return 0.0
+    return cm.cold_weights_s(generation_shard_bytes(model.num_bytes(), gen), rows)
 
 
 def static_cache(cm: CostModel, gen: GenLayout, shape: GenerationShape) -> bool:
@@ -177,14 +191,14 @@ def generation_cost(
     prefill_one += compute.head_forward_s(cm, model, gen.tg, batch, value_head=False)
     prefill_s = prefill_one * n / batch
     steady_s = 0.0
+    # Each prefill wave is a pass over the weights too.
+    cold_prefill_s = _cold_pass_s(cm, model, gen, shape, batch * prompt) * math.ceil(n / batch)
     # The KV length every step attends over where the engine's cache is static.
     static_kv = prompt + shape.lengths.max_len if static_cache(cm, gen, shape) else None
     if n > c:
         steady_steps = (n - c) * shape.lengths.mean / c
         mean_kv = static_kv or prompt + int(shape.lengths.mean / 2)
-        steady_s = steady_steps * compute.decode_step_s(
-            cm, model, gen.tg, gen.pg, c, mean_kv, engine=shape.engine
-        )
+        steady_s = steady_steps * decode_pass_s(cm, model, gen, shape, c, mean_kv)
     tail_s, steps = _decode_sum_s(cm, model, gen, batch, shape, static_kv)
     # The built-in engine captures its decode graph once per generation (a call); vLLM
     # captures its graphs when the engine starts, outside the step.
@@ -201,13 +215,13 @@ def generation_cost(
         passes = math.ceil(n / batch) + (steady_steps if n > c else 0.0) + steps
         shard = generation_shard_bytes(model.num_bytes(), gen)
         reads_s = passes * cm.memory_read_s(int(shard))
-    time_s = prefill_s + steady_s + tail_s + reads_s + capture_s
+    time_s = prefill_s + cold_prefill_s + steady_s + tail_s + reads_s + capture_s
     return CallCost(
         time_s=time_s,
         transient_bytes=kv_bytes,
         busy_s=time_s,
         detail={
-            "prefill_s": prefill_s,
+            "prefill_s": prefill_s + cold_prefill_s,
             "decode_s": steady_s + tail_s,
             "weight_reads_s": reads_s,
             "graph_capture_s": capture_s,

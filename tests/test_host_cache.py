@@ -12,11 +12,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from handmade import with_framework
 
 from placeflow.catalogue import get_model
 from placeflow.layout import GenLayout, TrainLayout
-from placeflow.profiles.profiler import last_level_cache_bytes
+from placeflow.profiles.profiler import last_level_cache_bytes, level2_cache_bytes
 from placeflow.profiles.registry import fitted_cost_model
+from placeflow.profiles.schema import FrameworkKind
 from placeflow.simulator import callcosts
 from placeflow.simulator.lengths import LengthModel
 
@@ -32,6 +34,8 @@ def test_the_last_level_cache_is_the_highest_level_the_os_reports(tmp_path: Path
         (d / "size").write_text(f"{size}\n")
     assert last_level_cache_bytes(tmp_path) == 32 * MIB
     assert last_level_cache_bytes(tmp_path / "none") is None
+    assert level2_cache_bytes(tmp_path) == 512 * 1024
+    assert level2_cache_bytes(tmp_path / "none") is None
 
 
 def test_the_cpu_profile_records_its_hosts_cache_and_reads_memory_at_half_a_copy() -> None:
@@ -55,7 +59,9 @@ def test_four_copies_of_tiny_llama_m_outgrow_the_cache_two_do_not() -> None:
 
 
 def test_each_pass_over_the_weights_reads_them_from_memory() -> None:
-    cm = fitted_cost_model("cpu")
+    # Without the shared cache's reads (`cold_weights`, which reads from memory replace:
+    # tests/test_cold_weights.py), so that the two generations differ by the reads alone.
+    cm = with_framework(fitted_cost_model("cpu"), FrameworkKind.COLD_WEIGHTS, None)
     gen = GenLayout(train=TrainLayout(d=4), tg=1)
     shape = callcosts.GenerationShape(
         num_seqs=8, prompt_len=16, lengths=LengthModel(16), kv_capacity_seqs=64
