@@ -159,6 +159,7 @@ def test_the_note_is_kept_and_replaced() -> None:
             FrameworkKind.SHARED_COMPUTE.value,
             FrameworkKind.SHARED_CALL.value,
             FrameworkKind.WAKE_CALL.value,
+            FrameworkKind.COLD_WEIGHTS.value,
         )
     ]
     for kind in (FrameworkKind.SHARED_COMPUTE, FrameworkKind.SHARED_CALL):
