@@ -432,24 +432,31 @@ class CostModel:
 
         return self.remember(("partner wait",), wait)
 
-    def _per_core_points(self, kind: FrameworkKind) -> tuple[tuple[float, float], ...]:
-        """The profile's framework entries of `kind` measured at num_units = W busy ranks
-        on the profiling host, as points (W / cores, seconds), ascending; () where it has
-        none or does not record its cores (GPU profiles, older CPU ones)."""
+    def _framework_points(
+        self, kind: FrameworkKind, per: float = 1.0
+    ) -> tuple[tuple[float, float], ...]:
+        """The profile's framework entries of `kind` as points (num_units / `per`,
+        seconds), ascending; () where it has none."""
         units = self.framework_units(kind)
-        cores = self.profile_cores
-        if not units or cores is None:
+        if not units:
             return ()
 
         def points() -> tuple[tuple[float, float], ...]:
             out = []
-            for w in units:
-                t = self.framework_s(kind, w)
+            for u in units:
+                t = self.framework_s(kind, u)
                 assert t is not None
-                out.append((w / cores, t))
+                out.append((u / per, t))
             return tuple(out)
 
-        return self.remember(("per-core points", kind), points)
+        return self.remember(("framework points", kind, per), points)
+
+    def _per_core_points(self, kind: FrameworkKind) -> tuple[tuple[float, float], ...]:
+        """The profile's framework entries of `kind` measured at num_units = W busy ranks
+        on the profiling host, as points (W / cores, seconds), ascending; () where it has
+        none or does not record its cores (GPU profiles, older CPU ones)."""
+        cores = self.profile_cores
+        return () if cores is None else self._framework_points(kind, cores)
 
     def slicing(self) -> SliceCurve:
         """How much longer a rank's compute takes as the host's busy ranks grow: the
@@ -487,16 +494,14 @@ class CostModel:
         seconds), from (0, 0), each at least the one before it (a longer sleep leaves
         no warmer cache; the entries are differences of noisy times). () where the
         profile has none (GPU profiles, older CPU ones): `woken` is then 0."""
-        units = self.framework_units(FrameworkKind.WAKE_CALL)
-        if not units:
+        points = self._framework_points(FrameworkKind.WAKE_CALL, 1000)  # ms -> s
+        if not points:
             return ()
 
         def curve() -> WakeCurve:
             out = [(0.0, 0.0)]
-            for ms in units:
-                extra = self.framework_s(FrameworkKind.WAKE_CALL, ms)
-                assert extra is not None
-                out.append((ms / 1000, max(out[-1][1], extra)))
+            for asleep_s, extra in points:
+                out.append((asleep_s, max(out[-1][1], extra)))
             return tuple(out)
 
         return self.remember(("wake curve",), curve)
@@ -510,19 +515,9 @@ class CostModel:
         level-2 cache over the reference's. 0 where those fit in it, and where the profile
         has no such entries or no level-2 size (GPU profiles, older CPU ones)."""
         l2 = self.host_l2_bytes
-        units = self.framework_units(FrameworkKind.COLD_WEIGHTS)
-        if l2 is None or not units or weight_bytes <= l2:
+        points = self._framework_points(FrameworkKind.COLD_WEIGHTS)
+        if l2 is None or not points or weight_bytes <= l2:
             return 0.0
-
-        def curve() -> tuple[tuple[float, float], ...]:
-            points = []
-            for rows in units:
-                extra = self.framework_s(FrameworkKind.COLD_WEIGHTS, rows)
-                assert extra is not None
-                points.append((float(rows), extra))
-            return tuple(points)
-
-        points = self.remember(("cold weights curve",), curve)
         past = cold_model_bytes() - l2
         return piecewise(points, rows) * (weight_bytes - l2) / past
 
