@@ -326,8 +326,9 @@ def level2_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) 
 
 
 def _cache_sizes(root: Path) -> dict[int, int]:
-    """Cache level -> size in bytes under `root` (Linux's sysfs; the unified or data
-    cache of a level, whichever is listed last)."""
+    """Cache level -> size in bytes under `root` (Linux's sysfs): the size listed last
+    for each level (level 1's data and instruction caches share a level; from level 2 up
+    the hosts placeflow runs on list one unified cache per level)."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     sizes: dict[int, int] = {}
     for index in sorted(root.glob("index*")):

@@ -458,9 +458,16 @@ def wake_entries(samples: Mapping[int, Sequence[float]]) -> list[Entry]:
     """The `wake_call` entries of `wake_samples`' differences (num_units: the sleep in
     ms): their median, p10 (at least `WAKE_FLOOR_S`) and p90. A sleep whose median is
     not above 0 cost nothing measurable: no entry (the cost model reads 0 there)."""
+    return _extra_entries(FrameworkKind.WAKE_CALL, samples)
+
+
+def _extra_entries(kind: FrameworkKind, samples: Mapping[int, Sequence[float]]) -> list[Entry]:
+    """Entries of `kind` from paired differences by num_units (what a piece costs more
+    than the same piece hot): their median, p10 (at least `WAKE_FLOOR_S`, entries' times
+    being positive) and p90; none where the median is not above 0."""
     return [
-        _entry(FrameworkKind.WAKE_CALL, ms, extra, p10_floor_s=WAKE_FLOOR_S)
-        for ms, extra in sorted(samples.items())
+        _entry(kind, units, extra, p10_floor_s=WAKE_FLOOR_S)
+        for units, extra in sorted(samples.items())
         if extra and statistics.median(extra) > 0
     ]
 
@@ -539,11 +546,7 @@ def measure_cold_weights(*, pairs: int = COLD_PAIRS) -> list[Entry]:
         samples = {rows: cold_samples(weights, rows, pairs=pairs) for rows in COLD_ROWS}
     finally:
         torch.set_num_threads(threads)
-    return [
-        _entry(FrameworkKind.COLD_WEIGHTS, rows, extra, p10_floor_s=WAKE_FLOOR_S)
-        for rows, extra in samples.items()
-        if statistics.median(extra) > 0
-    ]
+    return _extra_entries(FrameworkKind.COLD_WEIGHTS, samples)
 
 
 def with_shared_entries(profile: Profile, entries: Sequence[Entry], note: str) -> Profile:
@@ -579,6 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from placeflow.profiles.profiler import cpu_busy_fraction, level2_cache_bytes
 
     busy = cpu_busy_fraction()
+    l2 = level2_cache_bytes()
     measure: dict[FrameworkKind, Callable[[], list[Entry]]] = {
         FrameworkKind.SHARED_COLLECTIVE: lambda: [measure_shared_collective(repeats=args.repeats)],
         FrameworkKind.SHARED_COMPUTE: lambda: measure_shared_compute(repeats=args.repeats),
@@ -618,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(num_units) over {COLD_MODEL}'s weights in turn less the same GEMMs each "
             f"repeated back to back, one torch thread, {COLD_PAIRS} pairs of "
             f"{COLD_PASSES} passes each, thread CPU time, p10 floored at 1 ns; the host's "
-            f"level-2 cache, {level2_cache_bytes()} bytes as the OS reports it, recorded "
+            f"level-2 cache, {l2} bytes as the OS reports it, recorded "
             "in the provenance's host as l2_bytes"
         ),
     }
@@ -630,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if FrameworkKind.COLD_WEIGHTS in kinds:
         # The simulator prices a pass by the bytes past a core's own cache
         # (`CostModel.cold_weights_s`): its size goes with the entries.
-        host = {**profile.provenance.host, "l2_bytes": level2_cache_bytes()}
+        host = {**profile.provenance.host, "l2_bytes": l2}
         profile = dataclasses.replace(
             profile, provenance=dataclasses.replace(profile.provenance, host=host)
         )
