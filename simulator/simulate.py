@@ -351,7 +351,7 @@ def _set_cm(plan: Plan, cms: CostModels, set_index: int) -> CostModel:
 
 
 def _contended(
-    plan: Plan, cms: CostModels, set_index: int, cost: callcosts.CallCost
+    plan: Plan, cms: CostModels, set_index: int, cost: callcosts.CallCost, wakes: bool = True
 ) -> callcosts.CallCost:
     """Stretch a call on CPU workers that share fewer cores than the call keeps busy.
 
@@ -361,18 +361,23 @@ def _contended(
     (PoolSpec.cores_per_node) each busy worker gets cores / busy workers of a core,
     and pays the time slices' measured overhead (`_stretch`). A call on such a pool
     also pays the fixed time its ranks' crowd adds to a Ray call beyond the round
-    trip and the driver's work (`rolecosts.crowded_call_s`, at the set's ranks per
-    core). GPU pools are never stretched.
+    trip and the driver's work, or is credited what that composition prices above
+    the measured empty call (`rolecosts.crowded_call_s`, at the set's ranks per
+    core; `wakes`: whether the call is charged its ranks' wake-up, which a transition
+    is not, so that its composition leaves the wake out). Never below 0: the driver's
+    launches and gets, scheduled apart, already hold the measured call then. GPU pools
+    are never stretched.
     """
     factor = _stretch(plan, cms, set_index, busy_fraction(cost))
     extra = 0.0
     if plan.pool_of(set_index).cores_per_node is not None:
-        extra = crowded_call_s(_cm(plan, cms, set_index), _contention(plan, set_index, clamp=False))
+        cm, contention = _cm(plan, cms, set_index), _contention(plan, set_index, clamp=False)
+        extra = crowded_call_s(cm, contention, wakes)
     if factor == 1.0 and extra == 0.0:
         return cost
     return dataclasses.replace(
         cost,
-        time_s=cost.time_s * factor + extra,
+        time_s=max(0.0, cost.time_s * factor + extra),
         busy_s=cost.busy_s * factor,
         detail={**cost.detail, "crowded_call_s": extra} if extra else cost.detail,
     )
@@ -446,7 +451,7 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         )
         phase, sets = Phase.RESHARD, (actor_set,)
     # The transition is one Ray call per rank too; its bytes go over the collectives.
-    cost = _contended(plan, cms, actor_set, with_dispatch(cm, cost, NO_PAYLOAD))
+    cost = _contended(plan, cms, actor_set, with_dispatch(cm, cost, NO_PAYLOAD), wakes=False)
     ranks = sum(plan.sets[i].num_devices for i in sets)
     transition = _Call(
         phase=phase,

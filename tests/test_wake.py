@@ -8,7 +8,7 @@ points, by hand from hand-made entries; the schedule's charge from the idle time
 a call's sets (never-run sets: the last point), by hand on both schedulers; a
 simulated CPU plan's model calls charged the hand-made refill stretched as the call
 is, its reshard not; the fixed time of a crowded call less the probe's own wake-up,
-by hand.
+by hand, and a transition's (which is charged no wake-up) without taking it off.
 """
 
 from __future__ import annotations
@@ -179,6 +179,24 @@ def test_a_crowded_call_s_fixed_time_leaves_out_the_probe_s_wake_up_by_hand() ->
     assert woken(trip, woke.wake_curve()) == pytest.approx(flat * min(1.0, trip / 1e-3))
     expected = without - woken(trip, woke.wake_curve()) * sliced(2.0, cm.slicing())
     assert crowded_call_s(woke, 2.0) == pytest.approx(expected)
+    # A transition is charged no wake-up, so its composition holds none to leave out.
+    assert crowded_call_s(woke, 2.0, wakes=False) == pytest.approx(without)
+
+
+def test_a_transition_costs_the_measured_empty_call_plus_its_own_work_by_hand() -> None:
+    from placeflow.simulator.rolecosts import crowded_call_s
+    from placeflow.simulator.simulate import _cost_calls
+
+    cm = fitted_cost_model("cpu")
+    plan = make_plan("colocate", "tiny-llama", 8)  # 4 ranks on the pool's 2 cores
+    costed, _ = _cost_calls(plan, {"*": cm}, [0.0])
+    (reshard,) = [c.cost for c in costed if c.phase is Phase.RESHARD]
+    crowd = crowded_call_s(cm, 2.0, wakes=False)
+    assert reshard.detail["crowded_call_s"] == pytest.approx(crowd)
+    # by hand: the load and the round trip stretched at 2 ranks per core, then the
+    # measured empty call to 4 ranks less its composition without a wake-up
+    work = reshard.detail["load_s"] + reshard.detail["dispatch_s"]
+    assert reshard.time_s == pytest.approx(work * sliced(2.0, cm.slicing()) + crowd)
 
 
 def test_the_command_adds_only_the_kinds_it_is_given(
