@@ -563,9 +563,9 @@ def crowded_call_s(cm: CostModel, ranks_per_core: float, wakes: bool = True) -> 
     Below 0 where the composition prices the empty call above its measured time: the
     round-trip entries time one actor called on its own with a payload, one call after
     another, and on the 2-core VM of `benchmarks/results/cpu_host_2026-11-27_1515.json`
-    the composition gave 4.3-13.4 ms for the calls to 1-4 ranks that took 3.2-9.9 ms
-    (`tests/test_wake.py` keeps the sum). A call is then priced at the measured empty
-    call plus its own work, as it is where the composition falls short."""
+    the composition gave 4.3-13.4 ms for the calls to 1-4 ranks that took 3.2-9.9 ms.
+    A call is then priced at the measured empty call plus its own work, as it is where
+    the composition falls short."""
     points = cm.shared_calls()
     if not points:
         return 0.0

@@ -342,8 +342,8 @@ def test_time_fn_respects_its_budget() -> None:
     t = time_fn(lambda: time.sleep(0.02), CpuClock(), warmup=1, repeats=100, budget_s=0.1)
     assert time.perf_counter() - started < 1.0
     assert t.repeats >= MIN_REPEATS and t.repeats < 10
-    # a sleep never returns early; a loaded host only makes it late
-    assert 0.02 <= t.median_s < 0.1
+    # a sleep never returns early
+    assert 0.02 <= t.median_s == pytest.approx(0.02, rel=0.5)
 
 
 class _FakeClock:
@@ -391,9 +391,11 @@ def test_the_autorange_times_a_slow_call_once() -> None:
 
 
 def test_time_fn_batches_real_fast_calls() -> None:
+    # On the real clock a stall now has to hit both timings of the autorange's last
+    # batch to shrink the batches (the fake-clock tests above).
     t = time_fn(lambda: None, CpuClock(), warmup=1, repeats=5, budget_s=0.5)
-    assert t.calls_per_sample >= 1 and t.repeats >= 3
-    assert 0 < t.median_s < 1e-3
+    assert t.calls_per_sample > 100
+    assert 0 < t.median_s < 1e-5
 
 
 def test_suspect_points_flags_inflated_points() -> None:
