@@ -212,6 +212,9 @@ class CostModel:
     # Seconds added to every collective within a host by ranks that share its cores with
     # other busy ranks: 0 here, the measured wait in the view `shared_cores()` returns.
     shared_wait_s: float = 0.0
+    # The stretch the simulator applies to the calls this view prices (`shared_cores()`;
+    # 1 otherwise): what a collective's measured wall time is divided by here.
+    shared_stretch: float = 1.0
     # The cores of the host a CPU profile was measured on (its provenance; None for
     # other profiles): its collectives of more ranks than that shared those cores while
     # they were timed. `shared`: this is the view `shared_cores()` returns.
@@ -400,6 +403,7 @@ class CostModel:
             view = self._memo[key] = dataclasses.replace(
                 self,
                 shared_wait_s=self.partner_wait_s() / stretch,
+                shared_stretch=stretch,
                 shared=True,
                 _memo={},
             )
@@ -520,6 +524,17 @@ class CostModel:
             return 0.0
         past = cold_model_bytes() - l2
         return piecewise(points, rows) * (weight_bytes - l2) / past
+
+    def without_paired(self) -> CostModel:
+        """This model (or view) with the profile's `paired_collective` entries left out:
+        a call priced with this model, less the same call priced without them, is the
+        latency its collectives pay beyond their back-to-back entries
+        (`paired_collective_s`), which a crowded host does not slow (`simulator.schedule`)."""
+        key = (Op.FRAMEWORK, (FrameworkKind.PAIRED_COLLECTIVE.value,))
+        if key not in self.series:
+            return self
+        kept = {k: v for k, v in self.series.items() if k != key}
+        return dataclasses.replace(self, series=kept, _memo={})
 
     def with_probe_wait(self) -> CostModel:
         """This model with every collective that `shared_cores` would charge a partner
@@ -665,6 +680,7 @@ class CostModel:
         scope: Scope,
         *,
         ranks_per_node: int = 1,
+        after_s: float | None = None,
     ) -> float:
         """A collective over `world_size` ranks; zero for one rank or no bytes.
 
@@ -672,6 +688,10 @@ class CostModel:
         of its ranks share each node (see `_spanning_collective_s`). The profile's
         inter-node entries are per GPU (one NIC each); 1 prices the group as one
         rank per node.
+
+        Within a CPU host it costs at least what the profile's `paired_collective`
+        entries measured for a small one after `after_s` of compute on each rank
+        (`paired_collective_s`; None: the probes' reference chunk): see `_paired_floor_s`.
         """
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
@@ -692,7 +712,35 @@ class CostModel:
             if not self.shared:
                 return flat
             return flat / sliced(world_size / timed_on, self.slicing())
-        return flat + self.shared_wait_s
+        return self._paired_floor_s(kind, flat, after_s) + self.shared_wait_s
+
+    def _paired_floor_s(self, kind: CollectiveKind, flat: float, after_s: float | None) -> float:
+        """A collective within a CPU host of its entry's time `flat` (timed back to back),
+        at least the `paired_collective` probe's after `after_s` of compute: a rank that
+        computed until the collective finds its partner still computing, and blocks;
+        waking it when the data arrives costs a latency the back-to-back entries, whose
+        ranks never stop for long, pay less of (on this 2-core VM about 2 ms against
+        0.7 ms for a 180 KB all-reduce; README, fidelity). The larger of the two: a
+        small collective costs the probe's, a large one its own entry's bandwidth.
+
+        In the view of ranks that share their cores (`shared_cores`) the probe's time is
+        divided by the view's stretch, which the simulator multiplies every call by
+        afterwards: a rank blocked in a collective leaves its core to another rank, so the
+        latency is not stretched. A point-to-point send (a pipeline's) is left out: its
+        sender does not block on its partner, and the receiver's wait is the pipeline's
+        bubble, which the schedule prices."""
+        if kind is CollectiveKind.SEND_RECV or after_s is None:
+            return flat
+        return max(flat, self.paired_collective_s(after_s) / self.shared_stretch)
+
+    def paired_collective_s(self, after_s: float) -> float:
+        """What a small collective within a CPU host costs its ranks after `after_s` of
+        compute on each: the profile's `paired_collective` entries (`profiles.shared_cores`;
+        num_units: the microseconds of compute each rank measured between collectives) as
+        a curve, held at its ends. 0 where the profile has none (GPU profiles, older CPU
+        ones)."""
+        points = self._framework_points(FrameworkKind.PAIRED_COLLECTIVE, per=1e6)
+        return piecewise(points, after_s) if points else 0.0
 
     def _flat_collective_s(
         self, kind: CollectiveKind, num_bytes: int, world_size: int, scope: Scope

@@ -106,6 +106,7 @@ from placeflow.profiles.schema import (
     with_op_entries,
 )
 from placeflow.profiles.shared_cores import (
+    measure_paired_collective,
     measure_shared_call,
     measure_shared_collective,
     measure_shared_compute,
@@ -590,6 +591,11 @@ def _host_overhead() -> list[Entry]:
         ("shared compute", measure_shared_compute, "placeflow.profiles.shared_cores"),
         ("shared call", measure_shared_call, "placeflow.profiles.shared_cores"),
         ("wake call", measure_wake_call, "placeflow.profiles.shared_cores --kinds wake_call"),
+        (
+            "paired collective",
+            measure_paired_collective,
+            "placeflow.profiles.shared_cores --kinds paired_collective",
+        ),
     )
     entries: list[Entry] = []
     for what, measure, module in parts:

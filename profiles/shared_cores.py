@@ -80,9 +80,26 @@ hot GEMMs' 0.4-10 ms (ad hoc, 2026-11-27). The simulator charges it to each
 decode step and prefill of a generation whose shard outgrows the level-2 cache,
 by its bytes past that cache (`CostModel.cold_weights_s`, `simulator.callcosts`).
 
+A collective costs ranks on cores of their own more than its back-to-back entry too,
+where they compute between collectives, as a tensor-parallel layer's ranks do: the
+rank that arrives first blocks, and waking it when its partner's data arrives costs a
+latency that collectives timed back to back, their ranks never idle for long, pay less
+of. `measure_paired_collective` runs the probe above on one rank per core (pairs of
+the host's cores) at compute chunks of `PAIRED_CHUNKS` matmuls: `framework` entries of
+kind `paired_collective`, num_units the chunk's own time per iteration in µs (the
+loop without the all-reduce), each the wall time the all-reduce adds per iteration,
+its own time included. On this 2-core VM a 4 KiB
+all-reduce added 2.0 ms after chunks of 0.25 and 1.1 ms and 2.2-3.3 ms after 4-17 ms
+(2026-11-28), where the profile's back-to-back all-reduce of 128-256 KB took 0.65-0.8
+ms; the engine's tensor-parallel forward of tiny-llama-m (8 x 22 tokens, two ranks on
+the two cores) spent 2.9 ms a collective in them (ad hoc, 2026-11-28). The cost model
+prices a collective within a host after a known compute at least at this curve
+(`CostModel.collective_s`, `after_s`), the simulator a tensor-parallel layer's with the
+layer's work between them (`simulator.compute`).
+
     python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json [--kinds ...]
 
-measures all five (or the `--kinds` named) and replaces the file's entries of
+measures all six (or the `--kinds` named) and replaces the file's entries of
 those kinds (its other framework entries are kept).
 """
 
@@ -106,7 +123,11 @@ import torch.distributed as dist
 from placeflow.cliargs import add_kinds_option
 from placeflow.errors import MeasurementError
 from placeflow.procs import free_port, report_rank, run_ranks
-from placeflow.profiles.grid import COLD_MODEL, SHARED_PROBE_BYTES, SHARED_RANKS_PER_CORE
+from placeflow.profiles.grid import (
+    COLD_MODEL,
+    SHARED_PROBE_BYTES,
+    SHARED_RANKS_PER_CORE,
+)
 from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
@@ -121,7 +142,15 @@ from placeflow.profiles.schema import (
     with_some_kinds,
 )
 
-CHUNK_MATMULS = 40  # 64 x 64 fp32 matmuls per compute chunk (about 1 ms of one core here)
+# The probes' compute chunk: CHUNK_MATMULS matmuls of PROBE_MATMUL x PROBE_MATMUL fp32
+# (about 1 ms of one core at two ranks per core here).
+CHUNK_MATMULS = 40
+PROBE_MATMUL = 64
+# `measure_paired_collective`'s chunks (matmuls; about 0.25 to 17 ms of one core here),
+# and the matmuls each chunk's sample runs (about 110 ms here), so that every chunk's
+# sample lasts about as long.
+PAIRED_CHUNKS = (10, 40, 160, 640)
+PAIRED_WORK = 4000
 SHARED_COMPUTE_SHAPE = (8, 32)  # (sequences, tokens) of the timed forward: a CPU micro-batch
 CALL_FORWARDS = 8  # forwards per rank of the long call of `measure_shared_call`'s pairs
 SHARED_KINDS = (
@@ -130,6 +159,7 @@ SHARED_KINDS = (
     FrameworkKind.SHARED_CALL,
     FrameworkKind.WAKE_CALL,
     FrameworkKind.COLD_WEIGHTS,
+    FrameworkKind.PAIRED_COLLECTIVE,
 )
 # `measure_cold_weights`: the GEMMs' rows (num_units: a decode step's sequences up to a
 # forward's tokens), the pairs timed at each and the passes of a sample (the model:
@@ -157,20 +187,34 @@ class SharedJob:
     iterations: int
     repeats: int
     init_timeout_s: float = 60.0
+    # The chunks (matmuls) timed in turn; with more than one, each chunk's loops run
+    # PAIRED_WORK matmuls (at least `iterations` // 10 iterations) a sample.
+    chunks: tuple[int, ...] = (CHUNK_MATMULS,)
+
+    def iterations_at(self, matmuls: int) -> int:
+        if len(self.chunks) == 1:
+            return self.iterations
+        return max(self.iterations // 10, PAIRED_WORK // matmuls)
 
 
-def _chunk(a: torch.Tensor) -> None:
-    for _ in range(CHUNK_MATMULS):
+def _chunk(a: torch.Tensor, matmuls: int) -> None:
+    for _ in range(matmuls):
         torch.mm(a, a)
 
 
-def _loop_s(iterations: int, a: torch.Tensor, pair: Any, buf: torch.Tensor | None) -> float:
-    """Seconds per iteration of `iterations` chunks (each followed by a pair all-reduce
-    when `buf` is given), the slowest rank's."""
+def _loop_s(
+    iterations: int,
+    a: torch.Tensor,
+    pair: Any,
+    buf: torch.Tensor | None,
+    matmuls: int = CHUNK_MATMULS,
+) -> float:
+    """Seconds per iteration of `iterations` chunks of `matmuls` matmuls (each followed by
+    a pair all-reduce when `buf` is given), the slowest rank's."""
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(iterations):
-        _chunk(a)
+        _chunk(a, matmuls)
         if buf is not None:
             dist.all_reduce(buf, group=pair)
     per = torch.tensor([(time.perf_counter() - t0) / iterations], dtype=torch.float64)
@@ -196,15 +240,17 @@ def _rank(rank: int, job: SharedJob, results: Any) -> None:
         # Every rank creates every pair's group, in the same order (torch.distributed).
         pairs = [dist.new_group([r, r + 1]) for r in range(0, job.world_size, 2)]
         pair = pairs[rank // 2]
-        a = torch.randn(64, 64)
+        a = torch.randn(PROBE_MATMUL, PROBE_MATMUL)
         buf = torch.zeros(SHARED_PROBE_BYTES // 4)
         _loop_s(2, a, pair, buf)  # warm-up: both paths, the groups' first use
         _loop_s(2, a, pair, None)
-        for _ in range(job.repeats):
-            alone = _loop_s(job.iterations, a, pair, None)
-            paired = _loop_s(job.iterations, a, pair, buf)
-            if rank == 0:
-                results.put(("sample", alone, paired))
+        for matmuls in job.chunks:
+            n = job.iterations_at(matmuls)
+            for _ in range(job.repeats):
+                alone = _loop_s(n, a, pair, None, matmuls)
+                paired = _loop_s(n, a, pair, buf, matmuls)
+                if rank == 0:
+                    results.put(("sample", matmuls, alone, paired))
         dist.destroy_process_group()
 
     report_rank(rank, results, body)
@@ -226,11 +272,59 @@ def measure_shared_collective(
         iterations=iterations,
         repeats=repeats,
     )
-    extra: list[float] = []
+    extra = _paired_loops(job, stall_timeout_s)[0][CHUNK_MATMULS]
+    return _entry(FrameworkKind.SHARED_COLLECTIVE, 1, extra)
+
+
+def measure_paired_collective(
+    *,
+    cores: int | None = None,
+    chunks: tuple[int, ...] = PAIRED_CHUNKS,
+    repeats: int = 7,
+    stall_timeout_s: float = 300.0,
+) -> list[Entry]:
+    """The `paired_collective` entries, one per chunk of `chunks` matmuls: the probe's pairs
+    on one rank per core of this host (`cores`: os.cpu_count(); an odd core count leaves
+    one core idle), the wall time the all-reduce adds per iteration, num_units the chunk's
+    own time per iteration in µs; none on a host of one core, where a pair cannot have a
+    core per rank (see the module docstring)."""
+    cores = cores or os.cpu_count() or 1
+    if cores < 2:
+        return []
+    job = SharedJob(
+        world_size=cores - cores % 2,
+        port=free_port(),
+        iterations=100,
+        repeats=repeats,
+        chunks=tuple(chunks),
+    )
+    extra, alone = _paired_loops(job, stall_timeout_s)
+    # Each chunk's entry at its compute as measured (µs, at least 1 apart from the
+    # previous: num_units identify the entries), which is what the cost model compares
+    # with a call's priced work between collectives.
+    entries: list[Entry] = []
+    for m in job.chunks:
+        units = max(round(statistics.median(alone[m]) * 1e6), 1 + max(
+            (int(e.params["num_units"]) for e in entries), default=0
+        ))  # fmt: skip
+        entries.append(_entry(FrameworkKind.PAIRED_COLLECTIVE, units, extra[m]))
+    return entries
+
+
+def _paired_loops(
+    job: SharedJob, stall_timeout_s: float
+) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """What the all-reduce added per iteration in each sample, and the chunks' own time
+    per iteration (the loop without it), by chunk (matmuls), on the job's ranks; refused
+    where a chunk's median is not above 0 (no collective's time measured at all: the run
+    was too noisy)."""
+    extra: dict[int, list[float]] = {m: [] for m in job.chunks}
+    alone: dict[int, list[float]] = {m: [] for m in job.chunks}
 
     def on_message(msg: tuple[Any, ...]) -> None:
-        _, alone, paired = msg
-        extra.append(paired - alone)
+        _, matmuls, chunk_s, paired = msg
+        extra[matmuls].append(paired - chunk_s)
+        alone[matmuls].append(chunk_s)
 
     run_ranks(
         _rank,
@@ -241,13 +335,15 @@ def measure_shared_collective(
         on_message=on_message,
         stall_timeout_s=stall_timeout_s,
     )
-    median = statistics.median(extra)
-    if median <= 0:
-        raise SharedCoresError(
-            f"a collective added {median:.2e} s per iteration (no wait measured): the host "
-            "has more cores than it reports, or the run was too noisy; measure again"
-        )
-    return _entry(FrameworkKind.SHARED_COLLECTIVE, 1, extra)
+    for matmuls, samples in extra.items():
+        median = statistics.median(samples)
+        if median <= 0:
+            raise SharedCoresError(
+                f"a collective after {matmuls} matmuls added {median:.2e} s per iteration (no "
+                "wait measured): the host has more cores than it reports, or the run was too "
+                "noisy; measure again"
+            )
+    return extra, alone
 
 
 def reference_model(rank: int) -> tuple[torch.nn.Module, Callable[[], torch.Tensor]]:
@@ -589,6 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         FrameworkKind.SHARED_CALL: measure_shared_call,
         FrameworkKind.WAKE_CALL: measure_wake_call,
         FrameworkKind.COLD_WEIGHTS: measure_cold_weights,
+        FrameworkKind.PAIRED_COLLECTIVE: lambda: measure_paired_collective(repeats=args.repeats),
     }
     entries = [e for kind in kinds for e in measure[kind]()]
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -625,6 +722,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"level-2 cache, {l2} bytes as the OS reports it, recorded "
             "in the provenance's host as l2_bytes"
         ),
+        FrameworkKind.PAIRED_COLLECTIVE: (
+            f"paired_collective: {cores - cores % 2} gloo ranks on {cores} cores in pairs, a "
+            f"{SHARED_PROBE_BYTES}-byte all-reduce after each chunk of "
+            f"{', '.join(map(str, PAIRED_CHUNKS))} 64 x 64 matmuls (num_units: the chunk's own "
+            "time per iteration, µs), less the chunks alone"
+        ),
     }
     command = f"`python -m placeflow.profiles.shared_cores --add-to {args.add_to}"
     said = (
@@ -640,7 +743,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if set(kinds) == set(SHARED_KINDS):
         note = (
-            f"{SENTENCE}, shared_compute, shared_call, wake_call and cold_weights: measured "
+            f"{SENTENCE}, shared_compute, shared_call, wake_call, cold_weights and "
+            "paired_collective: measured "
             f"{date} by "
             f"{command}` ({said}"
         )
@@ -660,6 +764,11 @@ def _describe(e: Entry, cores: int) -> str:
     spread = f"(p10 {e.p10_s * 1e3:.3f}, p90 {e.p90_s * 1e3:.3f})"
     if kind is FrameworkKind.SHARED_COLLECTIVE:
         return f"shared_collective: {e.median_s * 1e3:.3f} ms per collective {spread}"
+    if kind is FrameworkKind.PAIRED_COLLECTIVE:
+        return (
+            f"paired_collective after {units} µs of compute, one rank per core: "
+            f"{e.median_s * 1e3:.3f} ms per collective {spread}"
+        )
     if kind is FrameworkKind.SHARED_COMPUTE:
         return (
             f"shared_compute with {units} busy ranks on {cores} cores: "

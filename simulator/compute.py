@@ -264,15 +264,26 @@ def overlapped_s(
     time of the piece `host` at `scale` (`framework_host_s`) where it has one, else
     `num_extra_ops` ops at one small op's price (module docstring).
 
-    CPU: device_s + host. GPU: max(device_s, kernels · op + host).
+    CPU: device_s + host (`cpu_host_s`). GPU: max(device_s, kernels · op + host).
     """
+    if cm.device_kind == "cpu":
+        return device_s + cpu_host_s(cm, num_extra_ops, host, scale)
     host_s = framework_host_s(cm, host, scale) if host is not None else None
     if host_s is not None:
         return _combined_s(cm, device_s, num_kernels, host_s)
-    op_s = op_overhead_s(cm)
-    if cm.device_kind == "cpu":
-        return device_s + num_extra_ops * op_s
-    return max(device_s, (num_kernels + num_extra_ops) * op_s)
+    return max(device_s, (num_kernels + num_extra_ops) * op_overhead_s(cm))
+
+
+def cpu_host_s(
+    cm: CostModel, num_extra_ops: int, host: FrameworkKind | None = None, scale: float = 1.0
+) -> float:
+    """The host time a CPU adds to a piece's kernels (`overlapped_s`): the profile's
+    framework time of `host` at `scale` where it has one, else `num_extra_ops` small ops;
+    0 on a GPU, where the host overlaps the kernels."""
+    if cm.device_kind != "cpu":
+        return 0.0
+    host_s = framework_host_s(cm, host, scale) if host is not None else None
+    return host_s if host_s is not None else num_extra_ops * op_overhead_s(cm)
 
 
 def _combined_s(cm: CostModel, device_s: float, num_kernels: int, host_s: float) -> float:
@@ -405,14 +416,24 @@ def context_attention_s(
     return step_s + (cp - 1) * max(step_s, send_s)
 
 
-def _tp_collectives_s(cm: CostModel, act_bytes: int, t: int, split: SequenceSplit) -> float:
+def _tp_collectives_s(
+    cm: CostModel, act_bytes: int, t: int, split: SequenceSplit, between_s: float = 0.0
+) -> float:
     """The layer's two TP collectives of `act_bytes`: all-reduces, or with sequence
-    parallelism a reduce-scatter plus an all-gather each."""
+    parallelism a reduce-scatter plus an all-gather each. `between_s`: the layer's other
+    work on a rank, which its collectives split evenly, so that each follows its share of
+    it (what a collective costs on a CPU host depends on it, `CostModel.collective_s`)."""
+    if t <= 1:
+        return 0.0
     if not split.sequence_parallel:
-        return 2 * cm.collective_s(CollectiveKind.ALL_REDUCE, act_bytes, t, Scope.INTRA)
+        after = between_s / KERNELS_TP_ALL_REDUCES
+        return 2 * cm.collective_s(
+            CollectiveKind.ALL_REDUCE, act_bytes, t, Scope.INTRA, after_s=after
+        )
+    after = between_s / (2 * KERNELS_TP_ALL_REDUCES)
     return 2 * (
-        cm.collective_s(CollectiveKind.REDUCE_SCATTER, act_bytes, t, Scope.INTRA)
-        + cm.collective_s(CollectiveKind.ALL_GATHER, act_bytes, t, Scope.INTRA)
+        cm.collective_s(CollectiveKind.REDUCE_SCATTER, act_bytes, t, Scope.INTRA, after_s=after)
+        + cm.collective_s(CollectiveKind.ALL_GATHER, act_bytes, t, Scope.INTRA, after_s=after)
     )
 
 
@@ -567,13 +588,15 @@ def layer_forward_kernels_s(
     ep_scope: Scope = Scope.INTRA,
     ep_ranks_per_node: int = 1,
     split: SequenceSplit = NO_SPLIT,
+    host_s: float = 0.0,
 ) -> float:
     """Device time of one layer's forward kernels on one rank (no host dispatch);
     the mean over the layers for a mixture of experts. `seq` is the whole sample's
     length; a context-parallel rank runs its `split` share of it.
 
     With `decode_kv_len` > 0 the attention is a decode step against that many
-    cached tokens (seq must then be 1).
+    cached tokens (seq must then be 1). `host_s`: the layer's host time on a CPU
+    (`cpu_host_s`), which runs between its TP collectives as its kernels do.
     """
 
     def compute() -> float:
@@ -594,7 +617,7 @@ def layer_forward_kernels_s(
         local = act // t if split.sequence_parallel else act  # SP: norms on m/t tokens
         time_s += 2 * cm.elementwise_s(ElementwiseKind.RMSNORM, local)
         time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, local)
-        time_s += _tp_collectives_s(cm, act, t, split)
+        time_s += _tp_collectives_s(cm, act, t, split, time_s + host_s)
         return time_s
 
     return cm.remember(
@@ -609,6 +632,7 @@ def layer_forward_kernels_s(
             ep_scope,
             ep_ranks_per_node,
             split,
+            host_s,
         ),
         compute,
     )
@@ -627,14 +651,14 @@ def layer_forward_s(
     split: SequenceSplit = NO_SPLIT,
 ) -> float:
     """One layer's eager forward (prefill, scoring or training) on one rank."""
+    kind = FrameworkKind.LAYER_FORWARD
+    scale = host_scale(model, kind, split.tokens(batch * seq))
     kernels = layer_forward_kernels_s(
         cm, model, t, batch, seq, e=e, ep_scope=ep_scope, ep_ranks_per_node=ep_ranks_per_node,
-        split=split,
+        split=split, host_s=cpu_host_s(cm, EXTRA_OPS_LAYER_FORWARD, kind, scale),
     )  # fmt: skip
     launches = KERNELS_LAYER_FORWARD + _tp_kernels(t) + _moe_kernels(model, backward=False)
     launches += _split_kernels(split)
-    kind = FrameworkKind.LAYER_FORWARD
-    scale = host_scale(model, kind, split.tokens(batch * seq))
     return overlapped_s(cm, kernels, launches, EXTRA_OPS_LAYER_FORWARD, kind, scale)
 
 
@@ -649,8 +673,10 @@ def layer_backward_kernels_s(
     ep_scope: Scope = Scope.INTRA,
     ep_ranks_per_node: int = 1,
     split: SequenceSplit = NO_SPLIT,
+    host_s: float = 0.0,
 ) -> float:
-    """Device time of one layer's backward kernels (no recomputation) on one rank."""
+    """Device time of one layer's backward kernels (no recomputation) on one rank;
+    `host_s` as for `layer_forward_kernels_s`."""
 
     def compute() -> float:
         m = split.tokens(batch * seq)
@@ -671,10 +697,12 @@ def layer_backward_kernels_s(
         # The backward of norms and adds reads about twice what the forward does.
         time_s += 4 * cm.elementwise_s(ElementwiseKind.RMSNORM, local)
         time_s += 2 * cm.elementwise_s(ElementwiseKind.ADD, local)
-        time_s += _tp_collectives_s(cm, act, t, split)
+        time_s += _tp_collectives_s(cm, act, t, split, time_s + host_s)
         return time_s
 
-    key = ("layer_bwd_kernels", model, t, batch, seq, e, ep_scope, ep_ranks_per_node, split)
+    key = (
+        "layer_bwd_kernels", model, t, batch, seq, e, ep_scope, ep_ranks_per_node, split, host_s
+    )  # fmt: skip
     return cm.remember(key, compute)
 
 
@@ -691,14 +719,14 @@ def layer_backward_s(
     split: SequenceSplit = NO_SPLIT,
 ) -> float:
     """One layer's backward (no recomputation) on one rank; the mean over layers for MoE."""
+    kind = FrameworkKind.LAYER_BACKWARD
+    scale = host_scale(model, kind, split.tokens(batch * seq))
     kernels = layer_backward_kernels_s(
         cm, model, t, batch, seq, e=e, ep_scope=ep_scope, ep_ranks_per_node=ep_ranks_per_node,
-        split=split,
+        split=split, host_s=cpu_host_s(cm, EXTRA_OPS_LAYER_BACKWARD, kind, scale),
     )  # fmt: skip
     launches = KERNELS_LAYER_BACKWARD + _tp_kernels(t) + _moe_kernels(model, backward=True)
     launches += _split_kernels(split)
-    kind = FrameworkKind.LAYER_BACKWARD
-    scale = host_scale(model, kind, split.tokens(batch * seq))
     return overlapped_s(cm, kernels, launches, EXTRA_OPS_LAYER_BACKWARD, kind, scale)
 
 
@@ -786,7 +814,11 @@ def _decode_step_s(
     cm: CostModel, model: ModelSpec, tg: int, pg: int, batch: int, kv_len: int, *, graphed: bool
 ) -> float:
     def compute() -> float:
-        layer = layer_forward_kernels_s(cm, model, tg, batch, 1, decode_kv_len=kv_len)
+        kind = FrameworkKind.LAYER_DECODE
+        between = cpu_host_s(cm, EXTRA_OPS_LAYER_DECODE, kind, host_scale(model, kind, batch))
+        layer = layer_forward_kernels_s(
+            cm, model, tg, batch, 1, decode_kv_len=kv_len, host_s=between
+        )
         p2p = (pg - 1) * cm.collective_s(
             CollectiveKind.SEND_RECV,
             batch * model.hidden_size * model.dtype.num_bytes,

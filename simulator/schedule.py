@@ -36,9 +36,12 @@ their cores with `CostModel.shared_cores`); where other work crowds the host
 further, each of the `Work.collectives` on a rank's path adds the host's
 measured wait `waits[h]` (at two busy workers per core) times the extra
 crowding, a = max(1, W/c) − max(1, w/c) in busy workers per core, linear
-between none (a = 0) and the measured point (a = 1). Run in that state
-throughout, the call would take duration/r + collectives·waits[h]·a; its rate
-is its duration over that.
+between none (a = 0) and the measured point (a = 1). A call's ranks blocked in a
+collective for a partner's data (`Work.latency_s`, the part of its duration that the
+profile's `paired_collective` entries price) leave their cores to the crowd: that
+part is not slowed. Run in that state throughout, the call would take
+(duration − latency)/r + latency + collectives·waits[h]·a; its rate is its duration
+over that.
 
 S holds what time slicing costs beyond the share of a core (cache refills and
 switches) and the slowest rank's bad luck where busy ranks do not divide evenly
@@ -76,6 +79,10 @@ class Work:
     hosts: tuple[tuple[Hashable, float], ...] = ()
     # Collectives on one rank's path that wait for partners on a crowded host.
     collectives: float = 0.0
+    # Of `duration_s`, the seconds its ranks wait blocked in collectives for a partner's
+    # data (`CostModel.paired_collective_s`): their cores run other work meanwhile, so a
+    # crowded host does not slow this part.
+    latency_s: float = 0.0
     # What the work costs more by how long its sets were idle before it started (the
     # ranks' caches gone cold, `costmodel.woken`), in the units of `duration_s`.
     wake: WakeCurve = ()
@@ -163,8 +170,9 @@ def _rates(
                 r = sliced(w / c, curve) / sliced(busy[h] / c, curve)
                 own, crowd = max(1.0, w / c), max(1.0, busy[h] / c)
                 extra = t.collectives * waits.get(h, 0.0) * (crowd - own)
-                if extra > 0 and t.duration_s > 0:
-                    r = t.duration_s / (t.duration_s / r + extra)
+                lat = min(t.latency_s, t.duration_s)
+                if (extra > 0 or lat > 0) and t.duration_s > 0:
+                    r = t.duration_s / ((t.duration_s - lat) / r + lat + extra)
                 rate = min(rate, r)
         rates.append(rate)
     return rates

@@ -100,6 +100,7 @@ class _Call:
     preds: tuple[Phase, ...]
     driver: DriverWork | None = None  # the controller's launches and gets around it
     collectives: float = 0.0  # on a rank's path, waiting for partners (`schedule.Work`)
+    latency_s: float = 0.0  # of its time, blocked in collectives (`schedule.Work`)
     wake: WakeCurve = ()  # its ranks' wake-up by their idle time before it (`_wake`)
 
 
@@ -207,6 +208,28 @@ def collectives_on(
     return {phase: max(0.0, probed[phase].time_s - c.time_s) for phase, c in plain.items()}
 
 
+def latency_on(
+    plan: Plan, cms: CostModels, role: Role, set_index: int, gen: GenLayout | None, kv_seqs: int
+) -> dict[Phase, float]:
+    """Seconds of each of `role`'s calls on set `set_index` (as the schedule gets them,
+    stretched by the set's sharing) that its ranks spend blocked in collectives for a
+    partner's data, beyond the collectives' back-to-back entries: each call priced with
+    the set's model less the same call priced `CostModel.without_paired`, times the call's
+    stretch (the view divided the latency by it, `CostModel.collective_s`). Empty where the
+    pool's profile has no `paired_collective` entries (GPU profiles, older CPU ones)."""
+    cm = _set_cm(plan, cms, set_index)
+    bare = cm.without_paired()
+    if bare is cm:
+        return {}
+    plain = _priced(plan, bare, role, set_index, gen, kv_seqs)
+    paired = _priced(plan, cm, role, set_index, gen, kv_seqs)
+    return {
+        phase: max(0.0, c.time_s - plain[phase].time_s)
+        * _stretch(plan, cms, set_index, busy_fraction(c))
+        for phase, c in paired.items()
+    }
+
+
 def _cost_calls(
     plan: Plan, cms: CostModels, resident: list[float]
 ) -> tuple[list[_Call], list[str]]:
@@ -214,19 +237,23 @@ def _cost_calls(
     gen_set_index, kv_seqs, problem = _kv_seqs(plan, resident)
     costs: dict[Phase, tuple[int, callcosts.CallCost]] = {}
     collectives: dict[Phase, float] = {}
+    latency: dict[Phase, float] = {}
     for role in wl.roles:
         set_index = plan.set_of(role)
         gen = _gen_layout(plan) if role is Role.ACTOR and kv_seqs else None
         costs.update(_role_costs_on(plan, cms, role, set_index, gen, kv_seqs))
         collectives.update(collectives_on(plan, cms, role, set_index, gen, kv_seqs))
+        latency.update(latency_on(plan, cms, role, set_index, gen, kv_seqs))
         if role is Role.ACTOR and kv_seqs and gen_set_index != set_index:
             # A generator set apart generates on its own pool's devices: its profile.
             on_gen = _role_costs_on(plan, cms, role, gen_set_index, gen, kv_seqs)
             counted = collectives_on(plan, cms, role, gen_set_index, gen, kv_seqs)
+            blocked = latency_on(plan, cms, role, gen_set_index, gen, kv_seqs)
             for phase in (Phase.GENERATE, Phase.GENERATE_BASELINE):
                 if phase in on_gen:
                     costs[phase] = on_gen[phase]
                     collectives[phase] = counted.get(phase, 0.0)
+                    latency[phase] = blocked.get(phase, 0.0)
     if problem:
         infinite = callcosts.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
         costs[Phase.GENERATE] = (gen_set_index, infinite)
@@ -257,6 +284,7 @@ def _cost_calls(
                 preds=preds,
                 driver=driver,
                 collectives=collectives.get(call.phase, 0.0),
+                latency_s=latency.get(call.phase, 0.0),
                 wake=_wake(plan, cms, set_index, cost),
             )
         )
@@ -601,6 +629,7 @@ def _tasks(
                     priority=priority,
                     hosts=_hosts(plan, sets, busy_fraction(c.cost)),
                     collectives=c.collectives,
+                    latency_s=c.latency_s,
                     wake=c.wake,
                 )
             )

@@ -65,7 +65,9 @@ class FakeCostModel:
         self.gemms.append((m, n, k))
         return 0.0
 
-    def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1) -> float:
+    def collective_s(
+        self, kind, num_bytes, world_size, scope, *, ranks_per_node=1, after_s=None
+    ) -> float:
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
         self.collectives.append((kind, int(num_bytes), world_size, scope))

@@ -26,7 +26,7 @@ class WorldPriced(FlopCostModel):
     """An all-reduce of `CONTROL_BYTES` costs its world size in seconds (so a sum tells
     the groups apart), across nodes 1000 times that; every other collective is free."""
 
-    def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1):  # type: ignore[no-untyped-def]
+    def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1, after_s=None):  # type: ignore[no-untyped-def]
         super().collective_s(kind, num_bytes, world_size, scope, ranks_per_node=ranks_per_node)
         if kind is CollectiveKind.ALL_REDUCE and num_bytes == callcosts.CONTROL_BYTES:
             return float(world_size) * (1000.0 if scope is Scope.INTER else 1.0)

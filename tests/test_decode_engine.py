@@ -58,6 +58,7 @@ class RoundCosts(CostModel):
         scope: Scope,
         *,
         ranks_per_node: int = 1,
+        after_s: float | None = None,
     ) -> float:
         return 0.0 if world_size <= 1 else 30e-6
 

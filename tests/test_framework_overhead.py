@@ -84,6 +84,7 @@ class RoundCosts(CostModel):
         scope: Scope,
         *,
         ranks_per_node: int = 1,
+        after_s: float | None = None,
     ) -> float:
         return 0.0 if world_size <= 1 else 30e-6
 
@@ -508,6 +509,7 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     monkeypatch.setattr(profiler, "measure_shared_compute", list)
     monkeypatch.setattr(profiler, "measure_shared_call", noisy)
     monkeypatch.setattr(profiler, "measure_wake_call", noisy)
+    monkeypatch.setattr(profiler, "measure_paired_collective", noisy)
     with caplog.at_level("WARNING"):
         assert profiler._host_overhead() == [shared]
     text = caplog.text
@@ -516,6 +518,8 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     assert "shared call not measured" in text
     assert "wake call not measured" in text
     assert "placeflow.profiles.shared_cores --kinds wake_call --add-to PROFILE" in text
+    assert "paired collective not measured" in text
+    assert "placeflow.profiles.shared_cores --kinds paired_collective --add-to PROFILE" in text
     # A measurement error that reaches the CLI is one line and exit 1, not a traceback.
 
     def fails(*args: Any, **kwargs: Any) -> Any:

@@ -91,7 +91,7 @@ class FlopCostModel:
     def gemm_s(self, m: int, n: int, k: int) -> float:
         return 2.0 * m * n * k / 1e15
 
-    def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1):  # type: ignore[no-untyped-def]
+    def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1, after_s=None):  # type: ignore[no-untyped-def]
         if world_size > 1 and num_bytes > 0:
             self.collectives.append((kind, int(num_bytes), world_size))
         return 0.0

@@ -62,6 +62,7 @@ class RecordingCostModel:
         scope: Scope,
         *,
         ranks_per_node: int = 1,
+        after_s: float | None = None,
     ) -> float:
         if world_size > 1 and num_bytes > 0:
             self.collectives.append((kind, int(num_bytes), world_size))

@@ -160,6 +160,7 @@ def test_the_note_is_kept_and_replaced() -> None:
             FrameworkKind.SHARED_CALL.value,
             FrameworkKind.WAKE_CALL.value,
             FrameworkKind.COLD_WEIGHTS.value,
+            FrameworkKind.PAIRED_COLLECTIVE.value,
         )
     ]
     for kind in (FrameworkKind.SHARED_COMPUTE, FrameworkKind.SHARED_CALL):

@@ -45,7 +45,7 @@ class GemmOnlyCosts(CostModel):
     def optimizer_s(self, num_params):
         return 0.0
 
-    def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1):
+    def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1, after_s=None):
         return 0.0
 
     def dispatch_s(self, kind, num_bytes, tensors=2):

@@ -28,7 +28,7 @@ class Priced(FlopCostModel):
     """Each collective priced so that a total counts them: an all-gather 1 s, a
     reduce-scatter 1,000 s; of the root's bytes 100 times that; any other size 10^6 s."""
 
-    def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1):  # type: ignore[no-untyped-def]
+    def collective_s(self, kind, num_bytes, world_size, scope, *, ranks_per_node=1, after_s=None):  # type: ignore[no-untyped-def]
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
         unit = {AG: 1.0, RS: 1000.0}.get(kind, 1e6)
