@@ -15,7 +15,9 @@ call waits for its results on the driver. On a CPU set with more busy workers
 than cores, collectives also wait for their partners to be scheduled
 (`CostModel.shared_cores`); where other sets' calls crowd the host further, the
 schedule adds each collective's wait for the extra crowding (`schedule`, with
-the count of a call's collectives from `CostModel.with_probe_wait`).
+the count of a call's collectives from `CostModel.with_probe_wait`); the part of a
+call its ranks spend blocked in collectives for a partner's data (`latency_on`, from
+the profile's `paired_collective` entries) is not slowed by that crowd.
 
 Asynchronous steps (workload `max_staleness` = s >= 1, with a generator set
 apart from the trainer) unroll the graph over several steps in which step k's
