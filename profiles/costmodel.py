@@ -691,7 +691,8 @@ class CostModel:
 
         Within a CPU host it costs at least what the profile's `paired_collective`
         entries measured for a small one after `after_s` of compute on each rank
-        (`paired_collective_s`; None: the probes' reference chunk): see `_paired_floor_s`.
+        (`paired_collective_s`; None: no compute named, a collective right after another
+        as the entries were timed, which costs its entry): see `_paired_floor_s`.
         """
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
@@ -728,7 +729,7 @@ class CostModel:
         afterwards: a rank blocked in a collective leaves its core to another rank, so the
         latency is not stretched. A point-to-point send (a pipeline's) is left out: its
         sender does not block on its partner, and the receiver's wait is the pipeline's
-        bubble, which the schedule prices."""
+        bubble, which the schedule prices. No floor where `after_s` is None."""
         if kind is CollectiveKind.SEND_RECV or after_s is None:
             return flat
         return max(flat, self.paired_collective_s(after_s) / self.shared_stretch)
