@@ -533,8 +533,15 @@ class CostModel:
         key = (Op.FRAMEWORK, (FrameworkKind.PAIRED_COLLECTIVE.value,))
         if key not in self.series:
             return self
-        kept = {k: v for k, v in self.series.items() if k != key}
-        return dataclasses.replace(self, series=kept, _memo={})
+        # Kept, as the shared views are, so that the calls it prices stay remembered
+        # from one simulation to the next.
+        view = self._memo.get(("without paired",))
+        if view is None:
+            kept = {k: v for k, v in self.series.items() if k != key}
+            view = self._memo[("without paired",)] = dataclasses.replace(
+                self, series=kept, _memo={}
+            )
+        return view
 
     def with_probe_wait(self) -> CostModel:
         """This model with every collective that `shared_cores` would charge a partner
