@@ -165,9 +165,9 @@ class FrameworkKind(StrEnum):
     # weights read from the shared last-level cache; measured by `shared_cores`.
     COLD_WEIGHTS = "cold_weights"
     # Not the engine's either: the wall time one small all-reduce within a pair of ranks
-    # adds per iteration where each rank computes num_units 64 x 64 matmuls between them,
-    # one busy rank per core: a collective as a tensor-parallel layer meets it, its
-    # partner blocked until the data arrives; measured by `shared_cores`.
+    # adds per iteration where each rank computes num_units µs between them, one busy
+    # rank per core: a collective as a tensor-parallel layer meets it, its partner
+    # blocked until the data arrives; measured by `shared_cores`.
     PAIRED_COLLECTIVE = "paired_collective"
 
 

@@ -86,16 +86,16 @@ rank that arrives first blocks, and waking it when its partner's data arrives co
 latency that collectives timed back to back, their ranks never idle for long, pay less
 of. `measure_paired_collective` runs the probe above on one rank per core (pairs of
 the host's cores) at compute chunks of `PAIRED_CHUNKS` matmuls: `framework` entries of
-kind `paired_collective`, num_units the chunk's own time per iteration in µs (the
-loop without the all-reduce), each the wall time the all-reduce adds per iteration,
-its own time included. On this 2-core VM a 4 KiB
-all-reduce added 2.0 ms after chunks of 0.25 and 1.1 ms and 2.2-3.3 ms after 4-17 ms
-(2026-11-28), where the profile's back-to-back all-reduce of 128-256 KB took 0.65-0.8
-ms; the engine's tensor-parallel forward of tiny-llama-m (8 x 22 tokens, two ranks on
-the two cores) spent 2.9 ms a collective in them (ad hoc, 2026-11-28). The cost model
-prices a collective within a host after a known compute at least at this curve
-(`CostModel.collective_s`, `after_s`), the simulator a tensor-parallel layer's with the
-layer's work between them (`simulator.compute`).
+kind `paired_collective`, num_units the chunk's own time per iteration in µs (the loop
+without the all-reduce), each the wall time the all-reduce adds per iteration, its own
+time included. On this 2-core VM a 4 KiB all-reduce added 2.17, 2.27, 1.92 and 3.14 ms
+after 0.14, 0.56, 2.2 and 9.1 ms of compute (2026-11-28, the shipped `cpu` profile's),
+where the profile's back-to-back all-reduce of 128-256 KB took 0.65-0.8 ms; the
+engine's tensor-parallel forward of tiny-llama-m (8 x 22 tokens, two ranks on the two
+cores) spent 2.9 ms a collective in them (ad hoc, 2026-11-28). The cost model prices a
+collective within a host after a known compute at least at this curve
+(`CostModel.collective_s`, `after_s`), the simulator a tensor-parallel layer's with
+the layer's work between them (`simulator.compute`).
 
     python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json [--kinds ...]
 
@@ -123,11 +123,7 @@ import torch.distributed as dist
 from placeflow.cliargs import add_kinds_option
 from placeflow.errors import MeasurementError
 from placeflow.procs import free_port, report_rank, run_ranks
-from placeflow.profiles.grid import (
-    COLD_MODEL,
-    SHARED_PROBE_BYTES,
-    SHARED_RANKS_PER_CORE,
-)
+from placeflow.profiles.grid import COLD_MODEL, SHARED_PROBE_BYTES, SHARED_RANKS_PER_CORE
 from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
@@ -146,7 +142,7 @@ from placeflow.profiles.schema import (
 # (about 1 ms of one core at two ranks per core here).
 CHUNK_MATMULS = 40
 PROBE_MATMUL = 64
-# `measure_paired_collective`'s chunks (matmuls; about 0.25 to 17 ms of one core here),
+# `measure_paired_collective`'s chunks (matmuls; about 0.14 to 9 ms of one core here),
 # and the matmuls each chunk's sample runs (about 110 ms here), so that every chunk's
 # sample lasts about as long.
 PAIRED_CHUNKS = (10, 40, 160, 640)
@@ -302,11 +298,9 @@ def measure_paired_collective(
     # Each chunk's entry at its compute as measured (µs, at least 1 apart from the
     # previous: num_units identify the entries), which is what the cost model compares
     # with a call's priced work between collectives.
-    entries: list[Entry] = []
+    entries, units = [], 0
     for m in job.chunks:
-        units = max(round(statistics.median(alone[m]) * 1e6), 1 + max(
-            (int(e.params["num_units"]) for e in entries), default=0
-        ))  # fmt: skip
+        units = max(round(statistics.median(alone[m]) * 1e6), units + 1)
         entries.append(_entry(FrameworkKind.PAIRED_COLLECTIVE, units, extra[m]))
     return entries
 
@@ -725,7 +719,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         FrameworkKind.PAIRED_COLLECTIVE: (
             f"paired_collective: {cores - cores % 2} gloo ranks on {cores} cores in pairs, a "
             f"{SHARED_PROBE_BYTES}-byte all-reduce after each chunk of "
-            f"{', '.join(map(str, PAIRED_CHUNKS))} 64 x 64 matmuls (num_units: the chunk's own "
+            f"{', '.join(map(str, PAIRED_CHUNKS))} {PROBE_MATMUL} x {PROBE_MATMUL} matmuls "
+            "(num_units: the chunk's own "
             "time per iteration, µs), less the chunks alone"
         ),
     }
