@@ -8,7 +8,15 @@ Backward runs each GEMM twice (dX: m×k×n, dW: k×n×m), the attention backward
 the elementwise ops again and the same two all-reduces.
 
 The head is the LM head (n = vocab/t) followed by a float32 log-softmax, or a
-scalar value head for critics and reward models.
+scalar value head for critics and reward models. Outside the layers, t > 1 adds
+one all-reduce of the m·h activations each way (`_tp_edge_s`): in the forward the
+vocabulary-parallel embedding's output (each rank holds vocab/t rows: Megatron's
+VocabParallelEmbedding, vLLM's, the built-in engine's `_embed`), in the backward
+the LM head input's gradient (its copy to the t ranks). A decode step also
+gathers its logits over the vocabulary shards (vLLM and the built-in engine
+sample from whole logits). A training or scoring forward's log-softmax is taken
+as Megatron takes it, over the shard with scalar reductions, which are left out;
+the built-in engine gathers those logits too (README, simulator fidelity).
 
 Host and device are two resources. Besides those kernels the engine
 dispatches many small ops (views, casts, RoPE's rotations, masks, splits, the
@@ -730,15 +738,31 @@ def layer_backward_s(
     return overlapped_s(cm, kernels, launches, EXTRA_OPS_LAYER_BACKWARD, kind, scale)
 
 
+def _tp_edge_s(cm: CostModel, model: ModelSpec, t: int, tokens: int, after_s: float) -> float:
+    """The one TP all-reduce of `tokens` hidden activations outside the layers, each way
+    (module docstring): the vocabulary-parallel embedding's output in a forward, the LM
+    head input's gradient in a backward; after `after_s` of the call's other work
+    outside the layers (what a collective costs on a CPU host depends on it,
+    `CostModel.collective_s`). 0 without tensor parallelism."""
+    if t <= 1:
+        return 0.0
+    act = tokens * model.hidden_size * model.dtype.num_bytes
+    return cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA, after_s=after_s)
+
+
 def _head_forward_kernels_s(
     cm: CostModel, model: ModelSpec, t: int, tokens: int, *, value_head: bool
 ) -> float:
+    """The head's kernels, and under tensor parallelism the embedding's all-reduce
+    (`_tp_edge_s`), which every model of a TP layout runs, critics included."""
     if value_head:
-        return cm.gemm_s(tokens, 1, model.hidden_size)
-    vocab = model.vocab_size // t
-    return cm.gemm_s(tokens, vocab, model.hidden_size) + cm.elementwise_s(
-        ElementwiseKind.SOFTMAX, tokens * vocab * 4
-    )
+        time_s = cm.gemm_s(tokens, 1, model.hidden_size)
+    else:
+        vocab = model.vocab_size // t
+        time_s = cm.gemm_s(tokens, vocab, model.hidden_size) + cm.elementwise_s(
+            ElementwiseKind.SOFTMAX, tokens * vocab * 4
+        )
+    return time_s + _tp_edge_s(cm, model, t, tokens, time_s)
 
 
 def head_forward_s(
@@ -750,7 +774,7 @@ def head_forward_s(
     return overlapped_s(
         cm,
         kernels,
-        KERNELS_HEAD_FORWARD[value_head],
+        KERNELS_HEAD_FORWARD[value_head] + (t > 1),
         EXTRA_OPS_CALL_FORWARD,
         FrameworkKind.CALL_FORWARD,
         host_scale(model, FrameworkKind.CALL_FORWARD, tokens),
@@ -763,9 +787,10 @@ def _head_backward_kernels_s(
     n = 1 if value_head else model.vocab_size // t
     k = model.hidden_size
     time_s = cm.gemm_s(tokens, k, n) + cm.gemm_s(k, n, tokens)
-    if not value_head:
-        time_s += cm.elementwise_s(ElementwiseKind.SOFTMAX, tokens * n * 4)
-    return time_s
+    if value_head:
+        return time_s  # a value head is whole on every rank: its input's gradient too
+    time_s += cm.elementwise_s(ElementwiseKind.SOFTMAX, tokens * n * 4)
+    return time_s + _tp_edge_s(cm, model, t, tokens, time_s)
 
 
 def head_backward_s(
@@ -775,7 +800,7 @@ def head_backward_s(
     return overlapped_s(
         cm,
         kernels,
-        KERNELS_HEAD_BACKWARD[value_head],
+        KERNELS_HEAD_BACKWARD[value_head] + (t > 1 and not value_head),
         EXTRA_OPS_CALL_BACKWARD,
         FrameworkKind.CALL_BACKWARD,
         host_scale(model, FrameworkKind.CALL_BACKWARD, tokens),
@@ -802,6 +827,16 @@ def decode_step_s(
     return _decode_step_s(cm, model, tg, pg, batch, kv_len, graphed=graphed)
 
 
+def _logits_gather_s(cm: CostModel, model: ModelSpec, tg: int, batch: int, after_s: float) -> float:
+    """A TP decode step's all-gather of its `batch` rows of logits over the vocabulary
+    shards, which the engines sample from whole (module docstring); after the head's
+    `after_s`. 0 without tensor parallelism."""
+    if tg <= 1:
+        return 0.0
+    logits = batch * model.vocab_size * model.dtype.num_bytes
+    return cm.collective_s(CollectiveKind.ALL_GATHER, logits, tg, Scope.INTRA, after_s=after_s)
+
+
 def graph_capture_s(cm: CostModel, model: ModelSpec, batch: int, kv_len: int) -> float:
     """The built-in engine's CUDA-graph capture of its decode step, once per generation
     (tg = 1, `placeflow.workload.decode_graphed`): `GRAPH_WARMUP_RUNS` eager runs of the
@@ -825,11 +860,9 @@ def _decode_step_s(
             2,
             Scope.INTRA,
         )
-        device_s = (
-            model.num_layers * layer
-            + _head_forward_kernels_s(cm, model, tg, batch, value_head=False)
-            + p2p
-        )
+        head = _head_forward_kernels_s(cm, model, tg, batch, value_head=False)
+        device_s = model.num_layers * layer + head + _logits_gather_s(cm, model, tg, batch, head)
+        device_s += p2p
         if graphed:
             # One graph launch replaces the layers' and the head's launches.
             time_s = max(device_s, (1 + EXTRA_OPS_DECODE_STEP) * op_overhead_s(cm))
@@ -839,7 +872,7 @@ def _decode_step_s(
             kernels = model.num_layers * (
                 KERNELS_LAYER_FORWARD + _tp_kernels(tg) + _moe_kernels(model, backward=False)
             )
-            kernels += KERNELS_HEAD_FORWARD[False]
+            kernels += KERNELS_HEAD_FORWARD[False] + 2 * (tg > 1)  # the embedding's, the gather
             layer_host, step_host = (
                 framework_host_s(cm, kind, host_scale(model, kind, batch))
                 for kind in (FrameworkKind.LAYER_DECODE, FrameworkKind.DECODE_STEP)

@@ -399,9 +399,11 @@ def test_cp_makes_the_example_fit_and_cp1_does_not():
         # scalar all-reduces are priced (`callcosts.control_syncs_s`: 114.13274885769249,
         # 146.2035944673538, 1759.5513720231436 before); the two 7B plans since the
         # sampler's decode step has one op fewer (`compute.EXTRA_OPS_DECODE_STEP` 68 -> 67:
-        # 114.13381305502281 and 146.20384724050348 before).
-        ("ppo-7b-colocate-h100x16", 114.10799972248236),
-        ("ppo-7b-split-h100x16", 146.16443333490406),
+        # 114.13381305502281 and 146.20384724050348 before); the two 7B plans (t = 2)
+        # since the TP all-reduce outside the layers is priced (`compute._tp_edge_s`,
+        # `_logits_gather_s`: 114.10799972248236 and 146.16443333490406 before).
+        ("ppo-7b-colocate-h100x16", 114.23919713098772),
+        ("ppo-7b-split-h100x16", 146.37872887410563),
         ("ppo-llama2-13b-openrlhf-a800x8", 1759.5516116556582),
     ],
 )

@@ -87,8 +87,9 @@ def test_cpu_decode_adds_the_framework_ops_to_the_kernels(engine: RolloutEngine)
 
 def test_gpu_eager_decode_costs_the_larger_of_host_and_device() -> None:
     # The built-in engine decodes eagerly under tensor parallelism (tg = 2): every op
-    # launched, two all-reduces per layer among them (30 µs each on the device).
-    ops, device = EAGER_OPS + 2 * L, DEVICE_S + 2 * L * 30e-6
+    # launched, two all-reduces per layer among them and, outside the layers, the
+    # embedding's all-reduce and the logits' gather (30 µs each on the device).
+    ops, device = EAGER_OPS + 2 * L + 2, DEVICE_S + (2 * L + 2) * 30e-6
     slow_host, fast_host = 14e-6, 0.1e-6
     host_bound = compute.decode_step_s(_costs("cuda", slow_host), MODEL, 2, 1, 8, 100)
     assert ops * slow_host > device

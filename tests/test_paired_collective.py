@@ -7,7 +7,9 @@ that curve, divided by a shared view's stretch (a blocked rank leaves its core t
 others), and nothing more where no compute is named, for a point-to-point send, for a
 group larger than the profiling host's cores, or on a GPU profile; a tensor-parallel
 layer's two collectives (forward, backward and decode step) each priced at the curve
-at half the layer's other work, kernels and host time worked out by hand; a crowded
+at half the layer's other work, kernels and host time worked out by hand; outside
+the layers, the embedding's all-reduce (and an LM head's input gradient's, and a
+decode step's logits gather) after the head's kernels, by hand; a crowded
 host slows a call but for its blocked time, end times by hand; the probe spawns real
 gloo ranks.
 """
@@ -23,7 +25,14 @@ from placeflow.catalogue import get_model
 from placeflow.phases import Phase
 from placeflow.plan import load_plan
 from placeflow.profiles.registry import fitted_cost_model
-from placeflow.profiles.schema import CollectiveKind, FrameworkKind, Op, Scope, Source
+from placeflow.profiles.schema import (
+    CollectiveKind,
+    ElementwiseKind,
+    FrameworkKind,
+    Op,
+    Scope,
+    Source,
+)
 from placeflow.profiles.shared_cores import measure_paired_collective
 from placeflow.simulator import compute
 from placeflow.simulator.schedule import Work, schedule
@@ -128,10 +137,24 @@ def test_a_tensor_parallel_decode_step_s_collectives_follow_the_layer_by_hand() 
     other = compute.layer_forward_kernels_s(base, model, 2, batch, 1, decode_kv_len=kv) - 2 * flat
     floor = _steep_s((other + host) / 2)
     assert floor > flat
+    # Outside the layers: the embedding's all-reduce after the head's kernels (the LM
+    # head over half the vocabulary, its log-softmax), then the logits' gather after both.
+    vocab = model.vocab_size // 2
+    head = base.gemm_s(batch, vocab, model.hidden_size) + base.elementwise_s(
+        ElementwiseKind.SOFTMAX, batch * vocab * 4
+    )
+    assert head < 100e-6  # before the curve's first point, where it is held: 2 ms
+    embed = max(flat, 2e-3)
+    gather_flat = base.collective_s(
+        CollectiveKind.ALL_GATHER, batch * model.vocab_size * model.dtype.num_bytes, 2, Scope.INTRA
+    )
+    gather = max(gather_flat, _steep_s(head + embed))
+    assert embed > flat and gather > gather_flat
     got = compute.decode_step_s(cm, model, 2, 1, batch, kv) - compute.decode_step_s(
         base, model, 2, 1, batch, kv
     )
-    assert got == pytest.approx(model.num_layers * 2 * (floor - flat))
+    layers = model.num_layers * 2 * (floor - flat)
+    assert got == pytest.approx(layers + embed - flat + gather - gather_flat)
 
 
 def test_a_crowded_host_slows_a_call_but_for_its_blocked_time_by_hand() -> None:
@@ -172,3 +195,42 @@ def test_measure_paired_collective_spawns_a_rank_per_core() -> None:
         assert e.op is Op.FRAMEWORK and e.source is Source.MEASURED and e.repeats == 2
         assert 0 < e.median_s < 1.0
     assert measure_paired_collective(cores=1) == []  # no pair with a core per rank
+
+
+@pytest.mark.parametrize("value_head", [False, True])
+def test_a_tensor_parallel_head_s_embedding_and_gradient_all_reduces_by_hand(
+    value_head: bool,
+) -> None:
+    # Outside the layers a TP forward all-reduces the vocabulary-parallel embedding's
+    # output (every model, critics too) after the head's other work; an LM head's
+    # backward all-reduces its input's gradient (a value head is whole on every rank).
+    cm = with_framework(fitted_cost_model("cpu"), PAIRED, STEEP)
+    model = get_model("tiny-llama-m")
+    tokens, h = 8 * 22, model.hidden_size
+    act = tokens * h * model.dtype.num_bytes
+    if value_head:
+        fwd = cm.gemm_s(tokens, 1, h)
+        bwd = cm.gemm_s(tokens, h, 1) + cm.gemm_s(h, 1, tokens)
+    else:
+        vocab = model.vocab_size // 2
+        softmax = cm.elementwise_s(ElementwiseKind.SOFTMAX, tokens * vocab * 4)
+        fwd = cm.gemm_s(tokens, vocab, h) + softmax
+        bwd = cm.gemm_s(tokens, h, vocab) + cm.gemm_s(h, vocab, tokens) + softmax
+    flat = cm.without_paired().collective_s(AR, act, 2, Scope.INTRA)
+
+    def edge(after_s: float) -> float:  # the curve by hand, held below 100 µs
+        return max(flat, _steep_s(max(after_s, 100e-6)))
+
+    got_fwd = compute._head_forward_kernels_s(cm, model, 2, tokens, value_head=value_head)
+    got_bwd = compute._head_backward_kernels_s(cm, model, 2, tokens, value_head=value_head)
+    assert got_fwd == pytest.approx(fwd + edge(fwd))
+    assert got_bwd == pytest.approx(bwd if value_head else bwd + edge(bwd))
+    # Without tensor parallelism there is nothing to reduce.
+    whole = compute._head_forward_kernels_s(cm, model, 1, tokens, value_head=value_head)
+    if value_head:
+        assert whole == pytest.approx(fwd)
+    else:
+        assert whole == pytest.approx(
+            cm.gemm_s(tokens, model.vocab_size, h)
+            + cm.elementwise_s(ElementwiseKind.SOFTMAX, tokens * model.vocab_size * 4)
+        )
