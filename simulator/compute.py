@@ -12,7 +12,10 @@ scalar value head for critics and reward models. Outside the layers, t > 1 adds
 one all-reduce of the m·h activations each way (`_tp_edge_s`): in the forward the
 vocabulary-parallel embedding's output (each rank holds vocab/t rows: Megatron's
 VocabParallelEmbedding, vLLM's, the built-in engine's `_embed`), in the backward
-the LM head input's gradient (its copy to the t ranks). A decode step also
+the LM head input's gradient (its copy to the t ranks); with sequence
+parallelism Megatron scatters the embedding's output and gathers the head's input
+instead, a reduce-scatter and an all-gather of the same bytes, priced as the one
+all-reduce they add up to. A decode step also
 gathers its logits over the vocabulary shards (vLLM and the built-in engine
 sample from whole logits). A training or scoring forward's log-softmax is taken
 as Megatron takes it, over the shard with scalar reductions, which are left out;
@@ -750,6 +753,11 @@ def _tp_edge_s(cm: CostModel, model: ModelSpec, t: int, tokens: int, after_s: fl
     return cm.collective_s(CollectiveKind.ALL_REDUCE, act, t, Scope.INTRA, after_s=after_s)
 
 
+def _tp_edge_kernels(t: int) -> int:
+    """Launches of `_tp_edge_s`'s collective: one under tensor parallelism."""
+    return 1 if t > 1 else 0
+
+
 def _head_forward_kernels_s(
     cm: CostModel, model: ModelSpec, t: int, tokens: int, *, value_head: bool
 ) -> float:
@@ -774,7 +782,7 @@ def head_forward_s(
     return overlapped_s(
         cm,
         kernels,
-        KERNELS_HEAD_FORWARD[value_head] + (t > 1),
+        KERNELS_HEAD_FORWARD[value_head] + _tp_edge_kernels(t),
         EXTRA_OPS_CALL_FORWARD,
         FrameworkKind.CALL_FORWARD,
         host_scale(model, FrameworkKind.CALL_FORWARD, tokens),
@@ -800,7 +808,7 @@ def head_backward_s(
     return overlapped_s(
         cm,
         kernels,
-        KERNELS_HEAD_BACKWARD[value_head] + (t > 1 and not value_head),
+        KERNELS_HEAD_BACKWARD[value_head] + (0 if value_head else _tp_edge_kernels(t)),
         EXTRA_OPS_CALL_BACKWARD,
         FrameworkKind.CALL_BACKWARD,
         host_scale(model, FrameworkKind.CALL_BACKWARD, tokens),
@@ -872,7 +880,8 @@ def _decode_step_s(
             kernels = model.num_layers * (
                 KERNELS_LAYER_FORWARD + _tp_kernels(tg) + _moe_kernels(model, backward=False)
             )
-            kernels += KERNELS_HEAD_FORWARD[False] + 2 * (tg > 1)  # the embedding's, the gather
+            # The embedding's all-reduce and the logits' gather outside the layers:
+            kernels += KERNELS_HEAD_FORWARD[False] + 2 * _tp_edge_kernels(tg)
             layer_host, step_host = (
                 framework_host_s(cm, kind, host_scale(model, kind, batch))
                 for kind in (FrameworkKind.LAYER_DECODE, FrameworkKind.DECODE_STEP)
