@@ -340,8 +340,9 @@ def test_a_host_crowded_by_another_set_adds_each_collectives_wait_by_hand() -> N
 
 def test_the_probe_counts_a_tensor_parallel_forwards_collectives() -> None:
     # PPO split: the critic (t = 2, no DP) on its own 2 workers. Its value forward makes
-    # two all-reduces a layer per micro-batch: 32 samples / micro-batch 8 = 4 micro-
-    # batches of 2 layers, 16 collectives. The reference (d = 2) forward makes one: its
+    # two all-reduces a layer per micro-batch and one outside the layers (its
+    # vocabulary-parallel embedding's): 32 samples / micro-batch 8 = 4 micro-batches of
+    # 2 layers, 4 x (2 x 2 + 1) = 20 collectives. The reference (d = 2) forward makes one: its
     # ranks agree on their micro-batch count (`callcosts.control_syncs_s`).
     plan = load_plan(PLANS / "ppo-tiny-cpu4-split.toml")
     critic = plan.parallelism[Role.CRITIC]
@@ -351,7 +352,7 @@ def test_the_probe_counts_a_tensor_parallel_forwards_collectives() -> None:
     micro = plan.workload.batch.num_samples // critic.micro_batch
     cms = cost_models_for(plan, "cpu")
     counted = collectives_on(plan, cms, Role.CRITIC, plan.set_of(Role.CRITIC), None, 0)
-    assert counted[Phase.VALUES] == pytest.approx(micro * 2 * layers)
+    assert counted[Phase.VALUES] == pytest.approx(micro * (2 * layers + 1))
     assert collectives_on(plan, cms, Role.REF, plan.set_of(Role.REF), None, 0) == {
         Phase.REF_LOGPROB: 1.0
     }
