@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,114 @@ def test_a_file_that_is_not_a_results_file_is_refused(tmp_path: Path) -> None:
     bad.write_text("{}")
     with pytest.raises(SystemExit, match="not a results file"):
         repeatability.main([str(bad), str(bad)])
+
+
+def _rounds(runs: dict[str, list[dict[str, float]]], error: float = 0.0) -> dict:
+    """A `fidelity_cpu.py --rounds N` results file: plan -> each run's phase seconds (its
+    step their sum); the row scored at `error` on every phase and step."""
+    rows = []
+    for plan, times in runs.items():
+        phases = sorted({ph for t in times for ph in t})
+        rows.append(
+            {
+                "plan": plan,
+                "phases": [{"phase": ph, "measured_s": 1.0, "rel_error": error} for ph in phases],
+                "step": {"measured_s": 1.0, "rel_error": error},
+                "runs": [{"phases": dict(t), "step_s": sum(t.values())} for t in times],
+            }
+        )
+    return {"rows": rows, "date": "2026-11-28", "rounds": len(next(iter(runs.values())))}
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
+def test_an_exact_model_scores_zero_where_the_runs_agree() -> None:
+    same = {"generate": 0.040, "reshard": 0.002}
+    floor = repeatability.noise_floor(_rounds({"p": [same] * 3}), draws=50, seed=0)
+    for kind in ("phases", "steps"):
+        assert floor[kind]["median_abs"] == 0.0 and floor[kind]["worst_abs"] == 0.0
+        assert floor[kind]["share_both_within"] == 1.0
+
+
+def test_the_floor_of_one_phase_follows_the_median_of_three_draws_by_hand() -> None:
+    # Runs e^-a, 1, e^a: the logarithms' sample standard deviation is a. The median of
+    # three draws of N(0, a^2) has CDF 3F^2 - 2F^3; an exact model's error is
+    # e^-m - 1, within 25 % for -ln 1.25 <= m <= -ln 0.75.
+    a = 0.2
+    runs = [{"generate": math.exp(-a)}, {"generate": 1.0}, {"generate": math.exp(a)}]
+    times = repeatability.round_times(_rounds({"p": runs}))
+    assert repeatability.log_spread(times[("p", "generate")]) == pytest.approx(a)
+
+    def median_cdf(m: float) -> float:
+        f = _normal_cdf(m / a)
+        return 3 * f**2 - 2 * f**3
+
+    expected = median_cdf(-math.log(0.75)) - median_cdf(-math.log(1.25))
+    floor = repeatability.noise_floor(_rounds({"p": runs}), draws=20000, seed=1)
+    # One phase: its worst is itself; 20000 draws put the share within +-0.01 (3 sigma).
+    assert floor["phases"]["share_worst_within"] == pytest.approx(expected, abs=0.01)
+    assert floor["phases"]["noisiest"][:2] == ["p", "generate"]
+
+
+def test_each_run_is_scored_against_the_median_of_the_others_by_hand() -> None:
+    runs = [{"generate": 1.0}, {"generate": 2.0}, {"generate": 4.0}]
+    scores = repeatability.run_vs_rest(_rounds({"p": runs}))
+    # 1 / median(2, 4) - 1, 2 / median(1, 4) - 1, 4 / median(1, 2) - 1.
+    expected = [abs(1 / 3 - 1), abs(2 / 2.5 - 1), abs(4 / 1.5 - 1)]
+    assert [s["worst_abs_phases"] for s in scores] == pytest.approx(expected)
+    assert [s["worst_abs_steps"] for s in scores] == pytest.approx(expected)
+
+
+def test_a_phase_some_run_did_not_measure_is_left_out() -> None:
+    runs = [{"generate": 1.0, "reshard": 0.1}, {"generate": 1.1}, {"generate": 1.2}]
+    times = repeatability.round_times(_rounds({"p": runs}))
+    assert set(times) == {("p", "generate"), ("p", "step")}
+
+
+def test_rounds_command_line_writes_its_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = [{"generate": 1.0}, {"generate": 1.1}, {"generate": 0.9}]
+    rounds, model = tmp_path / "rounds.json", tmp_path / "model.json"
+    rounds.write_text(json.dumps(_rounds({"p": runs}, error=0.5)))
+    model.write_text(json.dumps(_rounds({"p": runs}, error=-0.2)))
+    monkeypatch.setattr(repeatability, "RESULTS", tmp_path)
+    given = ["--rounds", str(rounds), "--model", str(model), "--draws", "10"]
+    assert repeatability.main(given) == 0
+    out = json.loads((tmp_path / "repeatability_rounds_cpu.json").read_text())
+    assert out["command"] == "python benchmarks/repeatability.py " + " ".join(given)
+    assert out["file"] == "rounds.json" and out["model_file"] == "model.json"
+    # The model's score is the --model file's, not the rounds file's own.
+    assert out["report"]["model_against_the_median"]["worst_abs_phases"] == pytest.approx(0.2)
+    assert out["report"]["exact_model_against_the_median"]["draws"] == 10
+
+
+def test_rounds_refuses_a_model_file_of_other_plans_and_a_file_without_runs(
+    tmp_path: Path,
+) -> None:
+    runs = [{"generate": 1.0}, {"generate": 1.1}]
+    rounds, other = tmp_path / "rounds.json", tmp_path / "other.json"
+    rounds.write_text(json.dumps(_rounds({"p": runs})))
+    other.write_text(json.dumps(_rounds({"q": runs})))
+    with pytest.raises(SystemExit, match="does not score 2 phases"):
+        repeatability.main(["--rounds", str(rounds), "--model", str(other)])
+    single = tmp_path / "single.json"
+    single.write_text(json.dumps(_report(FIRST, None, 0.0)))
+    with pytest.raises(SystemExit, match="two or more runs"):
+        repeatability.main(["--rounds", str(single)])
+    with pytest.raises(SystemExit):
+        repeatability.main(["--rounds", str(rounds), str(rounds)])
+
+
+def test_the_floor_without_the_noisiest_phase_is_that_of_the_rest() -> None:
+    # reshard varies 1-4x between the runs, generate not at all: without reshard, the
+    # worst phase an exact model shows is generate's, 0.
+    runs = [{"generate": 1.0, "reshard": 1.0}, {"generate": 1.0, "reshard": 4.0}]
+    runs.append({"generate": 1.0, "reshard": 2.0})
+    floor = repeatability.noise_floor(_rounds({"p": runs}), draws=200, seed=0)
+    assert floor["phases"]["worst_abs"] > 0.25
+    (without,) = floor["phases"]["without_widest"]
+    assert without["left_out"] == [["p", "reshard"]]
+    assert without["worst_abs"] == 0.0 and without["share_worst_within"] == 1.0
