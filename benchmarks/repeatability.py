@@ -178,11 +178,11 @@ def _within(values: Sequence[float], bound: float) -> float:
     return sum(v <= bound for v in values) / len(values)
 
 
-def noise_floor(report: Mapping[str, Any], *, draws: int, seed: int) -> dict[str, Any]:
-    """What a model exactly right would score against the median of the file's runs
-    (module docstring): per phase kind ("phases", "steps") the medians over `draws` of
-    the median and the worst |error|, and the share of draws within each bound."""
-    times = round_times(report)
+def noise_floor(times: Mapping[Key, Sequence[float]], *, draws: int, seed: int) -> dict[str, Any]:
+    """What a model exactly right would score against the median of the runs `times`
+    (`round_times`; module docstring): per phase kind ("phases", "steps") the medians
+    over `draws` of the median and the worst |error|, and the share of draws within
+    each bound."""
     if not times:
         raise ValueError("no plan of the file has two or more runs (fidelity_cpu.py --rounds N)")
     spreads = {k: log_spread(v) for k, v in times.items()}
@@ -195,21 +195,17 @@ def noise_floor(report: Mapping[str, Any], *, draws: int, seed: int) -> dict[str
     by_spread = sorted((k for k in spreads if k[1] != "step"), key=lambda k: -spreads[k])
     worst_without: dict[int, list[float]] = {k: [] for k in LEAVE_OUT if k < len(by_spread)}
     for _ in range(draws):
-        errors: dict[str, list[float]] = {"phases": [], "steps": []}
-        phase_errors: dict[Key, float] = {}
+        errors: dict[Key, float] = {}
         for key, sigma in spreads.items():
-            n = len(times[key])
-            median = statistics.median(rng.gauss(0.0, sigma) for _ in range(n))
-            err = abs(math.exp(-median) - 1)
-            errors["steps" if key[1] == "step" else "phases"].append(err)
-            if key[1] != "step":
-                phase_errors[key] = err
-        for kind, errs in errors.items():
+            median = statistics.median(rng.gauss(0.0, sigma) for _ in times[key])
+            errors[key] = abs(math.exp(-median) - 1)
+        for kind, s in scores.items():
+            errs = [e for k, e in errors.items() if (k[1] == "step") == (kind == "steps")]
             if errs:
-                scores[kind]["median"].append(statistics.median(errs))
-                scores[kind]["worst"].append(max(errs))
+                s["median"].append(statistics.median(errs))
+                s["worst"].append(max(errs))
         for k, worsts in worst_without.items():
-            worsts.append(max(phase_errors[key] for key in by_spread[k:]))
+            worsts.append(max(errors[key] for key in by_spread[k:]))
     out: dict[str, Any] = {"draws": draws, "seed": seed}
     for kind, s in scores.items():
         keys = [k for k in spreads if (k[1] == "step") == (kind == "steps")]
@@ -242,15 +238,14 @@ def noise_floor(report: Mapping[str, Any], *, draws: int, seed: int) -> dict[str
     return out
 
 
-def run_vs_rest(report: Mapping[str, Any]) -> list[dict]:
-    """Each run of a `--rounds N` file scored against the median of the other runs of
-    the same plan, as the benchmark scores the model (`summary`)."""
-    times = round_times(report)
+def run_vs_rest(times: Mapping[Key, Sequence[float]]) -> list[dict]:
+    """Each run of a `--rounds N` file (its `round_times`) scored against the median of
+    the other runs of the same plan, as the benchmark scores the model (`summary`)."""
     runs = max((len(v) for v in times.values()), default=0)
     out = []
     for i in range(runs):
         errors = {
-            k: v[i] / statistics.median(v[:i] + v[i + 1 :]) - 1
+            k: v[i] / statistics.median([*v[:i], *v[i + 1 :]]) - 1
             for k, v in times.items()
             if len(v) > i
         }
@@ -269,10 +264,11 @@ def rounds_report(
     errors in `model_report`, a `--resimulate` of the same runs, where given; else the
     file's own)."""
     model = per_phase(model_report or report, "rel_error")
+    times = round_times(report)
     return {
         "bounds": {"median": MEDIAN_BOUND, "worst": WORST_BOUND},
-        "exact_model_against_the_median": noise_floor(report, draws=draws, seed=seed),
-        "run_against_the_others": run_vs_rest(report),
+        "exact_model_against_the_median": noise_floor(times, draws=draws, seed=seed),
+        "run_against_the_others": run_vs_rest(times),
         "model_against_the_median": summary(model, model),
     }
 

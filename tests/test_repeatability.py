@@ -101,13 +101,18 @@ def _rounds(runs: dict[str, list[dict[str, float]]], error: float = 0.0) -> dict
     return {"rows": rows, "date": "2026-11-28", "rounds": len(next(iter(runs.values())))}
 
 
+def _times(runs: dict[str, list[dict[str, float]]]) -> dict:
+    """`round_times` of the `_rounds` file of `runs`."""
+    return repeatability.round_times(_rounds(runs))
+
+
 def _normal_cdf(x: float) -> float:
     return 0.5 * (1 + math.erf(x / math.sqrt(2)))
 
 
 def test_an_exact_model_scores_zero_where_the_runs_agree() -> None:
     same = {"generate": 0.040, "reshard": 0.002}
-    floor = repeatability.noise_floor(_rounds({"p": [same] * 3}), draws=50, seed=0)
+    floor = repeatability.noise_floor(_times({"p": [same] * 3}), draws=50, seed=0)
     for kind in ("phases", "steps"):
         assert floor[kind]["median_abs"] == 0.0 and floor[kind]["worst_abs"] == 0.0
         assert floor[kind]["share_both_within"] == 1.0
@@ -127,7 +132,7 @@ def test_the_floor_of_one_phase_follows_the_median_of_three_draws_by_hand() -> N
         return 3 * f**2 - 2 * f**3
 
     expected = median_cdf(-math.log(0.75)) - median_cdf(-math.log(1.25))
-    floor = repeatability.noise_floor(_rounds({"p": runs}), draws=20000, seed=1)
+    floor = repeatability.noise_floor(_times({"p": runs}), draws=20000, seed=1)
     # One phase: its worst is itself; 20000 draws put the share within +-0.01 (3 sigma).
     assert floor["phases"]["share_worst_within"] == pytest.approx(expected, abs=0.01)
     assert floor["phases"]["noisiest"][:2] == ["p", "generate"]
@@ -135,7 +140,7 @@ def test_the_floor_of_one_phase_follows_the_median_of_three_draws_by_hand() -> N
 
 def test_each_run_is_scored_against_the_median_of_the_others_by_hand() -> None:
     runs = [{"generate": 1.0}, {"generate": 2.0}, {"generate": 4.0}]
-    scores = repeatability.run_vs_rest(_rounds({"p": runs}))
+    scores = repeatability.run_vs_rest(_times({"p": runs}))
     # 1 / median(2, 4) - 1, 2 / median(1, 4) - 1, 4 / median(1, 2) - 1.
     expected = [abs(1 / 3 - 1), abs(2 / 2.5 - 1), abs(4 / 1.5 - 1)]
     assert [s["worst_abs_phases"] for s in scores] == pytest.approx(expected)
@@ -188,7 +193,7 @@ def test_the_floor_without_the_noisiest_phase_is_that_of_the_rest() -> None:
     # worst phase an exact model shows is generate's, 0.
     runs = [{"generate": 1.0, "reshard": 1.0}, {"generate": 1.0, "reshard": 4.0}]
     runs.append({"generate": 1.0, "reshard": 2.0})
-    floor = repeatability.noise_floor(_rounds({"p": runs}), draws=200, seed=0)
+    floor = repeatability.noise_floor(_times({"p": runs}), draws=200, seed=0)
     assert floor["phases"]["worst_abs"] > 0.25
     (without,) = floor["phases"]["without_widest"]
     assert without["left_out"] == [["p", "reshard"]]
