@@ -23,6 +23,8 @@ the kernel inventory of `placeflow.simulator.compute`). For each kind
   (t(n2) − t(n1)) / (n2 − n1), which leaves out prefill and the call's setup;
 - the backward: a forward plus backward less the forward;
 - the optimizer: `TrainEngine.step` (gradient clipping and AdamW) with gradients set;
+  and its AdamW alone (adamw_layer, adamw_call: `optimizer.step()`), the part a
+  ZeRO-1/2 rank runs over its partition of the tensors only;
 - the rollout load (load_layer, load_call): the actor's sync of its rollout engine
   where the layouts match (t = tg, d = 1), as `ActorEngine.sync_rollout` runs it: the
   reshard plan's walk over the tensors (`reshard_colocated`, nothing to gather) and
@@ -117,6 +119,7 @@ LAYER_KINDS = (
     FrameworkKind.LAYER_BACKWARD,
     FrameworkKind.LAYER_DECODE,
     FrameworkKind.OPTIMIZER_LAYER,
+    FrameworkKind.ADAMW_LAYER,
     FrameworkKind.LOAD_LAYER,
     FrameworkKind.SYNC_LAYER,
 )
@@ -132,6 +135,8 @@ _PIECES_OF: dict[FrameworkKind, tuple[str, ...]] = {
     FrameworkKind.DECODE_STEP: ("decode_short", "decode_long"),
     FrameworkKind.OPTIMIZER_LAYER: ("step",),
     FrameworkKind.OPTIMIZER_CALL: ("step",),
+    FrameworkKind.ADAMW_LAYER: ("adamw",),
+    FrameworkKind.ADAMW_CALL: ("adamw",),
     FrameworkKind.LOAD_LAYER: ("load",),
     FrameworkKind.LOAD_CALL: ("load",),
     FrameworkKind.SYNC_LAYER: ("sync",),
@@ -246,6 +251,11 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
     def step() -> float:
         return _elapsed(trainer.step, set_grads)
 
+    def adamw() -> float:
+        # The step's AdamW alone (a plain AdamW at d = 1): what a ZeRO-1/2 rank's inner
+        # optimizer runs over its partition only.
+        return _elapsed(trainer.optimizer.step, set_grads)
+
     def sync() -> None:
         # `ActorEngine.sync_rollout` where the layouts match: nothing is gathered.
         weights, _ = reshard_colocated(plan, 0, trainer.tp_shards(), None, MemoryMeter())
@@ -262,6 +272,7 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
         "decode_short": lambda: generate(DECODE_STEPS[0]),
         "decode_long": lambda: generate(DECODE_STEPS[1]),
         "step": step,
+        "adamw": adamw,
         "load": lambda: _elapsed(sync),
         "sync": lambda: _elapsed(weight_sync),
     }
@@ -269,7 +280,7 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
 
 
 # The pieces whose size is the weights, timed at the smallest size only.
-_WEIGHT_PIECES = frozenset({"step", "load", "sync"})
+_WEIGHT_PIECES = frozenset({"step", "adamw", "load", "sync"})
 
 
 def _paired_samples(
@@ -405,6 +416,8 @@ def _kinds_at(
         pairs.append(((FrameworkKind.LAYER_DECODE, FrameworkKind.DECODE_STEP), decode))
     if "step" in t:
         pairs.append(((FrameworkKind.OPTIMIZER_LAYER, FrameworkKind.OPTIMIZER_CALL), at("step")))
+    if "adamw" in t:
+        pairs.append(((FrameworkKind.ADAMW_LAYER, FrameworkKind.ADAMW_CALL), at("adamw")))
     if "load" in t:
         pairs.append(((FrameworkKind.LOAD_LAYER, FrameworkKind.LOAD_CALL), at("load")))
     if "sync" in t:

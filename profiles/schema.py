@@ -137,6 +137,10 @@ class FrameworkKind(StrEnum):
     DECODE_STEP = "decode_step"  # per decode step outside the layers: head, sampling, stops
     OPTIMIZER_LAYER = "optimizer_layer"  # the optimizer step and clipping, per layer's tensors
     OPTIMIZER_CALL = "optimizer_call"  # the same for the tensors outside the layers
+    # The part of the optimizer step that AdamW's own loop takes (`optimizer.step()`
+    # alone, no clipping), which a ZeRO-1/2 rank runs over its partition only:
+    ADAMW_LAYER = "adamw_layer"  # per layer's tensors
+    ADAMW_CALL = "adamw_call"  # per step: the tensors outside the layers
     # The actor's load of its generation weights into its rollout engine where no reshard
     # moves them (the reshard plan's per-tensor bookkeeping and copies, `load_shards`):
     LOAD_LAYER = "load_layer"  # per decoder layer's tensors

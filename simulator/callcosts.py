@@ -694,7 +694,10 @@ def _dp_sync_and_optimizer_s(
     # Kernel time of AdamW over the rank's partition, plus the engine's host time of
     # its per-tensor loop over the heaviest stage's layers (0 without framework entries).
     layers = lay.heaviest_stage_layers(model.num_layers)
-    return sync, cm.optimizer_s(opt_params) + compute.optimizer_host_s(cm, model, layers)
+    # ZeRO-1/2 (`ZeroRedundancyOptimizer`): each DP rank's AdamW loops over its partition.
+    partitions = lay.num_weight_replicas if zero in (1, 2) else 1
+    host_s = compute.optimizer_host_s(cm, model, layers, partitions)
+    return sync, cm.optimizer_s(opt_params) + host_s
 
 
 def _fsdp_update_s(

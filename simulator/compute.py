@@ -250,9 +250,10 @@ def _reference_kernels_s(cm: CostModel, kind: FrameworkKind, units: int = 1) -> 
         return 3 * cm.copy_s("h2d", layer_params * model.dtype.num_bytes)
     if kind is FrameworkKind.SYNC_CALL:
         return 3 * cm.copy_s("h2d", outside * model.dtype.num_bytes)
-    if kind is FrameworkKind.OPTIMIZER_LAYER:
+    # The optimizer's pieces, whole step or AdamW alone: AdamW's kernels over the weights.
+    if kind in (FrameworkKind.OPTIMIZER_LAYER, FrameworkKind.ADAMW_LAYER):
         return cm.optimizer_s(layer_params)
-    assert kind is FrameworkKind.OPTIMIZER_CALL
+    assert kind in (FrameworkKind.OPTIMIZER_CALL, FrameworkKind.ADAMW_CALL)
     return cm.optimizer_s(outside)
 
 
@@ -304,14 +305,29 @@ def _combined_s(cm: CostModel, device_s: float, num_kernels: int, host_s: float)
     return max(device_s, num_kernels * op_overhead_s(cm) + host_s)
 
 
-def optimizer_host_s(cm: CostModel, model: ModelSpec, num_layers: int) -> float:
+def optimizer_host_s(
+    cm: CostModel, model: ModelSpec, num_layers: int, partitions: int = 1
+) -> float:
     """The engine's host time of one optimizer step (AdamW's per-tensor loop and the
     gradient clipping) over `num_layers` layers and the tensors outside them, beyond
-    `CostModel.optimizer_s`'s kernel time; 0 where the profile has no framework entries."""
+    `CostModel.optimizer_s`'s kernel time; 0 where the profile has no framework entries.
+
+    `partitions` > 1: a ZeRO-1/2 rank, whose AdamW steps only its partition of the
+    tensors (`ZeroRedundancyOptimizer`, about 1/partitions of them) while the clipping
+    still reads every gradient: the AdamW part (the profile's adamw entries, at most
+    the whole step's) is divided by `partitions`. Without adamw entries (profiles
+    measured before them) the whole step is priced, as for one partition."""
     per_layer = framework_host_s(cm, FrameworkKind.OPTIMIZER_LAYER)
     per_call = framework_host_s(cm, FrameworkKind.OPTIMIZER_CALL)
     if per_layer is None or per_call is None:
         return 0.0
+    if partitions > 1:
+        adam_layer = framework_host_s(cm, FrameworkKind.ADAMW_LAYER)
+        adam_call = framework_host_s(cm, FrameworkKind.ADAMW_CALL)
+        if adam_layer is not None and adam_call is not None:
+            kept = 1 - 1 / partitions
+            per_layer -= min(adam_layer, per_layer) * kept
+            per_call -= min(adam_call, per_call) * kept
     return num_layers * per_layer + per_call
 
 

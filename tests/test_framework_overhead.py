@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from placeflow.catalogue import get_model
+from placeflow.layout import TrainLayout
 from placeflow.profiles import framework
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.registry import fitted_cost_model, load_profile
@@ -30,7 +31,7 @@ from placeflow.profiles.schema import (
     Source,
 )
 from placeflow.profiles.shared_cores import SHARED_KINDS
-from placeflow.simulator import compute
+from placeflow.simulator import callcosts, compute
 from placeflow.simulator.schedule import Work, schedule
 
 GEMM_S, ATTN_S, ELEM_S, OPT_S = 10e-6, 20e-6, 4e-6, 50e-6
@@ -50,7 +51,10 @@ FRAMEWORK = {
     FrameworkKind.DECODE_STEP: 600e-6,
     FrameworkKind.OPTIMIZER_LAYER: 1000e-6,
     FrameworkKind.OPTIMIZER_CALL: 700e-6,
+    FrameworkKind.ADAMW_LAYER: 800e-6,
+    FrameworkKind.ADAMW_CALL: 400e-6,
 }
+ADAMW_KINDS = (FrameworkKind.ADAMW_LAYER, FrameworkKind.ADAMW_CALL)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,7 +93,7 @@ class RoundCosts(CostModel):
         return 0.0 if world_size <= 1 else 30e-6
 
     def framework_s(self, kind: FrameworkKind, num_units: int = 1) -> float | None:
-        if self.entries is None:
+        if self.entries is None or kind not in self.entries:
             return None
         entry = self.entries[kind]
         # A tuple: the values at each of `framework.measured_units(kind)`.
@@ -98,7 +102,7 @@ class RoundCosts(CostModel):
         return entry
 
     def framework_units(self, kind: FrameworkKind) -> tuple[int, ...]:
-        if self.entries is None:
+        if self.entries is None or kind not in self.entries:
             return ()
         return framework.measured_units(kind) if isinstance(self.entries[kind], tuple) else (1,)
 
@@ -126,6 +130,37 @@ def test_cpu_pieces_cost_their_kernels_plus_the_measured_host_time() -> None:
     assert compute.optimizer_host_s(cm, MODEL, L) == pytest.approx(
         L * (1000e-6 - OPT_S) + (700e-6 - OPT_S)
     )
+
+
+def test_a_zero_partition_runs_adamw_over_its_share_of_the_tensors_only() -> None:
+    """Whole step 1000 µs a layer and 700 µs a call, AdamW alone 800 and 400 µs, AdamW's
+    kernels OPT_S (50 µs) in both: beyond the kernels the step's host time is 950 / 650 µs,
+    AdamW's 750 / 350 µs. A rank stepping 1/4 of the tensors keeps the clipping's 200 /
+    300 µs and a quarter of AdamW's: 387.5 µs a layer and 387.5 µs a call."""
+    cm = _costs()
+    assert compute.optimizer_host_s(cm, MODEL, L, 4) == pytest.approx(L * 387.5e-6 + 387.5e-6)
+    # One partition (ZeRO 0 or 3, d = 1): the whole step, as before.
+    whole = L * 950e-6 + 650e-6
+    assert compute.optimizer_host_s(cm, MODEL, L, 1) == pytest.approx(whole)
+    # A profile without AdamW's own entries prices the whole step on every partition.
+    older = {k: v for k, v in FRAMEWORK.items() if k not in ADAMW_KINDS}
+    assert compute.optimizer_host_s(_costs(entries=older), MODEL, L, 4) == pytest.approx(whole)
+    # AdamW timed above the whole step (noise) takes off at most the step's host time.
+    noisy = {**FRAMEWORK, FrameworkKind.ADAMW_LAYER: 2000e-6}
+    assert compute.optimizer_host_s(_costs(entries=noisy), MODEL, L, 4) == pytest.approx(
+        L * 950e-6 / 4 + 387.5e-6
+    )
+
+
+@pytest.mark.parametrize(("zero", "partitions"), [(0, 1), (1, 4), (2, 4), (3, 1)])
+def test_an_update_prices_the_optimizer_over_its_zero_partition(zero: int, partitions: int) -> None:
+    """ZeRO-1/2 over d = 4 (`ZeroRedundancyOptimizer`): each rank's AdamW over a quarter of
+    the tensors; ZeRO-0 steps every tensor, ZeRO-3 (FSDP) a shard of every tensor."""
+    cm = _costs()
+    lay = TrainLayout(d=4)
+    dp = callcosts._DPGroups(scope=Scope.INTRA, ranks_per_node=4, expert_ranks_per_node=4)
+    _, opt_s = callcosts._dp_sync_and_optimizer_s(cm, MODEL, lay, zero, 1, dp, value_head=False)
+    assert opt_s == pytest.approx(OPT_S + compute.optimizer_host_s(cm, MODEL, L, partitions))
 
 
 def test_host_time_is_the_curve_through_the_sizes() -> None:
@@ -222,12 +257,13 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         "decode_short": decode(n1),
         "decode_long": decode(n2),
         "step": times(1000e-6, 700e-6),
+        "adamw": times(750e-6, 200e-6),
         "load": times(120e-6, 90e-6),
         "sync": times(450e-6, 130e-6),
     }
     # The same pieces at both sizes; the optimizer step, the load and the weight sync at
     # the smallest only.
-    later = {k: v for k, v in fake.items() if k not in ("step", "load", "sync")}
+    later = {k: v for k, v in fake.items() if k not in ("step", "adamw", "load", "sync")}
     sized = [fake] + [later] * (len(framework.FORWARD_SIZES) - 1)
 
     def samples(repeats: int, warmup: int, size: int, names: frozenset[str]) -> Any:
@@ -251,6 +287,8 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         FrameworkKind.DECODE_STEP: 600e-6,
         FrameworkKind.OPTIMIZER_LAYER: 1000e-6,
         FrameworkKind.OPTIMIZER_CALL: 700e-6,
+        FrameworkKind.ADAMW_LAYER: 750e-6,
+        FrameworkKind.ADAMW_CALL: 200e-6,
         FrameworkKind.LOAD_LAYER: 120e-6,
         FrameworkKind.LOAD_CALL: 90e-6,
         FrameworkKind.SYNC_LAYER: 450e-6,
@@ -270,11 +308,13 @@ def expected_kinds() -> set[FrameworkKind]:
 
 
 def test_the_timers_run_the_engine() -> None:
-    names = frozenset({"forward", "train", "decode_short", "decode_long", "step", "load", "sync"})
+    names = frozenset(
+        {"forward", "train", "decode_short", "decode_long", "step", "adamw", "load", "sync"}
+    )
     pieces = framework._pieces(2, 0, names)
     assert set(pieces) == names
     assert all(timer() > 0 for timer in pieces.values())
-    large = framework._pieces(2, 1, names - {"step", "load", "sync"})
+    large = framework._pieces(2, 1, names - {"step", "adamw", "load", "sync"})
     assert set(large) == {"forward", "train", "decode_short", "decode_long"}
     assert all(timer() > 0 for timer in large.values())
 
