@@ -491,6 +491,13 @@ class CostModel:
         none or does not record its cores (GPU profiles, older CPU ones)."""
         return self._per_core_points(FrameworkKind.SHARED_CALL)
 
+    def empty_calls(self) -> tuple[tuple[float, float], ...]:
+        """The measured time of a driver's call that does nothing to W Ray actor ranks
+        on the profiling host, from its last launch to its last result (the profile's
+        `empty_call` entries, `profiles.shared_cores`), as points (W / cores in ranks
+        per core, seconds); () where the profile has none or does not record its cores."""
+        return self._per_core_points(FrameworkKind.EMPTY_CALL)
+
     def wake_curve(self) -> WakeCurve:
         """What a call costs more after its rank slept, by how long: the profile's
         `wake_call` entries (`profiles.shared_cores`: the reference forward after a

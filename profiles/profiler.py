@@ -106,6 +106,7 @@ from placeflow.profiles.schema import (
     with_op_entries,
 )
 from placeflow.profiles.shared_cores import (
+    measure_empty_call,
     measure_paired_collective,
     measure_shared_call,
     measure_shared_collective,
@@ -590,6 +591,7 @@ def _host_overhead() -> list[Entry]:
         ),
         ("shared compute", measure_shared_compute, "placeflow.profiles.shared_cores"),
         ("shared call", measure_shared_call, "placeflow.profiles.shared_cores"),
+        ("empty call", measure_empty_call, "placeflow.profiles.shared_cores --kinds empty_call"),
         ("wake call", measure_wake_call, "placeflow.profiles.shared_cores --kinds wake_call"),
         (
             "paired collective",

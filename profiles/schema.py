@@ -159,6 +159,11 @@ class FrameworkKind(StrEnum):
     # Not the engine's either: the fixed time of a driver's call to num_units Ray actor
     # ranks on the profiling host, beyond their forwards (`shared_cores`).
     SHARED_CALL = "shared_call"
+    # Not the engine's either: the wall time of a driver's call to num_units Ray actor
+    # ranks on the profiling host whose method does nothing, from its last launch to its
+    # last result, the ranks idle a few ms before it (a weight transition's call without
+    # its copies); measured by `shared_cores`.
+    EMPTY_CALL = "empty_call"
     # Not the engine's either: what one reference forward costs beyond the same forward
     # run back to back when its rank slept num_units milliseconds before it (its core
     # idle or running others' work), the cold caches' refill; measured by `shared_cores`.

@@ -51,6 +51,23 @@ out, and a measurement with most pairs so is refused). The simulator adds what i
 composition of the idle round trip, the driver's launches and gets and the stretch
 leaves out of it (`rolecosts.crowded_call_s`).
 
+A call that runs no forward costs less than that fixed time: the probe's fixed time
+holds its first forward's cold start after the ranks slept between calls (what a
+forward pays beyond the next), which a weight transition (the colocated actor's
+reshard and rollout load, a generator's weight sync) does not pay, its work a walk
+over tensors in order. `measure_empty_call` times such a call as the executor meets
+it: W = 1 ... 2·c Ray actors started as the executor's workers are, the driver
+launching a method that does nothing on all W and waiting for their results, the
+ranks idle `EMPTY_CALL_PAUSE_S` before each call (a transition's ranks sleep through
+the driver's collection of the phase before it and its own launches); its time from
+the last launch to the last result, since a phase's clock starts once its launches
+have returned (`executor.timeline.StepClock`): `framework` entries of kind
+`empty_call`, num_units W (the median over `EMPTY_CALL_SAMPLES` calls). On this
+2-core VM it took 2.0, 2.8, 3.3 and 3.2 ms after launches of 0.6-1.5 ms, where the
+probe's fixed time after its launches was 3.5, 3.8, 9.5 and 6.7 ms (ad hoc,
+2026-11-28). The simulator prices a transition's fixed time with it
+(`rolecosts.crowded_call_s`).
+
 A rank that slept before a call pays once more: the ranks of a CPU run wait
 between their calls (the other phases, the driver's work) while their core idles
 or runs other ranks, and the call that wakes them finds its caches, TLB and branch
@@ -99,19 +116,20 @@ the layer's work between them (`simulator.compute`).
 
     python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json [--kinds ...]
 
-measures all six (or the `--kinds` named) and replaces the file's entries of
+measures all seven (or the `--kinds` named) and replaces the file's entries of
 those kinds (its other framework entries are kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -149,10 +167,15 @@ PAIRED_CHUNKS = (10, 40, 160, 640)
 PAIRED_WORK = 4000
 SHARED_COMPUTE_SHAPE = (8, 32)  # (sequences, tokens) of the timed forward: a CPU micro-batch
 CALL_FORWARDS = 8  # forwards per rank of the long call of `measure_shared_call`'s pairs
+# `measure_empty_call`: the calls timed at each rank count, and the driver's pause before
+# each (its ranks idle), about a phase's collection and launches on this 2-core VM.
+EMPTY_CALL_SAMPLES = 60
+EMPTY_CALL_PAUSE_S = 0.003
 SHARED_KINDS = (
     FrameworkKind.SHARED_COLLECTIVE,
     FrameworkKind.SHARED_COMPUTE,
     FrameworkKind.SHARED_CALL,
+    FrameworkKind.EMPTY_CALL,
     FrameworkKind.WAKE_CALL,
     FrameworkKind.COLD_WEIGHTS,
     FrameworkKind.PAIRED_COLLECTIVE,
@@ -438,16 +461,8 @@ def measure_shared_call(
     """The `shared_call` entries (module docstring): the fixed seconds of a call to W =
     1 ... SHARED_RANKS_PER_CORE · cores Ray actor ranks on this host (`cores`: os.cpu_count()).
     Starts a local Ray instance unless Ray is up (then uses it and leaves it running)."""
-    import ray
-
-    from placeflow.executor.worker import WORKER_RUNTIME_ENV
-
     cores = cores or os.cpu_count() or 1
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        actor = ray.remote(num_cpus=0, runtime_env=WORKER_RUNTIME_ENV)(CallRank)
+    with _ray_actors(CallRank) as (ray, actor):
         entries = []
         for ranks in range(1, SHARED_RANKS_PER_CORE * cores + 1):
             port = free_port()
@@ -478,6 +493,60 @@ def measure_shared_call(
                 )
             entries.append(_entry(FrameworkKind.SHARED_CALL, ranks, kept))
         return entries
+
+
+class EmptyRank:
+    """A rank of `measure_empty_call`: a Ray actor whose call does nothing."""
+
+    def call(self) -> int:
+        return 0
+
+
+def measure_empty_call(
+    *,
+    cores: int | None = None,
+    samples: int = EMPTY_CALL_SAMPLES,
+    warmup: int = 3,
+    pause_s: float = EMPTY_CALL_PAUSE_S,
+) -> list[Entry]:
+    """The `empty_call` entries (module docstring): the seconds from the driver's last
+    launch to its last result of a call that does nothing on W = 1 ...
+    SHARED_RANKS_PER_CORE · cores Ray actor ranks of this host (`cores`: os.cpu_count()),
+    the ranks idle `pause_s` before each. Starts a local Ray instance unless Ray is up
+    (then uses it and leaves it running)."""
+    cores = cores or os.cpu_count() or 1
+    with _ray_actors(EmptyRank) as (ray, actor):
+        entries = []
+        for ranks in range(1, SHARED_RANKS_PER_CORE * cores + 1):
+            # Any: Ray's handle types do not know the remote methods of a class made here.
+            world: list[Any] = [actor.remote() for _ in range(ranks)]
+            times = []
+            for i in range(warmup + samples):
+                time.sleep(pause_s)
+                refs = [w.call.remote() for w in world]
+                launched = time.perf_counter()
+                ray.get(refs)
+                if i >= warmup:
+                    times.append(time.perf_counter() - launched)
+            for w in world:
+                ray.kill(w)
+            entries.append(_entry(FrameworkKind.EMPTY_CALL, ranks, times))
+        return entries
+
+
+@contextlib.contextmanager
+def _ray_actors(cls: type) -> Iterator[tuple[Any, Any]]:
+    """(ray, `cls` as a Ray actor class started as the executor's workers are), on a local
+    Ray instance started for the measurement unless Ray is up (then left running)."""
+    import ray
+
+    from placeflow.executor.worker import WORKER_RUNTIME_ENV
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray, ray.remote(num_cpus=0, runtime_env=WORKER_RUNTIME_ENV)(cls)
     finally:
         if started:
             ray.shutdown()
@@ -677,6 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         FrameworkKind.SHARED_COLLECTIVE: lambda: [measure_shared_collective(repeats=args.repeats)],
         FrameworkKind.SHARED_COMPUTE: lambda: measure_shared_compute(repeats=args.repeats),
         FrameworkKind.SHARED_CALL: measure_shared_call,
+        FrameworkKind.EMPTY_CALL: measure_empty_call,
         FrameworkKind.WAKE_CALL: measure_wake_call,
         FrameworkKind.COLD_WEIGHTS: measure_cold_weights,
         FrameworkKind.PAIRED_COLLECTIVE: lambda: measure_paired_collective(repeats=args.repeats),
@@ -700,6 +770,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"shared_call: a call to 1 to {SHARED_RANKS_PER_CORE * cores} Ray actor ranks "
             f"(num_units) of one and of {CALL_FORWARDS} such forwards each, alternated, "
             "its time at no forward"
+        ),
+        FrameworkKind.EMPTY_CALL: (
+            f"empty_call: a call that does nothing to 1 to {SHARED_RANKS_PER_CORE * cores} Ray "
+            f"actor ranks (num_units), idle {EMPTY_CALL_PAUSE_S * 1e3:g} ms before it, from "
+            f"its last launch to its last result, {EMPTY_CALL_SAMPLES} calls each"
         ),
         FrameworkKind.WAKE_CALL: (
             f"wake_call: the engine's forward of the reference model at {batch}x{tokens} "
@@ -738,7 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if set(kinds) == set(SHARED_KINDS):
         note = (
-            f"{SENTENCE}, shared_compute, shared_call, wake_call, cold_weights and "
+            f"{SENTENCE}, shared_compute, shared_call, empty_call, wake_call, cold_weights and "
             "paired_collective: measured "
             f"{date} by "
             f"{command}` ({said}"
@@ -773,6 +848,11 @@ def _describe(e: Entry, cores: int) -> str:
         return (
             f"shared_call with {units} ranks on {cores} cores: {e.median_s * 1e3:.3f} ms "
             f"per call beyond its forwards {spread}"
+        )
+    if kind is FrameworkKind.EMPTY_CALL:
+        return (
+            f"empty_call with {units} ranks on {cores} cores: {e.median_s * 1e3:.3f} ms "
+            f"from its last launch {spread}"
         )
     if kind is FrameworkKind.COLD_WEIGHTS:
         return (

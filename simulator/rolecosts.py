@@ -565,8 +565,17 @@ def crowded_call_s(cm: CostModel, ranks_per_core: float, wakes: bool = True) -> 
     another, and on the 2-core VM of `benchmarks/results/cpu_host_2026-11-27_1515.json`
     the composition gave 4.3-13.4 ms for the calls to 1-4 ranks that took 3.2-9.9 ms.
     A call is then priced at the measured empty call plus its own work, as it is where
-    the composition falls short."""
-    points = cm.shared_calls()
+    the composition falls short.
+
+    A transition (`wakes` False) on a profile with `empty_call` entries
+    (`CostModel.empty_calls`: a call that does nothing, timed from its last launch) is
+    measured against those instead: the probe's fixed time above holds its first
+    forward's cold start, which a transition does not pay. Its composition is then the
+    round trip stretched and the driver's gets (the launches come before the entries'
+    clock, as before a phase's), so that a transition costs the measured empty call
+    plus its own work."""
+    empty = cm.empty_calls() if not wakes else ()
+    points = empty or cm.shared_calls()
     if not points:
         return 0.0
 
@@ -585,7 +594,7 @@ def crowded_call_s(cm: CostModel, ranks_per_core: float, wakes: bool = True) -> 
             wake = woken(round_trip, cm.wake_curve()) if wakes else 0.0
             priced = (round_trip + wake) * stretch
             if driver is not None:
-                priced += driver.launch_s + driver.collect_s
+                priced += driver.collect_s + (0.0 if empty else driver.launch_s)
             out.append((per_core, measured - priced))
         return tuple(out)
 

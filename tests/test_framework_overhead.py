@@ -548,6 +548,7 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     monkeypatch.setattr(profiler, "measure_shared_collective", lambda: shared)
     monkeypatch.setattr(profiler, "measure_shared_compute", list)
     monkeypatch.setattr(profiler, "measure_shared_call", noisy)
+    monkeypatch.setattr(profiler, "measure_empty_call", noisy)
     monkeypatch.setattr(profiler, "measure_wake_call", noisy)
     monkeypatch.setattr(profiler, "measure_paired_collective", noisy)
     with caplog.at_level("WARNING"):
@@ -556,6 +557,8 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     assert "framework overhead not measured (too busy)" in text
     assert "python -m placeflow.profiles.framework --add-to PROFILE" in text
     assert "shared call not measured" in text
+    assert "empty call not measured" in text
+    assert "placeflow.profiles.shared_cores --kinds empty_call --add-to PROFILE" in text
     assert "wake call not measured" in text
     assert "placeflow.profiles.shared_cores --kinds wake_call --add-to PROFILE" in text
     assert "paired collective not measured" in text

@@ -158,12 +158,13 @@ def test_the_note_is_kept_and_replaced() -> None:
         in (
             FrameworkKind.SHARED_COMPUTE.value,
             FrameworkKind.SHARED_CALL.value,
+            FrameworkKind.EMPTY_CALL.value,
             FrameworkKind.WAKE_CALL.value,
             FrameworkKind.COLD_WEIGHTS.value,
             FrameworkKind.PAIRED_COLLECTIVE.value,
         )
     ]
-    for kind in (FrameworkKind.SHARED_COMPUTE, FrameworkKind.SHARED_CALL):
+    for kind in (FrameworkKind.SHARED_COMPUTE, FrameworkKind.SHARED_CALL, FrameworkKind.EMPTY_CALL):
         units = sorted(e.params["num_units"] for e in others if e.params["kind"] == kind.value)
         assert units == [1, 2, 3, 4], kind
     again = with_shared_entries(
@@ -429,8 +430,65 @@ def test_a_call_pays_the_fixed_time_its_composition_leaves_out_or_is_credited_by
         return {c.phase.value: c.cost.time_s for c in costed}
 
     with_calls, without = call_s(calls), call_s(cm)
-    for phase in ("reshard", "generate", "ref_logprob", "old_logprob", "actor_update"):
+    for phase in ("generate", "ref_logprob", "old_logprob", "actor_update"):
         assert with_calls[phase] - without[phase] == pytest.approx(3e-3, rel=1e-9), phase
+    # The reshard, a transition, is measured against the profile's empty calls instead.
+    assert cm.empty_calls()
+    assert with_calls["reshard"] == pytest.approx(without["reshard"], rel=1e-12)
+    # Without them it pays the probe's fixed time, as before they were measured.
+    no_empty = with_framework(calls, FrameworkKind.EMPTY_CALL, None)
+    assert call_s(no_empty)["reshard"] - call_s(with_framework(cm, FrameworkKind.EMPTY_CALL, None))[
+        "reshard"
+    ] == pytest.approx(3e-3, rel=1e-9)
+
+
+def test_a_transition_costs_the_measured_empty_call_plus_its_work_by_hand() -> None:
+    """`empty_call` entries (a call that does nothing, from its last launch): 2, 2.5 and
+    4 ms at 1, 2 and 4 ranks on the profiling host's 2 cores. A transition's composition
+    of such a call is the round trip less the launch, stretched by the hand-made curve
+    (1, 1.05, 2.5 at 1, 2, 4 ranks), and the driver's W − 1 gets; its excess the
+    difference. A model call keeps the probe's (`shared_call`) fixed time."""
+    from placeflow.profiles.schema import DispatchKind
+    from placeflow.simulator.rolecosts import crowded_call_s
+
+    cm = _with_slicing(fitted_cost_model("cpu"), HAND)
+    trip = cm.dispatch_s(DispatchKind.RAY_CALL, 0, 0)
+    launch = cm.driver_s(DispatchKind.RAY_LAUNCH, 0, 0)
+    get = cm.driver_s(DispatchKind.RAY_GET, 0, 0)
+    assert launch is not None and get is not None
+    bare = max(trip / 10, trip - launch)
+    measured = {1: 2e-3, 2: 2.5e-3, 4: 4e-3}
+    empty = with_framework(cm, FrameworkKind.EMPTY_CALL, measured)
+    points = empty.empty_calls()
+    assert [x for x, _ in points] == [0.5, 1.0, 2.0]
+    assert [y for _, y in points] == pytest.approx([2e-3, 2.5e-3, 4e-3])
+    excess = {
+        0.5: 2e-3 - bare,
+        1.0: 2.5e-3 - (bare * 1.05 + get),
+        2.0: 4e-3 - (bare * 2.5 + 3 * get),
+    }
+    for per_core, want in excess.items():
+        assert crowded_call_s(empty, per_core, wakes=False) == pytest.approx(want, abs=1e-12)
+    # Half way from 1 to 2 ranks per core, and held beyond the last point.
+    assert crowded_call_s(empty, 1.5, wakes=False) == pytest.approx(
+        (excess[1.0] + excess[2.0]) / 2, abs=1e-12
+    )
+    assert crowded_call_s(empty, 3.0, wakes=False) == pytest.approx(excess[2.0], abs=1e-12)
+    # So a transition with nothing to do at 2 ranks per core, stretched as the simulator
+    # stretches it, costs the measured 4 ms after its launches with the driver's gets.
+    assert bare * 2.5 + crowded_call_s(empty, 2.0, wakes=False) + 3 * get == pytest.approx(4e-3)
+    # A model call (wakes) ignores them: the probe's entries, here none, add nothing.
+    assert crowded_call_s(empty, 2.0) == 0.0
+
+
+@pytest.mark.slow
+def test_measure_empty_call_times_calls_to_one_and_two_ranks(ray_session: None) -> None:
+    from placeflow.profiles.shared_cores import measure_empty_call
+
+    entries = measure_empty_call(cores=1, samples=5, warmup=1, pause_s=0.001)
+    assert [e.params["kind"] for e in entries] == [FrameworkKind.EMPTY_CALL.value] * 2
+    assert [e.params["num_units"] for e in entries] == [1, 2]
+    assert all(e.repeats == 5 and 0 < e.p10_s <= e.median_s <= e.p90_s for e in entries)
 
 
 @pytest.mark.slow

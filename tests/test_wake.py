@@ -179,8 +179,15 @@ def test_a_crowded_call_s_fixed_time_leaves_out_the_probe_s_wake_up_by_hand() ->
     assert woken(trip, woke.wake_curve()) == pytest.approx(flat * min(1.0, trip / 1e-3))
     expected = without - woken(trip, woke.wake_curve()) * sliced(2.0, cm.slicing())
     assert crowded_call_s(woke, 2.0) == pytest.approx(expected)
-    # A transition is charged no wake-up, so its composition holds none to leave out.
-    assert crowded_call_s(woke, 2.0, wakes=False) == pytest.approx(without)
+    # A transition is charged no wake-up, so its composition holds none to leave out
+    # (measured against the probe's entries where the profile has no empty calls) ...
+    no_empty = with_framework(woke, FrameworkKind.EMPTY_CALL, None)
+    assert crowded_call_s(no_empty, 2.0, wakes=False) == pytest.approx(without)
+    # ... and against its empty calls where it has them, whatever the wake curve.
+    assert woke.empty_calls()
+    assert crowded_call_s(woke, 2.0, wakes=False) == pytest.approx(
+        crowded_call_s(cm, 2.0, wakes=False)
+    )
 
 
 def test_a_transition_costs_the_measured_empty_call_plus_its_own_work_by_hand() -> None:
