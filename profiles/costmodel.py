@@ -215,6 +215,9 @@ class CostModel:
     # The stretch the simulator applies to the calls this view prices (`shared_cores()`;
     # 1 otherwise): what a collective's measured wall time is divided by here.
     shared_stretch: float = 1.0
+    # False in the view `without_host_collectives()`: collectives within a CPU host cost
+    # nothing there (what a call's collectives cost is the difference).
+    host_collectives: bool = True
     # The cores of the host a CPU profile was measured on (its provenance; None for
     # other profiles): its collectives of more ranks than that shared those cores while
     # they were timed. `shared`: this is the view `shared_cores()` returns.
@@ -423,18 +426,61 @@ class CostModel:
         probe's entry alone already holds more than the whole (a host whose small
         collectives wait on their partners even on cores of their own).
         """
+        probe = self._shared_probe_s()
+        if probe is None:
+            return 0.0
+        whole, own = probe
+        return max(0.0, whole - own * sliced(SHARED_RANKS_PER_CORE, self.slicing()))
+
+    def _shared_probe_s(self) -> tuple[float, float] | None:
+        """The `shared_collective` entry (the probe all-reduce's whole time at
+        SHARED_RANKS_PER_CORE ranks per core) and the same all-reduce's back-to-back
+        entry with a core per rank; None where the profile has no such entry."""
         kind = FrameworkKind.SHARED_COLLECTIVE
         if (Op.FRAMEWORK, (kind.value,)) not in self.series:
-            return 0.0
+            return None
 
-        def wait() -> float:
+        def probe() -> tuple[float, float]:
             whole = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
             own = self._flat_collective_s(
                 CollectiveKind.ALL_REDUCE, SHARED_PROBE_BYTES, SHARED_PROBE_WORLD, Scope.INTRA
             )
-            return max(0.0, whole - own * sliced(SHARED_RANKS_PER_CORE, self.slicing()))
+            return whole, own
 
-        return self.remember(("partner wait",), wait)
+        return self.remember(("shared probe",), probe)
+
+    def blocked_collective_share(self) -> float:
+        """The share of a collective's back-to-back time within a CPU host in which its
+        ranks wait blocked rather than compute, as the `shared_collective` entry shows it:
+        were the time all work, the probe's all-reduce would take its entry stretched by
+        the host's sharing at SHARED_RANKS_PER_CORE (`sliced`), were it all waiting (for
+        the data to cross, for a rank to wake), its entry alone; the measured whole
+        between the two gives the share it stretched, and 1 less that is blocked (0 to
+        1). 0 where the profile has no `shared_collective` entry (GPU profiles, older CPU
+        ones): the time is all work, as it was priced before. A host whose whole is
+        above the stretched entry waits for partners besides (`partner_wait_s`)."""
+        probe = self._shared_probe_s()
+        if probe is None:
+            return 0.0
+        whole, own = probe
+        spread = own * (sliced(SHARED_RANKS_PER_CORE, self.slicing()) - 1.0)
+        if own <= 0 or spread <= 0:
+            return 0.0
+        return 1.0 - min(1.0, max(0.0, (whole - own) / spread))
+
+    def without_host_collectives(self) -> CostModel:
+        """This model (or view) with every collective within a CPU host priced at 0: a
+        call priced with `without_paired()`, less the same call priced with this, is its
+        collectives' back-to-back time (`blocked_collective_share`). The model itself on
+        other profiles."""
+        if not self.host_local:
+            return self
+        view = self._memo.get(("without host collectives",))
+        if view is None:
+            view = self._memo[("without host collectives",)] = dataclasses.replace(
+                self, host_collectives=False, _memo={}
+            )
+        return view
 
     def _framework_points(
         self, kind: FrameworkKind, per: float = 1.0
@@ -711,6 +757,8 @@ class CostModel:
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
         if self.host_local:
+            if not self.host_collectives:
+                return 0.0
             scope = Scope.INTRA
         if scope is Scope.INTER and ranks_per_node > 1:
             return self._spanning_collective_s(kind, int(num_bytes), world_size, ranks_per_node)

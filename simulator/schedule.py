@@ -37,9 +37,11 @@ further, each of the `Work.collectives` on a rank's path adds the host's
 measured wait `waits[h]` (at two busy workers per core) times the extra
 crowding, a = max(1, W/c) − max(1, w/c) in busy workers per core, linear
 between none (a = 0) and the measured point (a = 1). A call's ranks blocked in a
-collective for a partner's data (`Work.latency_s`, the part of its duration that the
-profile's `paired_collective` entries price) leave their cores to the crowd: that
-part is not slowed. Run in that state throughout, the call would take
+collective (`Work.latency_s`: the part of its duration that the profile's
+`paired_collective` entries price, a partner's data awaited after compute, and the
+blocked share of the collectives' back-to-back entries,
+`CostModel.blocked_collective_share`) are not slowed by the crowd: that part keeps its
+time. Run in that state throughout, the call would take
 (duration − latency)/r + latency + collectives·waits[h]·a; its rate is its duration
 over that.
 
@@ -79,9 +81,10 @@ class Work:
     hosts: tuple[tuple[Hashable, float], ...] = ()
     # Collectives on one rank's path that wait for partners on a crowded host.
     collectives: float = 0.0
-    # Of `duration_s`, the seconds its ranks wait blocked in collectives for a partner's
-    # data (`CostModel.paired_collective_s`): their cores run other work meanwhile, so a
-    # crowded host does not slow this part.
+    # Of `duration_s`, the seconds its ranks wait blocked in collectives (a partner's
+    # data after compute, `CostModel.paired_collective_s`, and the blocked share of the
+    # collectives' own entries, `CostModel.blocked_collective_share`): a crowded host
+    # does not slow this part.
     latency_s: float = 0.0
     # What the work costs more by how long its sets were idle before it started (the
     # ranks' caches gone cold, `costmodel.woken`), in the units of `duration_s`.

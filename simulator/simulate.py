@@ -214,19 +214,32 @@ def latency_on(
     plan: Plan, cms: CostModels, role: Role, set_index: int, gen: GenLayout | None, kv_seqs: int
 ) -> dict[Phase, float]:
     """Seconds of each of `role`'s calls on set `set_index` (as the schedule gets them,
-    stretched by the set's sharing) that its ranks spend blocked in collectives for a
-    partner's data, beyond the collectives' back-to-back entries: each call priced with
-    the set's model less the same call priced `CostModel.without_paired`, times the call's
-    stretch (the view divided the latency by it, `CostModel.collective_s`). Empty where the
-    pool's profile has no `paired_collective` entries (GPU profiles, older CPU ones)."""
+    stretched by the set's sharing) that its ranks spend blocked in collectives within
+    their host: the latency they pay for a partner's data beyond their back-to-back
+    entries (the call priced with the set's model less the same call priced
+    `CostModel.without_paired`), and the blocked share of those entries' own time
+    (`CostModel.blocked_collective_share` of the call priced without paired entries
+    less it priced `CostModel.without_host_collectives`); times the call's stretch (the
+    view divided the latency by it, `CostModel.collective_s`, and multiplies the
+    entries by it). Empty where the pool's profile has neither (GPU profiles, older
+    CPU ones)."""
     cm = _set_cm(plan, cms, set_index)
     bare = cm.without_paired()
-    if bare is cm:
+    share = cm.blocked_collective_share()
+    if bare is cm and share <= 0:
         return {}
     plain = _priced(plan, bare, role, set_index, gen, kv_seqs)
     paired = _priced(plan, cm, role, set_index, gen, kv_seqs)
+    none = (
+        _priced(plan, bare.without_host_collectives(), role, set_index, gen, kv_seqs)
+        if share > 0
+        else plain
+    )
     return {
-        phase: max(0.0, c.time_s - plain[phase].time_s)
+        phase: (
+            max(0.0, c.time_s - plain[phase].time_s)
+            + share * max(0.0, plain[phase].time_s - none[phase].time_s)
+        )
         * _stretch(plan, cms, set_index, busy_fraction(c))
         for phase, c in paired.items()
     }

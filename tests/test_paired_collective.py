@@ -10,8 +10,9 @@ layer's two collectives (forward, backward and decode step) each priced at the c
 at half the layer's other work, kernels and host time worked out by hand; outside
 the layers, the embedding's all-reduce (and an LM head's input gradient's, and a
 decode step's logits gather) after the head's kernels, by hand; a crowded
-host slows a call but for its blocked time, end times by hand; the probe spawns real
-gloo ranks.
+host slows a call but for its blocked time, end times by hand; a call's blocked time
+holds the blocked share of its collectives' entries, counted by hand from a
+tensor-parallel layout; the probe spawns real gloo ranks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from handmade import with_framework
 from placeflow.catalogue import get_model
 from placeflow.phases import Phase
 from placeflow.plan import load_plan
+from placeflow.profiles.costmodel import sliced
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.profiles.schema import (
     CollectiveKind,
@@ -184,6 +186,38 @@ def test_latency_on_is_the_blocked_time_of_a_tensor_parallel_call_only() -> None
     assert ref == {Phase.REF_LOGPROB: 0.0}
     bare = {"*": cms["*"].without_paired()}
     assert latency_on(plan, bare, Role.CRITIC, plan.set_of(Role.CRITIC), None, 0) == {}
+
+
+def test_latency_on_holds_the_blocked_share_of_the_collectives_entries_by_hand() -> None:
+    # PPO split's critic (t = 2) on its own 2 workers: its values call makes 20
+    # all-reduces of a micro-batch's activations on a rank's path (4 micro-batches of 8
+    # samples: two a layer in 2 layers, and the embedding's). With a `shared_collective`
+    # entry halfway between the probe's entry stretched and not (at 2 ranks per core),
+    # half of each all-reduce's back-to-back entry is blocked as well: the latency grows
+    # by 20 x half an entry, times the set's stretch at a rank per core; with the entry
+    # at the stretched end, by nothing.
+    plan = load_plan(PLANS / "ppo-tiny-cpu4-split.toml")
+    cm = cost_models_for(plan, "cpu")["*"]
+    own = cm.collective_s(CollectiveKind.ALL_REDUCE, 4096, 2, Scope.INTRA)
+    s2 = sliced(2.0, cm.slicing())
+    kind = FrameworkKind.SHARED_COLLECTIVE
+    half = with_framework(cm, kind, {1: own * (1.0 + s2) / 2.0})
+    none = with_framework(cm, kind, {1: own * s2})
+    assert half.blocked_collective_share() == pytest.approx(0.5)
+    assert none.blocked_collective_share() == pytest.approx(0.0)
+    critic = plan.set_of(Role.CRITIC)
+    with_half = latency_on(plan, {"*": half}, Role.CRITIC, critic, None, 0)
+    with_none = latency_on(plan, {"*": none}, Role.CRITIC, critic, None, 0)
+    batch = plan.workload.batch
+    tokens = plan.parallelism[Role.CRITIC].micro_batch * (batch.prompt_len + batch.response_len)
+    act = tokens * plan.workload.models[Role.CRITIC].hidden_size * 4  # fp32
+    entry = cm.collective_s(CollectiveKind.ALL_REDUCE, act, 2, Scope.INTRA)
+    expected = 20 * 0.5 * entry * sliced(1.0, cm.slicing())
+    assert with_half[Phase.VALUES] - with_none[Phase.VALUES] == pytest.approx(expected)
+    # The reference (d = 2, no TP) makes one scalar all-reduce, half of it blocked now.
+    ref = latency_on(plan, {"*": half}, Role.REF, plan.set_of(Role.REF), None, 0)
+    scalar = cm.collective_s(CollectiveKind.ALL_REDUCE, 8, 2, Scope.INTRA)
+    assert ref[Phase.REF_LOGPROB] == pytest.approx(0.5 * scalar * sliced(1.0, cm.slicing()))
 
 
 def test_measure_paired_collective_spawns_a_rank_per_core() -> None:

@@ -10,8 +10,9 @@ all-gather for ZeRO-1); a call beside another set's on a crowded host ends when
 the rates and each collective's wait, worked out by hand, say; the count of a
 tensor-parallel forward's collectives, by hand from its layers and
 micro-batches; the time slices' overhead from hand-made entries, and a call's
-stretch and a crowded host's rates with it, by hand; the measurements spawn
-real gloo ranks.
+stretch and a crowded host's rates with it, by hand; the blocked share of a
+collective from where a hand-made `shared_collective` entry lands between its
+probe's entry alone and stretched, by hand; the measurements spawn real gloo ranks.
 """
 
 from __future__ import annotations
@@ -296,6 +297,45 @@ def test_the_partner_wait_is_the_probe_s_whole_time_less_its_own_by_hand() -> No
     covered = with_framework(cm, FrameworkKind.SHARED_COLLECTIVE, {1: own * 2.0})
     assert covered.partner_wait_s() == 0.0
     assert with_framework(cm, FrameworkKind.SHARED_COLLECTIVE, None).partner_wait_s() == 0.0
+
+
+def test_the_blocked_share_is_where_the_probe_lands_between_work_and_waiting_by_hand() -> None:
+    # The hand-made curve stretches 2.5x at 2 ranks per core. Were the probe's all-reduce
+    # (`own` alone) all work, it would take 2.5 own there; were it all waiting, own. An
+    # entry of 1.75 own lands halfway: half of `own` blocked; 1.375 own: a quarter
+    # stretched, three quarters blocked; own or less: all blocked; 2.5 own or more: none.
+    cm = _with_slicing(fitted_cost_model("cpu"), HAND)
+    own = cm.collective_s(CollectiveKind.ALL_REDUCE, 4096, 2, Scope.INTRA)
+
+    def share(whole: float | None) -> float:
+        kind = FrameworkKind.SHARED_COLLECTIVE
+        return with_framework(
+            cm, kind, None if whole is None else {1: whole}
+        ).blocked_collective_share()
+
+    assert share(own * 1.75) == pytest.approx(0.5)
+    assert share(own * 1.375) == pytest.approx(0.75)
+    assert share(own * 0.8) == 1.0 and share(own) == pytest.approx(1.0)
+    assert share(own * 2.5) == pytest.approx(0.0) and share(own * 3.0) == 0.0
+    assert share(None) == 0.0  # no entry: a collective's time is all work, as before
+
+
+def test_without_host_collectives_prices_collectives_within_a_cpu_host_at_nothing() -> None:
+    cm = fitted_cost_model("cpu")
+    free = cm.without_host_collectives()
+    assert cm.collective_s(CollectiveKind.ALL_REDUCE, 1 << 20, 2, Scope.INTRA) > 0
+    for kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.SEND_RECV):
+        assert free.collective_s(kind, 1 << 20, 2, Scope.INTRA) == 0.0
+    # A CPU profile's collectives all stay within the host; the view is remembered.
+    assert free.collective_s(CollectiveKind.ALL_REDUCE, 1 << 20, 4, Scope.INTER) == 0.0
+    assert cm.without_host_collectives() is free
+    gpu = fitted_cost_model("h100-sxm")  # its collectives are not a CPU host's
+    assert gpu.without_host_collectives() is gpu
+    assert gpu.blocked_collective_share() == 0.0
+
+
+# A host's measured curve with a slices' overhead of 0.1 at two busy workers per core.
+TENTH = ((0.5, 1.0), (1.0, 1.0), (2.0, 2.2))
 
 
 # A host's measured curve with a slices' overhead of 0.1 at two busy workers per core.
