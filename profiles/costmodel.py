@@ -375,12 +375,12 @@ class CostModel:
                 f"profile {self.profile_name!r} has no FP8 tensor cores (its datasheet has "
                 "no FP8 peak): use bf16, or a pool of H100, H800, H20, B200 or GB200 GPUs"
             )
-        view = self._memo.get(("fp8 view",))
-        if view is None:
-            view = self._memo[("fp8 view",)] = dataclasses.replace(
+        return self.remember(
+            ("fp8 view",),
+            lambda: dataclasses.replace(
                 self, gemm_scale=self.gemm_scale / self.fp8_gemm_speedup, _memo={}
-            )
-        return view
+            ),
+        )
 
     def shared_cores(self, stretch: float) -> CostModel:
         """This model for ranks whose calls the simulator stretches by `stretch` (> 1):
@@ -400,17 +400,16 @@ class CostModel:
         oversubscription, or not a CPU profile); no wait where the entry is missing."""
         if stretch <= 1.0 or not self.host_local:
             return self
-        key = ("shared view", stretch)
-        view = self._memo.get(key)
-        if view is None:
-            view = self._memo[key] = dataclasses.replace(
+        return self.remember(
+            ("shared view", stretch),
+            lambda: dataclasses.replace(
                 self,
                 shared_wait_s=self.partner_wait_s() / stretch,
                 shared_stretch=stretch,
                 shared=True,
                 _memo={},
-            )
-        return view
+            ),
+        )
 
     def partner_wait_s(self) -> float:
         """What a collective adds to a rank's wall time on a host running two busy ranks
@@ -475,12 +474,10 @@ class CostModel:
         other profiles."""
         if not self.host_local:
             return self
-        view = self._memo.get(("without host collectives",))
-        if view is None:
-            view = self._memo[("without host collectives",)] = dataclasses.replace(
-                self, host_collectives=False, _memo={}
-            )
-        return view
+        return self.remember(
+            ("without host collectives",),
+            lambda: dataclasses.replace(self, host_collectives=False, _memo={}),
+        )
 
     def _framework_points(
         self, kind: FrameworkKind, per: float = 1.0
@@ -588,13 +585,12 @@ class CostModel:
             return self
         # Kept, as the shared views are, so that the calls it prices stay remembered
         # from one simulation to the next.
-        view = self._memo.get(("without paired",))
-        if view is None:
-            kept = {k: v for k, v in self.series.items() if k != key}
-            view = self._memo[("without paired",)] = dataclasses.replace(
-                self, series=kept, _memo={}
-            )
-        return view
+        return self.remember(
+            ("without paired",),
+            lambda: dataclasses.replace(
+                self, series={k: v for k, v in self.series.items() if k != key}, _memo={}
+            ),
+        )
 
     def with_probe_wait(self) -> CostModel:
         """This model with every collective that `shared_cores` would charge a partner

@@ -229,7 +229,8 @@ def latency_on(
     if bare is cm and share <= 0:
         return {}
     plain = _priced(plan, bare, role, set_index, gen, kv_seqs)
-    paired = _priced(plan, cm, role, set_index, gen, kv_seqs)
+    # (without paired entries the two are one model: priced once)
+    paired = plain if bare is cm else _priced(plan, cm, role, set_index, gen, kv_seqs)
     none = (
         _priced(plan, bare.without_host_collectives(), role, set_index, gen, kv_seqs)
         if share > 0

@@ -338,10 +338,6 @@ def test_without_host_collectives_prices_collectives_within_a_cpu_host_at_nothin
 TENTH = ((0.5, 1.0), (1.0, 1.0), (2.0, 2.2))
 
 
-# A host's measured curve with a slices' overhead of 0.1 at two busy workers per core.
-TENTH = ((0.5, 1.0), (1.0, 1.0), (2.0, 2.2))
-
-
 def test_a_crowded_host_slows_calls_by_the_slices_overhead_by_hand() -> None:
     # Two 2-worker calls on a 2-core host, each on cores of its own when alone (10 s and
     # 4 s). Together 4 workers on 2 cores: stretch 2, with the overhead 0.1 2.2, so each
