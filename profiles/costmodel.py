@@ -215,9 +215,10 @@ class CostModel:
     # The stretch the simulator applies to the calls this view prices (`shared_cores()`;
     # 1 otherwise): what a collective's measured wall time is divided by here.
     shared_stretch: float = 1.0
-    # False in the view `without_host_collectives()`: collectives within a CPU host cost
-    # nothing there (what a call's collectives cost is the difference).
-    host_collectives: bool = True
+    # False in the view `without_blocked_collectives()`: collectives within a CPU host
+    # cost their worked part only there (what a call's ranks spend blocked in them is the
+    # difference, `blocked_collective_s`).
+    blocked_collectives: bool = True
     # The cores of the host a CPU profile was measured on (its provenance; None for
     # other profiles): its collectives of more ranks than that shared those cores while
     # they were timed. `shared`: this is the view `shared_cores()` returns.
@@ -391,13 +392,15 @@ class CostModel:
         A collective also waits for its partners to be scheduled, which the profile's
         `shared_collective` entry measured (2 ranks per core, `profiles.shared_cores`):
         the view adds it to every collective within a host, divided by `stretch`
-        because the simulator stretches the call's whole time by it afterwards. A
-        collective of more ranks than the profiling host had cores was timed with its
-        ranks sharing those cores, its waits and slices included: the view takes its
-        entry back to a core per rank (times cores / ranks, and less the slices'
-        overhead at that sharing) and adds no wait, and the stretch gives it this
-        host's sharing. The model itself where none of this applies (no
-        oversubscription, or not a CPU profile); no wait where the entry is missing."""
+        because the simulator stretches the call's whole time by it afterwards; the part
+        of a collective its ranks wait blocked (`blocked_collective_s`) is divided by
+        `stretch` too, for the same reason. A collective of more ranks than the
+        profiling host had cores was timed with its ranks sharing those cores, its
+        waits and slices included: the view takes its entry's worked part back to a
+        core per rank (times cores / ranks, and less the slices' overhead at that
+        sharing) and adds no wait, and the stretch gives it this host's sharing. The
+        model itself where none of this applies (no oversubscription, or not a CPU
+        profile); no wait where the entry is missing."""
         if stretch <= 1.0 or not self.host_local:
             return self
         return self.remember(
@@ -449,15 +452,17 @@ class CostModel:
         return self.remember(("shared probe",), probe)
 
     def blocked_collective_share(self) -> float:
-        """The share of a collective's back-to-back time within a CPU host in which its
-        ranks wait blocked rather than compute, as the `shared_collective` entry shows it:
-        were the time all work, the probe's all-reduce would take its entry stretched by
-        the host's sharing at SHARED_RANKS_PER_CORE (`sliced`), were it all waiting (for
-        the data to cross, for a rank to wake), its entry alone; the measured whole
-        between the two gives the share it stretched, and 1 less that is blocked (0 to
-        1). 0 where the profile has no `shared_collective` entry (GPU profiles, older CPU
-        ones): the time is all work, as it was priced before. A host whose whole is
-        above the stretched entry waits for partners besides (`partner_wait_s`)."""
+        """The share of a small collective's back-to-back time within a CPU host in which
+        its ranks wait blocked rather than compute, as the `shared_collective` entry shows
+        it: were the time all work, the probe's all-reduce (SHARED_PROBE_BYTES) would take
+        its entry stretched by the host's sharing at SHARED_RANKS_PER_CORE (`sliced`), were
+        it all waiting (for the data to cross, for a rank to wake), its entry alone; the
+        measured whole between the two gives the share it stretched, and 1 less that is
+        blocked (0 to 1). 0 where the profile has no `shared_collective` entry (GPU
+        profiles, older CPU ones): the time is all work, as it was priced before. A host
+        whose whole is above the stretched entry waits for partners besides
+        (`partner_wait_s`). A larger collective's bytes beyond the probe's are copied and
+        reduced by its ranks: `blocked_collective_s`."""
         probe = self._shared_probe_s()
         if probe is None:
             return 0.0
@@ -467,16 +472,35 @@ class CostModel:
             return 0.0
         return 1.0 - min(1.0, max(0.0, (whole - own) / spread))
 
-    def without_host_collectives(self) -> CostModel:
-        """This model (or view) with every collective within a CPU host priced at 0: a
-        call priced with `without_paired()`, less the same call priced with this, is its
-        collectives' back-to-back time (`blocked_collective_share`). The model itself on
-        other profiles."""
+    def blocked_collective_s(
+        self, kind: CollectiveKind, num_bytes: int, world_size: int, flat: float
+    ) -> float:
+        """Of a collective within a CPU host whose back-to-back entry is `flat`, the time
+        its ranks wait blocked: the blocked share (`blocked_collective_share`, measured
+        with the probe's SHARED_PROBE_BYTES) of its latency-sized part, the entry of the
+        same kind and ranks at the probe's size (at most `flat`). What a larger one takes
+        beyond that is its bytes, which gloo's ranks copy and reduce on their cores: work,
+        which a crowded host slows. 0 without the share."""
+        share = self.blocked_collective_share()
+        if share <= 0 or flat <= 0 or kind is CollectiveKind.SEND_RECV:
+            return 0.0
+        small = (
+            flat
+            if num_bytes <= SHARED_PROBE_BYTES
+            else self._flat_collective_s(kind, SHARED_PROBE_BYTES, world_size, Scope.INTRA)
+        )
+        return share * min(flat, small)
+
+    def without_blocked_collectives(self) -> CostModel:
+        """This model (or view) with every collective within a CPU host priced at its
+        worked part only (its entry less `blocked_collective_s`, no floor or wait): a call
+        priced with `without_paired()`, less the same call priced with this, is the time
+        its ranks spend blocked in its collectives. The model itself on other profiles."""
         if not self.host_local:
             return self
         return self.remember(
-            ("without host collectives",),
-            lambda: dataclasses.replace(self, host_collectives=False, _memo={}),
+            ("without blocked collectives",),
+            lambda: dataclasses.replace(self, blocked_collectives=False, _memo={}),
         )
 
     def _framework_points(
@@ -753,8 +777,6 @@ class CostModel:
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
         if self.host_local:
-            if not self.host_collectives:
-                return 0.0
             scope = Scope.INTRA
         if scope is Scope.INTER and ranks_per_node > 1:
             return self._spanning_collective_s(kind, int(num_bytes), world_size, ranks_per_node)
@@ -762,16 +784,27 @@ class CostModel:
         if scope is not Scope.INTRA:
             return flat
         timed_on = self.profile_cores
-        if timed_on is not None and world_size > timed_on:
+        crowded_entry = timed_on is not None and world_size > timed_on
+        # Of its time, the part its ranks wait blocked (`blocked_collective_s`) is not
+        # stretched by a crowd: a blocked rank leaves its core to another. The rest is
+        # work, which the simulator stretches by the call's sharing afterwards (module
+        # `simulator.simulate`), so the view divides the blocked part by that stretch.
+        blocked = self.blocked_collective_s(kind, int(num_bytes), world_size, flat)
+        worked = flat - blocked
+        if crowded_entry and self.shared:
             # Its ranks outnumbered the profiling host's cores: the entry holds their
             # waits for one another and the slices' overhead already, at world_size /
-            # cores ranks per core. The simulator stretches the call by its own
-            # contention and slices afterwards (module `simulator.simulate`), so the
-            # shared view takes the entry back to one rank per core, and adds no wait.
-            if not self.shared:
-                return flat
-            return flat / sliced(world_size / timed_on, self.slicing())
-        return self._paired_floor_s(kind, flat, after_s) + self.shared_wait_s
+            # cores ranks per core. The shared view takes its worked part back to one
+            # rank per core (its blocked part was not stretched there either), and adds
+            # no wait.
+            assert timed_on is not None
+            worked /= sliced(world_size / timed_on, self.slicing())
+        if not self.blocked_collectives:
+            return worked
+        own = worked + blocked / self.shared_stretch
+        if crowded_entry:
+            return own
+        return self._paired_floor_s(kind, own, after_s) + self.shared_wait_s
 
     def _paired_floor_s(self, kind: CollectiveKind, flat: float, after_s: float | None) -> float:
         """A collective within a CPU host of its entry's time `flat` (timed back to back),

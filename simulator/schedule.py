@@ -39,9 +39,9 @@ crowding, a = max(1, W/c) − max(1, w/c) in busy workers per core, linear
 between none (a = 0) and the measured point (a = 1). A call's ranks blocked in a
 collective (`Work.latency_s`: the part of its duration that the profile's
 `paired_collective` entries price, a partner's data awaited after compute, and the
-blocked share of the collectives' back-to-back entries,
-`CostModel.blocked_collective_share`) are not slowed by the crowd: that part keeps its
-time. Run in that state throughout, the call would take
+blocked part of the collectives' back-to-back entries, the profile's blocked share of
+their latency-sized part, `CostModel.blocked_collective_s`) are not slowed by the
+crowd: that part keeps its time. Run in that state throughout, the call would take
 (duration − latency)/r + latency + collectives·waits[h]·a; its rate is its duration
 over that.
 
@@ -82,9 +82,9 @@ class Work:
     # Collectives on one rank's path that wait for partners on a crowded host.
     collectives: float = 0.0
     # Of `duration_s`, the seconds its ranks wait blocked in collectives (a partner's
-    # data after compute, `CostModel.paired_collective_s`, and the blocked share of the
-    # collectives' own entries, `CostModel.blocked_collective_share`): a crowded host
-    # does not slow this part.
+    # data after compute, `CostModel.paired_collective_s`, and the blocked part of the
+    # collectives' own entries, `CostModel.blocked_collective_s`): a crowded host does
+    # not slow this part.
     latency_s: float = 0.0
     # What the work costs more by how long its sets were idle before it started (the
     # ranks' caches gone cold, `costmodel.woken`), in the units of `duration_s`.

@@ -217,29 +217,28 @@ def latency_on(
     stretched by the set's sharing) that its ranks spend blocked in collectives within
     their host: the latency they pay for a partner's data beyond their back-to-back
     entries (the call priced with the set's model less the same call priced
-    `CostModel.without_paired`), and the blocked share of those entries' own time
-    (`CostModel.blocked_collective_share` of the call priced without paired entries
-    less it priced `CostModel.without_host_collectives`); times the call's stretch (the
-    view divided the latency by it, `CostModel.collective_s`, and multiplies the
-    entries by it). Empty where the pool's profile has neither (GPU profiles, older
-    CPU ones)."""
+    `CostModel.without_paired`), and the blocked part of those entries
+    (`CostModel.blocked_collective_s`: the call priced without paired entries less it
+    priced `CostModel.without_blocked_collectives`); times the call's stretch (the
+    view divided both by it, `CostModel.collective_s`). Empty where the pool's profile
+    has neither (GPU profiles, older CPU ones)."""
     cm = _set_cm(plan, cms, set_index)
     bare = cm.without_paired()
-    share = cm.blocked_collective_share()
-    if bare is cm and share <= 0:
+    blocks = cm.blocked_collective_share() > 0
+    if bare is cm and not blocks:
         return {}
     plain = _priced(plan, bare, role, set_index, gen, kv_seqs)
     # (without paired entries the two are one model: priced once)
     paired = plain if bare is cm else _priced(plan, cm, role, set_index, gen, kv_seqs)
-    none = (
-        _priced(plan, bare.without_host_collectives(), role, set_index, gen, kv_seqs)
-        if share > 0
+    worked = (
+        _priced(plan, bare.without_blocked_collectives(), role, set_index, gen, kv_seqs)
+        if blocks
         else plain
     )
     return {
         phase: (
             max(0.0, c.time_s - plain[phase].time_s)
-            + share * max(0.0, plain[phase].time_s - none[phase].time_s)
+            + max(0.0, plain[phase].time_s - worked[phase].time_s)
         )
         * _stretch(plan, cms, set_index, busy_fraction(c))
         for phase, c in paired.items()

@@ -11,8 +11,8 @@ at half the layer's other work, kernels and host time worked out by hand; outsid
 the layers, the embedding's all-reduce (and an LM head's input gradient's, and a
 decode step's logits gather) after the head's kernels, by hand; a crowded
 host slows a call but for its blocked time, end times by hand; a call's blocked time
-holds the blocked share of its collectives' entries, counted by hand from a
-tensor-parallel layout; the probe spawns real gloo ranks.
+holds the blocked share of its collectives' latency-sized entries, counted by hand
+from a tensor-parallel layout; the probe spawns real gloo ranks.
 """
 
 from __future__ import annotations
@@ -193,9 +193,9 @@ def test_latency_on_holds_the_blocked_share_of_the_collectives_entries_by_hand()
     # all-reduces of a micro-batch's activations on a rank's path (4 micro-batches of 8
     # samples: two a layer in 2 layers, and the embedding's). With a `shared_collective`
     # entry halfway between the probe's entry stretched and not (at 2 ranks per core),
-    # half of each all-reduce's back-to-back entry is blocked as well: the latency grows
-    # by 20 x half an entry, times the set's stretch at a rank per core; with the entry
-    # at the stretched end, by nothing.
+    # half of each all-reduce's latency-sized part (its entry, at most the 4 KiB probe's)
+    # is blocked as well: the latency grows by 20 x half that, times the set's stretch at
+    # a rank per core; with the entry at the stretched end, by nothing.
     plan = load_plan(PLANS / "ppo-tiny-cpu4-split.toml")
     cm = cost_models_for(plan, "cpu")["*"]
     own = cm.collective_s(CollectiveKind.ALL_REDUCE, 4096, 2, Scope.INTRA)
@@ -212,7 +212,7 @@ def test_latency_on_holds_the_blocked_share_of_the_collectives_entries_by_hand()
     tokens = plan.parallelism[Role.CRITIC].micro_batch * (batch.prompt_len + batch.response_len)
     act = tokens * plan.workload.models[Role.CRITIC].hidden_size * 4  # fp32
     entry = cm.collective_s(CollectiveKind.ALL_REDUCE, act, 2, Scope.INTRA)
-    expected = 20 * 0.5 * entry * sliced(1.0, cm.slicing())
+    expected = 20 * 0.5 * min(entry, own) * sliced(1.0, cm.slicing())
     assert with_half[Phase.VALUES] - with_none[Phase.VALUES] == pytest.approx(expected)
     # The reference (d = 2, no TP) makes one scalar all-reduce, half of it blocked now.
     ref = latency_on(plan, {"*": half}, Role.REF, plan.set_of(Role.REF), None, 0)

@@ -12,7 +12,9 @@ tensor-parallel forward's collectives, by hand from its layers and
 micro-batches; the time slices' overhead from hand-made entries, and a call's
 stretch and a crowded host's rates with it, by hand; the blocked share of a
 collective from where a hand-made `shared_collective` entry lands between its
-probe's entry alone and stretched, by hand; the measurements spawn real gloo ranks.
+probe's entry alone and stretched, by hand, and a collective's blocked time (that share
+of its latency-sized part, the entry at the probe's size) kept out of a shared view's
+stretch, by hand; the measurements spawn real gloo ranks.
 """
 
 from __future__ import annotations
@@ -320,17 +322,82 @@ def test_the_blocked_share_is_where_the_probe_lands_between_work_and_waiting_by_
     assert share(None) == 0.0  # no entry: a collective's time is all work, as before
 
 
-def test_without_host_collectives_prices_collectives_within_a_cpu_host_at_nothing() -> None:
-    cm = fitted_cost_model("cpu")
-    free = cm.without_host_collectives()
-    assert cm.collective_s(CollectiveKind.ALL_REDUCE, 1 << 20, 2, Scope.INTRA) > 0
+def _halfway(cm: CostModel) -> CostModel:
+    """`cm` with a `shared_collective` entry halfway between the probe's all-reduce alone
+    and stretched 2.5x (the hand-made curve at 2 ranks per core): half of it blocked."""
+    own = cm.collective_s(CollectiveKind.ALL_REDUCE, 4096, 2, Scope.INTRA)
+    return with_framework(cm, FrameworkKind.SHARED_COLLECTIVE, {1: own * 1.75})
+
+
+def test_a_collective_s_blocked_time_is_the_share_of_its_latency_sized_part_by_hand() -> None:
+    # Half blocked: a 4 KiB all-reduce (the probe's size) blocks half its entry; a 1 MiB
+    # one half of the 4 KiB entry (at most its own), its bytes beyond that are work; an
+    # all-gather reads its own kind's 4 KiB entry; a pipeline's send none (its sender does
+    # not block); without the entry nothing.
+    base = _with_slicing(fitted_cost_model("cpu"), HAND)
+    cm = _halfway(base)
+    assert cm.blocked_collective_share() == pytest.approx(0.5)
+    AR, AG = CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER
+    small = base.collective_s(AR, 4096, 2, Scope.INTRA)
+    big = base.collective_s(AR, 1 << 20, 2, Scope.INTRA)
+    assert big > small > 0
+    assert cm.blocked_collective_s(AR, 4096, 2, small) == pytest.approx(0.5 * small)
+    assert cm.blocked_collective_s(AR, 1 << 20, 2, big) == pytest.approx(0.5 * small)
+    gather = base.collective_s(AG, 1 << 20, 2, Scope.INTRA)
+    gather_small = base.collective_s(AG, 4096, 2, Scope.INTRA)
+    expected = 0.5 * min(gather, gather_small)
+    assert cm.blocked_collective_s(AG, 1 << 20, 2, gather) == pytest.approx(expected)
+    send = base.collective_s(CollectiveKind.SEND_RECV, 1 << 20, 2, Scope.INTRA)
+    assert cm.blocked_collective_s(CollectiveKind.SEND_RECV, 1 << 20, 2, send) == 0.0
+    assert base.blocked_collective_s(AR, 1 << 20, 2, big) == 0.0
+
+
+def test_the_shared_view_does_not_stretch_a_collective_s_blocked_time_by_hand() -> None:
+    # A view stretched 2.5x afterwards: a 1 MiB all-reduce costs its worked part (its
+    # entry less half the 4 KiB entry) and its blocked part divided by 2.5, so that the
+    # stretch gives back the blocked time once; no partner wait (the entry lies below the
+    # stretched probe). The worked view prices the worked part alone.
+    base = _with_slicing(fitted_cost_model("cpu"), HAND)
+    cm = _halfway(base)
+    AR = CollectiveKind.ALL_REDUCE
+    small = base.collective_s(AR, 4096, 2, Scope.INTRA)
+    big = base.collective_s(AR, 1 << 20, 2, Scope.INTRA)
+    blocked = 0.5 * small
+    view = cm.shared_cores(2.5)
+    assert view.shared_wait_s == 0.0
+    assert view.collective_s(AR, 1 << 20, 2, Scope.INTRA) == pytest.approx(
+        big - blocked + blocked / 2.5
+    )
+    assert cm.collective_s(AR, 1 << 20, 2, Scope.INTRA) == pytest.approx(big)  # no stretch
+    worked = cm.without_blocked_collectives()
+    assert worked.collective_s(AR, 1 << 20, 2, Scope.INTRA) == pytest.approx(big - blocked)
+    assert view.without_blocked_collectives().collective_s(
+        AR, 1 << 20, 2, Scope.INTRA
+    ) == pytest.approx(big - blocked)
+    assert cm.without_blocked_collectives() is worked  # remembered
+    # Four ranks, more than the profiling host's 2 cores: their entries were timed at 2
+    # ranks per core (2.5x on the hand-made curve), their blocked part not stretched
+    # there; a view stretched 4x takes the worked part back to a core per rank and
+    # divides the blocked part by its own stretch, and adds no floor.
+    assert cm.profile_cores == 2
+    four = base.collective_s(AR, 1 << 20, 4, Scope.INTRA)
+    blocked4 = 0.5 * min(four, base.collective_s(AR, 4096, 4, Scope.INTRA))
+    assert cm.shared_cores(4.0).collective_s(AR, 1 << 20, 4, Scope.INTRA) == pytest.approx(
+        (four - blocked4) / 2.5 + blocked4 / 4.0
+    )
+    assert cm.collective_s(AR, 1 << 20, 4, Scope.INTRA) == pytest.approx(four)
+
+
+def test_without_blocked_collectives_changes_nothing_without_a_share() -> None:
+    cm = fitted_cost_model("cpu")  # its entry lies above the stretched probe: share 0
+    assert cm.blocked_collective_share() == 0.0
+    worked = cm.without_blocked_collectives()
     for kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.SEND_RECV):
-        assert free.collective_s(kind, 1 << 20, 2, Scope.INTRA) == 0.0
-    # A CPU profile's collectives all stay within the host; the view is remembered.
-    assert free.collective_s(CollectiveKind.ALL_REDUCE, 1 << 20, 4, Scope.INTER) == 0.0
-    assert cm.without_host_collectives() is free
+        assert worked.collective_s(kind, 1 << 20, 2, Scope.INTRA) == pytest.approx(
+            cm.collective_s(kind, 1 << 20, 2, Scope.INTRA)
+        )
     gpu = fitted_cost_model("h100-sxm")  # its collectives are not a CPU host's
-    assert gpu.without_host_collectives() is gpu
+    assert gpu.without_blocked_collectives() is gpu
     assert gpu.blocked_collective_share() == 0.0
 
 
