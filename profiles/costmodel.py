@@ -772,7 +772,10 @@ class CostModel:
         Within a CPU host it costs at least what the profile's `paired_collective`
         entries measured for a small one after `after_s` of compute on each rank
         (`paired_collective_s`; None: no compute named, a collective right after another
-        as the entries were timed, which costs its entry): see `_paired_floor_s`.
+        as the entries were timed, which costs its entry): see `_paired_floor_s`. Of
+        its entry, the part its ranks wait blocked (`blocked_collective_s`) is not
+        stretched by a crowded host: a shared view (`shared_cores`) divides that part
+        by its stretch.
         """
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
