@@ -686,7 +686,14 @@ def _dp_sync_and_optimizer_s(
         if zero == 3 and lora is None and d == lay.num_weight_replicas:
             sync += _fsdp_update_s(cm, model, lay, num_micro, dp, value_head=value_head)
             continue
-        sync += reduce(CollectiveKind.REDUCE_SCATTER)
+        # ZeRO-1/2 as the engine runs them (`trainer.TrainEngine.step`): the gradients
+        # all-reduced once as one flat buffer (every rank keeps them whole for the norm
+        # and clipping), then each rank broadcasts its stepped partition
+        # (ZeroRedundancyOptimizer's bucket views: d broadcasts of 1/d, priced as one
+        # all-gather). ZeRO-3 without FSDP's units (LoRA, experts) reduce-scatters.
+        sync += reduce(
+            CollectiveKind.ALL_REDUCE if zero in (1, 2) else CollectiveKind.REDUCE_SCATTER
+        )
         gather = reduce(CollectiveKind.ALL_GATHER)
         sync += gather
         if zero == 3:

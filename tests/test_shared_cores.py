@@ -5,7 +5,7 @@ all-reduce's own stretched time) divided by the contention to every collective
 within a host and nothing else (hand-computed from the entries); a
 data-parallel update on an oversubscribed CPU set pays exactly its collectives'
 count times that wait more than on free cores, counted by hand from the
-layout (per optimizer step: one gradient reduce-scatter and one parameter
+layout (per optimizer step: one gradient all-reduce and one parameter
 all-gather for ZeRO-1); a call beside another set's on a crowded host ends when
 the rates and each collective's wait, worked out by hand, say; the count of a
 tensor-parallel forward's collectives, by hand from its layers and
@@ -120,7 +120,7 @@ def test_an_oversubscribed_dp_update_pays_its_collectives_as_timed_by_hand() -> 
     steps = plan.workload.batch.ppo_epochs * plan.workload.batch.mini_batches
     update = {p.name.value: p.duration_s for p in shared.phases}["actor_update"]
     update_bare = {p.name.value: p.duration_s for p in bare.phases}["actor_update"]
-    # Per optimizer step a reduce-scatter and an all-gather over d = 4: their entries
+    # Per optimizer step an all-reduce and an all-gather over d = 4: their entries
     # hold the waits of 4 ranks on 2 cores already, so the measured wait adds nothing;
     # each is priced at its entry taken back to a core per rank and less the slices' cost,
     # over the measured stretch S at 2 ranks per core, before the call is stretched by S.
@@ -133,7 +133,7 @@ def test_an_oversubscribed_dp_update_pays_its_collectives_as_timed_by_hand() -> 
     assert detail["dp_sync_s"] == pytest.approx(
         sum(
             cm.collective_s(kind, shard, 4, Scope.INTRA) / stretch
-            for kind in (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_GATHER)
+            for kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER)
         ),
         rel=1e-6,
     )
