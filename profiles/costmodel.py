@@ -462,15 +462,20 @@ class CostModel:
         profiles, older CPU ones): the time is all work, as it was priced before. A host
         whose whole is above the stretched entry waits for partners besides
         (`partner_wait_s`). A larger collective's bytes beyond the probe's are copied and
-        reduced by its ranks: `blocked_collective_s`."""
+        reduced by its ranks: `blocked_collective_s`. Memoised: every collective within
+        a host asks for it."""
         probe = self._shared_probe_s()
         if probe is None:
             return 0.0
         whole, own = probe
-        spread = own * (sliced(SHARED_RANKS_PER_CORE, self.slicing()) - 1.0)
-        if own <= 0 or spread <= 0:
-            return 0.0
-        return 1.0 - min(1.0, max(0.0, (whole - own) / spread))
+
+        def share() -> float:
+            spread = own * (sliced(SHARED_RANKS_PER_CORE, self.slicing()) - 1.0)
+            if own <= 0 or spread <= 0:
+                return 0.0
+            return 1.0 - min(1.0, max(0.0, (whole - own) / spread))
+
+        return self.remember(("blocked share",), share)
 
     def blocked_collective_s(
         self, kind: CollectiveKind, num_bytes: int, world_size: int, flat: float
@@ -480,9 +485,11 @@ class CostModel:
         with the probe's SHARED_PROBE_BYTES) of its latency-sized part, the entry of the
         same kind and ranks at the probe's size (at most `flat`). What a larger one takes
         beyond that is its bytes, which gloo's ranks copy and reduce on their cores: work,
-        which a crowded host slows. 0 without the share."""
+        which a crowded host slows. 0 without the share (and off a CPU host)."""
+        if not self.host_local or flat <= 0 or kind is CollectiveKind.SEND_RECV:
+            return 0.0
         share = self.blocked_collective_share()
-        if share <= 0 or flat <= 0 or kind is CollectiveKind.SEND_RECV:
+        if share <= 0:
             return 0.0
         small = (
             flat
