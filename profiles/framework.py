@@ -34,7 +34,16 @@ the kernel inventory of `placeflow.simulator.compute`). For each kind
   the trainer packs its slices into the message, the generator allocates its shard
   and copies the message's slices into it. Both sides run in this thread over
   `_LoopbackLink`, which hands the packed message to the receive as one copy (the
-  gloo message is priced by the collective entries, not here).
+  gloo message is priced by the collective entries, not here);
+- ZeRO-3's FSDP2 (fsdp_layer_forward, fsdp_call_forward, fsdp_layer_backward,
+  fsdp_call_backward): the same model wrapped as `TrainEngine` wraps it for zero = 3
+  (`fully_shard` on each layer and on the root) over a gloo group of this one
+  process (`one_rank_group`), its forward less the unwrapped forward, and its
+  backward (a forward plus backward less the forward) less the unwrapped backward:
+  what FSDP2's hooks, unshards, reshards and gradient reduce-scatters add per unit
+  on a rank, its collectives of one rank included (what they move between ranks is
+  the collective entries'), at the smallest size (the work is the weights', not the
+  tokens').
 
 The clock is this thread's CPU time (`time.thread_time`), not the wall clock:
 the pieces are single-threaded host work, and CPU time leaves out the time the
@@ -63,7 +72,8 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +132,8 @@ LAYER_KINDS = (
     FrameworkKind.ADAMW_LAYER,
     FrameworkKind.LOAD_LAYER,
     FrameworkKind.SYNC_LAYER,
+    FrameworkKind.FSDP_LAYER_FORWARD,
+    FrameworkKind.FSDP_LAYER_BACKWARD,
 )
 # The kinds this module measures (the shared-cores kinds are `shared_cores`'), and
 # the timed pieces each is computed from.
@@ -141,7 +153,13 @@ _PIECES_OF: dict[FrameworkKind, tuple[str, ...]] = {
     FrameworkKind.LOAD_CALL: ("load",),
     FrameworkKind.SYNC_LAYER: ("sync",),
     FrameworkKind.SYNC_CALL: ("sync",),
+    FrameworkKind.FSDP_LAYER_FORWARD: ("forward", "fsdp_forward"),
+    FrameworkKind.FSDP_CALL_FORWARD: ("forward", "fsdp_forward"),
+    FrameworkKind.FSDP_LAYER_BACKWARD: ("forward", "train", "fsdp_forward", "fsdp_train"),
+    FrameworkKind.FSDP_CALL_BACKWARD: ("forward", "train", "fsdp_forward", "fsdp_train"),
 }
+# The pieces that wrap the model in FSDP2, which needs a process group (`one_rank_group`).
+_FSDP_PIECES = frozenset({"fsdp_forward", "fsdp_train"})
 
 
 def measured_units(kind: FrameworkKind) -> tuple[int, ...]:
@@ -217,6 +235,7 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
     spec = dataclasses.replace(get_model(REFERENCE_MODEL), num_layers=num_layers)
     model = Transformer(Arch.of(spec))
     model.load_shards(random_full(model.arch, seed=0))
+    sharded = _fsdp_model(spec) if names & _FSDP_PIECES else None
     trainer = TrainEngine(model, optim=OptimConfig(lr=1e-9))
     forward_units, decode_units = _TIMED_UNITS[size]
     batch, seq = FORWARD_SIZES[forward_units]
@@ -238,6 +257,18 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
         return _elapsed(
             lambda: model(ids, mask).float().logsumexp(-1).mean().backward(),
             lambda: model.zero_grad(set_to_none=True),
+        )
+
+    def fsdp_forward() -> float:
+        assert sharded is not None
+        with torch.no_grad():
+            return _elapsed(lambda: sharded(ids, mask))
+
+    def fsdp_train() -> float:
+        assert sharded is not None
+        return _elapsed(
+            lambda: sharded(ids, mask).float().logsumexp(-1).mean().backward(),
+            lambda: sharded.zero_grad(set_to_none=True),
         )
 
     def generate(steps: int) -> float:
@@ -275,12 +306,57 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
         "adamw": adamw,
         "load": lambda: _elapsed(sync),
         "sync": lambda: _elapsed(weight_sync),
+        "fsdp_forward": fsdp_forward,
+        "fsdp_train": fsdp_train,
     }
     return {k: v for k, v in timers.items() if k in names}
 
 
+def _fsdp_model(spec: Any) -> Any:
+    """The reference model of `spec` wrapped as `TrainEngine` wraps it for zero = 3
+    (FSDP2 on each layer and on the root, the same mixed-precision policy), over the
+    process group of `one_rank_group`."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+
+    if not dist.is_initialized() or dist.get_world_size() != 1:
+        raise MeasurementError(
+            "framework overhead: the FSDP pieces need a process group of this one process "
+            "(`framework.one_rank_group()`)"
+        )
+    model = Transformer(Arch.of(spec))
+    model.load_shards(random_full(model.arch, seed=0))
+    world = dist.group.WORLD
+    assert world is not None
+    mesh = DeviceMesh.from_group(world, "cpu")
+    mp = MixedPrecisionPolicy(param_dtype=model.arch.compute_dtype, reduce_dtype=torch.float32)
+    for layer in model.layers.values():
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+@contextmanager
+def one_rank_group() -> Iterator[None]:
+    """A gloo process group of this process alone (an in-memory store) while inside,
+    for the FSDP pieces; one the process already has is used as it is and kept."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 # The pieces whose size is the weights, timed at the smallest size only.
-_WEIGHT_PIECES = frozenset({"step", "adamw", "load", "sync"})
+_WEIGHT_PIECES = frozenset({"step", "adamw", "load", "sync", *_FSDP_PIECES})
 
 
 def _paired_samples(
@@ -320,11 +396,12 @@ def measure_framework(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return [
-            e
-            for size in range(len(_TIMED_UNITS))
-            for e in _entries_at(size, repeats, warmup, kinds, names)
-        ]
+        with one_rank_group():
+            return [
+                e
+                for size in range(len(_TIMED_UNITS))
+                for e in _entries_at(size, repeats, warmup, kinds, names)
+            ]
     finally:
         torch.set_num_threads(threads)
 
@@ -422,6 +499,15 @@ def _kinds_at(
         pairs.append(((FrameworkKind.LOAD_LAYER, FrameworkKind.LOAD_CALL), at("load")))
     if "sync" in t:
         pairs.append(((FrameworkKind.SYNC_LAYER, FrameworkKind.SYNC_CALL), at("sync")))
+    if "fsdp_forward" in t:
+        # FSDP2's part of each piece: the wrapped piece less the unwrapped one.
+        (f1, f2), (w1, w2) = at("forward"), at("fsdp_forward")
+        forward_kinds = (FrameworkKind.FSDP_LAYER_FORWARD, FrameworkKind.FSDP_CALL_FORWARD)
+        pairs.append((forward_kinds, (w1 - f1, w2 - f2)))
+        if "fsdp_train" in t:
+            (t1, t2), (v1, v2) = at("train"), at("fsdp_train")
+            backward_kinds = (FrameworkKind.FSDP_LAYER_BACKWARD, FrameworkKind.FSDP_CALL_BACKWARD)
+            pairs.append((backward_kinds, ((v1 - w1) - (t1 - f1), (v2 - w2) - (t2 - f2))))
     out = {}
     for (per_layer, per_call), (small, large) in pairs:
         slope = (large - small) / (l2 - l1)
@@ -448,7 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Op.FRAMEWORK,
         f"): measured {date} by "
         f"`python -m placeflow.profiles.framework --add-to {args.add_to}` (the engine's "
-        f"own Transformer, Sampler, TrainEngine, rollout load and weight sync on "
+        f"own Transformer, Sampler, TrainEngine, rollout load, weight sync and FSDP2 "
+        f"wrapping (a gloo group of one rank) on "
         f"{REFERENCE_MODEL}, forward and "
         f"backward at {' and '.join(f'{b}x{s}' for b, s in FORWARD_SIZES.values())} tokens "
         f"(num_units {', '.join(map(str, FORWARD_SIZES))}), decode steps of "

@@ -150,6 +150,17 @@ class FrameworkKind(StrEnum):
     # shard and copy of each slice into it (the plan's per-tensor bookkeeping, the copies):
     SYNC_LAYER = "sync_layer"  # per decoder layer's tensors
     SYNC_CALL = "sync_call"  # per sync: the tensors outside the layers and the call's own
+    # What ZeRO-3's FSDP2 (`fully_shard` on each decoder layer and on the root) adds to a
+    # rank's host work per unit, beyond the same pieces unwrapped, timed on a group of one
+    # rank (the bytes its all-gathers and reduce-scatters move between ranks are the
+    # collective entries'): in a forward the unit's unshard (its hooks, the copy of the
+    # shard into the all-gather buffer and of the gathered buffer into the parameters)
+    # and reshard; in a backward the unshard again and the gradients' reduce-scatter
+    # (their copy in and the shard's copy out).
+    FSDP_LAYER_FORWARD = "fsdp_layer_forward"  # per decoder layer's unit, per forward
+    FSDP_CALL_FORWARD = "fsdp_call_forward"  # the root's unit, per forward
+    FSDP_LAYER_BACKWARD = "fsdp_layer_backward"  # per decoder layer's unit, per backward
+    FSDP_CALL_BACKWARD = "fsdp_call_backward"  # the root's unit, per backward
     # Not the engine's: the wall time one collective adds to each rank of a host that
     # runs two busy ranks per core (measured by `placeflow.profiles.shared_cores`).
     SHARED_COLLECTIVE = "shared_collective"

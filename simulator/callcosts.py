@@ -259,6 +259,13 @@ def fsdp_units(model: ModelSpec, lay: TrainLayout, *, value_head: bool) -> FsdpU
     )
 
 
+def _fsdp_host_s(cm: CostModel, units: FsdpUnits, d: int, *, backward: bool) -> float:
+    """`compute.fsdp_host_s` of `units` over a group of `d`."""
+    return compute.fsdp_host_s(
+        cm, units.layers, units.layer_bytes, units.root_bytes, d, backward=backward
+    )
+
+
 @functools.cache
 def zero3_tensor_bytes(model: ModelSpec, lay: TrainLayout) -> tuple[tuple[int, int], ...]:
     """(bytes, count) of the weight tensors one training rank of `lay` holds on its first
@@ -317,6 +324,7 @@ def forward_cost(
             ranks_per_node=dp_ranks_per_node,
         )
         stage += layers * gather(int(units.layer_bytes)) + gather(int(units.root_bytes))
+        stage += _fsdp_host_s(cm, units, replicas, backward=False)
     head = compute.head_forward_s(cm, model, lay.t, split.tokens(mb * seq), value_head=value_head)
     p2p = (
         cm.collective_s(
@@ -519,6 +527,12 @@ def _train_shared(
         if lay.p > 1
         else 0.0
     )
+    if zero == 3 and lora is None and lay.num_weight_replicas > 1:
+        # FSDP2's own host work around each micro-batch's forward and backward (its
+        # collectives are `_fsdp_update_s`'s).
+        units = fsdp_units(model, lay, value_head=value_head)
+        fwd += _fsdp_host_s(cm, units, lay.num_weight_replicas, backward=False)
+        bwd += _fsdp_host_s(cm, units, lay.num_weight_replicas, backward=True)
     sync_s, opt_s = _dp_sync_and_optimizer_s(
         cm, model, lay, zero, num_micro, dp, value_head=value_head, lora=lora
     )

@@ -250,11 +250,62 @@ def _reference_kernels_s(cm: CostModel, kind: FrameworkKind, units: int = 1) -> 
         return 3 * cm.copy_s("h2d", layer_params * model.dtype.num_bytes)
     if kind is FrameworkKind.SYNC_CALL:
         return 3 * cm.copy_s("h2d", outside * model.dtype.num_bytes)
+    # FSDP2's pieces: their copies, on the reference's group of one rank (the shard is
+    # the whole unit).
+    if kind in _FSDP_KINDS:
+        unit = layer_params if kind in _FSDP_LAYER_KINDS else outside
+        backward = kind in (FrameworkKind.FSDP_LAYER_BACKWARD, FrameworkKind.FSDP_CALL_BACKWARD)
+        return fsdp_copies_s(cm, unit * model.dtype.num_bytes, 1, backward=backward)
     # The optimizer's pieces, whole step or AdamW alone: AdamW's kernels over the weights.
     if kind in (FrameworkKind.OPTIMIZER_LAYER, FrameworkKind.ADAMW_LAYER):
         return cm.optimizer_s(layer_params)
     assert kind in (FrameworkKind.OPTIMIZER_CALL, FrameworkKind.ADAMW_CALL)
     return cm.optimizer_s(outside)
+
+
+_FSDP_LAYER_KINDS = (FrameworkKind.FSDP_LAYER_FORWARD, FrameworkKind.FSDP_LAYER_BACKWARD)
+_FSDP_KINDS = (
+    *_FSDP_LAYER_KINDS,
+    FrameworkKind.FSDP_CALL_FORWARD,
+    FrameworkKind.FSDP_CALL_BACKWARD,
+)
+
+
+def fsdp_copies_s(cm: CostModel, unit_bytes: float, d: int, *, backward: bool) -> float:
+    """FSDP2's copies of one unit whose gathered weights are `unit_bytes`, on a rank of a
+    group of `d`, in a forward (or, `backward`, a backward): an unshard copies the rank's
+    shard into the all-gather buffer and the gathered buffer out into the parameters; a
+    backward unshards again, and its gradients' reduce-scatter copies the gradients in
+    and the rank's shard out."""
+    one = cm.copy_s("h2d", int(unit_bytes / d)) + cm.copy_s("h2d", int(unit_bytes))
+    return 2 * one if backward else one
+
+
+def fsdp_host_s(
+    cm: CostModel,
+    num_layers: int,
+    layer_bytes: float,
+    root_bytes: float,
+    d: int,
+    *,
+    backward: bool,
+) -> float:
+    """What ZeRO-3's FSDP2 adds to a rank's host work in one forward (or, `backward`, one
+    backward) of `num_layers` layer units and the root's, over a group of `d`, beyond
+    the bytes its collectives move between ranks (`CostModel.collective_s`): per unit
+    the profile's fsdp entry less its copies at the reference's size (hooks, unshard and
+    reshard bookkeeping), plus the unit's copies at its own size (`fsdp_copies_s`). 0
+    where the profile has no fsdp entries (GPU profiles, older CPU ones)."""
+    if backward:
+        kinds = (FrameworkKind.FSDP_LAYER_BACKWARD, FrameworkKind.FSDP_CALL_BACKWARD)
+    else:
+        kinds = (FrameworkKind.FSDP_LAYER_FORWARD, FrameworkKind.FSDP_CALL_FORWARD)
+    per_layer, per_call = (framework_host_s(cm, kind) for kind in kinds)
+    if per_layer is None or per_call is None:
+        return 0.0
+    layer = per_layer + fsdp_copies_s(cm, layer_bytes, d, backward=backward)
+    root = per_call + fsdp_copies_s(cm, root_bytes, d, backward=backward)
+    return num_layers * layer + root
 
 
 def _layer_params(model: ModelSpec) -> int:

@@ -260,10 +260,15 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         "adamw": times(750e-6, 200e-6),
         "load": times(120e-6, 90e-6),
         "sync": times(450e-6, 130e-6),
+        # FSDP2 adds 250 µs a layer and 180 µs a call to a forward, 600 and 350 µs to a
+        # backward.
+        "fsdp_forward": times(400e-6 + 250e-6, 300e-6 + 180e-6),
+        "fsdp_train": times(400e-6 + 250e-6 + 800e-6 + 600e-6, 300e-6 + 180e-6 + 700e-6 + 350e-6),
     }
-    # The same pieces at both sizes; the optimizer step, the load and the weight sync at
-    # the smallest only.
-    later = {k: v for k, v in fake.items() if k not in ("step", "adamw", "load", "sync")}
+    # The same pieces at both sizes; the optimizer step, the load, the weight sync and the
+    # FSDP pieces at the smallest only.
+    weights = ("step", "adamw", "load", "sync", "fsdp_forward", "fsdp_train")
+    later = {k: v for k, v in fake.items() if k not in weights}
     sized = [fake] + [later] * (len(framework.FORWARD_SIZES) - 1)
 
     def samples(repeats: int, warmup: int, size: int, names: frozenset[str]) -> Any:
@@ -293,6 +298,10 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         FrameworkKind.LOAD_CALL: 90e-6,
         FrameworkKind.SYNC_LAYER: 450e-6,
         FrameworkKind.SYNC_CALL: 130e-6,
+        FrameworkKind.FSDP_LAYER_FORWARD: 250e-6,
+        FrameworkKind.FSDP_CALL_FORWARD: 180e-6,
+        FrameworkKind.FSDP_LAYER_BACKWARD: 600e-6,
+        FrameworkKind.FSDP_CALL_BACKWARD: 350e-6,
     }
     assert set(entries) == expected_kinds()
     for kind, value in expected.items():
@@ -308,15 +317,45 @@ def expected_kinds() -> set[FrameworkKind]:
 
 
 def test_the_timers_run_the_engine() -> None:
-    names = frozenset(
-        {"forward", "train", "decode_short", "decode_long", "step", "adamw", "load", "sync"}
-    )
-    pieces = framework._pieces(2, 0, names)
-    assert set(pieces) == names
-    assert all(timer() > 0 for timer in pieces.values())
-    large = framework._pieces(2, 1, names - {"step", "adamw", "load", "sync"})
+    import torch.distributed as dist
+
+    weights = {"step", "adamw", "load", "sync", "fsdp_forward", "fsdp_train"}
+    names = frozenset({"forward", "train", "decode_short", "decode_long", *weights})
+    with framework.one_rank_group():
+        pieces = framework._pieces(2, 0, names)
+        assert set(pieces) == names
+        assert all(timer() > 0 for timer in pieces.values())
+    assert not dist.is_initialized()  # the group of one is gone again
+    large = framework._pieces(2, 1, names - weights)
     assert set(large) == {"forward", "train", "decode_short", "decode_long"}
     assert all(timer() > 0 for timer in large.values())
+
+
+def test_the_fsdp_pieces_need_their_group_of_one() -> None:
+    from placeflow.errors import MeasurementError
+
+    with pytest.raises(MeasurementError, match="one_rank_group"):
+        framework._pieces(2, 0, frozenset({"fsdp_forward"}))
+
+
+def test_the_fsdp_piece_runs_the_model_the_engine_shards() -> None:
+    """The FSDP-wrapped reference model is the engine's ZeRO-3 model: on a group of one
+    its log-probabilities are the unwrapped model's, bit for bit, and its parameters are
+    FSDP2's sharded DTensors."""
+    from torch.distributed.tensor import DTensor
+
+    from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+
+    spec = get_model(framework.REFERENCE_MODEL)
+    plain = Transformer(Arch.of(spec))
+    plain.load_shards(random_full(plain.arch, seed=0))
+    ids = torch.randint(0, spec.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with framework.one_rank_group():
+        sharded = framework._fsdp_model(spec)
+        assert all(isinstance(p, DTensor) for p in sharded.parameters())
+        with torch.no_grad():
+            assert torch.equal(sharded(ids, mask), plain(ids, mask))
 
 
 def test_the_cpu_profile_carries_measured_framework_entries_and_gpu_profiles_none() -> None:
@@ -570,3 +609,79 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
 
     monkeypatch.setattr(profiler, "profile_device", fails)
     assert main(["profile", "--device", "cpu", "--out", str(tmp_path / "p.json")]) == 1
+
+
+FSDP = {
+    **FRAMEWORK,
+    FrameworkKind.FSDP_LAYER_FORWARD: 250e-6,
+    FrameworkKind.FSDP_CALL_FORWARD: 180e-6,
+    FrameworkKind.FSDP_LAYER_BACKWARD: 600e-6,
+    FrameworkKind.FSDP_CALL_BACKWARD: 350e-6,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CopyCosts(RoundCosts):
+    """`RoundCosts` whose copies run at 10 GB/s (0.1 ns a byte)."""
+
+    def copy_s(self, direction: str, num_bytes: int) -> float:
+        return num_bytes * 1e-10
+
+
+def test_fsdp_host_work_is_its_entry_with_its_copies_at_the_units_bytes() -> None:
+    """tiny-llama (fp32): a layer holds 184,576 parameters (738,304 bytes), the root
+    65,664 (an untied embedding and head, the final norm: 262,656 bytes). The entries
+    were timed on a group of one, where an unshard copies the whole unit twice (in and
+    out): the layer's forward entry holds 2 x 73.8304 µs of copies, 250 − 147.6608 =
+    102.3392 µs of the rest. On a rank of d = 2 its unshard copies the half shard in and
+    the whole out: 36.9152 + 73.8304 µs, so a layer costs 102.3392 + 110.7456 = 213.0848
+    µs, the root 180 − 52.5312 + 39.3984 = 166.8672 µs; a forward of both layers and the
+    root 2 x 213.0848 + 166.8672 = 593.0368 µs. A backward's entry holds four copies (the
+    unshard again, the gradients in, the shard out), its rank's two halves and two
+    wholes: 600 − 295.3216 + 221.4912 = 526.1696 µs a layer, 350 − 105.0624 + 78.7968 =
+    323.7344 µs the root, 1,376.0736 µs in all."""
+    cm = CopyCosts(
+        profile_name="round", dtype_bytes=4, rooflines={}, series={}, device_kind="cpu",
+        entries=FSDP,
+    )  # fmt: skip
+    assert compute._layer_params(MODEL) == 184_576
+    units = callcosts.fsdp_units(MODEL, TrainLayout(d=2), value_head=False)
+    assert (units.layers, units.layer_bytes, units.root_bytes) == (2, 738_304, 262_656)
+    forward = compute.fsdp_host_s(cm, 2, 738_304, 262_656, 2, backward=False)
+    assert forward == pytest.approx(593.0368e-6)
+    backward = compute.fsdp_host_s(cm, 2, 738_304, 262_656, 2, backward=True)
+    assert backward == pytest.approx(1376.0736e-6)
+    # Without the entries (GPU profiles, older CPU ones): nothing.
+    assert compute.fsdp_host_s(_costs(), 2, 738_304, 262_656, 2, backward=False) == 0.0
+
+
+def test_a_zero3_call_pays_fsdps_host_work_per_micro_batch() -> None:
+    """A ZeRO-3 forward of 16 samples at micro-batch 4 over d = 2 runs 2 micro-batches a
+    rank: each pays the three units' gathers (30 µs each here) and FSDP2's host work of
+    a forward (593.0368 µs, above) beyond the same call at zero 0. An update's
+    micro-batch pays a forward's and a backward's host work (1,969.1104 µs) beyond its
+    gathers and reduce-scatters, which `_fsdp_update_s` prices."""
+    from placeflow.plan import RoleParallelism
+
+    cm = CopyCosts(
+        profile_name="round", dtype_bytes=4, rooflines={}, series={}, device_kind="cpu",
+        entries=FSDP,
+    )  # fmt: skip
+
+    def par(zero: int) -> RoleParallelism:
+        return RoleParallelism(train=TrainLayout(d=2), micro_batch=4, zero=zero, recompute=False)
+
+    def forward(zero: int) -> float:
+        return callcosts.forward_cost(cm, MODEL, par(zero), 16, 32, value_head=False).time_s
+
+    assert forward(3) - forward(0) == pytest.approx(2 * (3 * 30e-6 + 593.0368e-6))
+
+    def update(zero: int) -> dict[str, Any]:
+        cost = callcosts.train_cost(
+            cm, MODEL, par(zero), 16, 32, 1, 1, Scope.INTRA, value_head=False
+        )
+        return {"time": cost.time_s, **cost.detail}
+
+    z3, z0 = update(3), update(0)
+    host = 2 * (593.0368e-6 + 1376.0736e-6)
+    assert z3["pipeline_s"] - z0["pipeline_s"] == pytest.approx(host)
