@@ -314,12 +314,10 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
 
 def _fsdp_model(spec: Any) -> Any:
     """The reference model of `spec` wrapped as `TrainEngine` wraps it for zero = 3
-    (FSDP2 on each layer and on the root, the same mixed-precision policy), over the
-    process group of `one_rank_group`."""
+    (`trainer.fsdp_shard`), over the process group of `one_rank_group`."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from placeflow.executor.engines.trainer import fsdp_shard
     from placeflow.executor.engines.transformer import Arch, Transformer, random_full
 
     if not dist.is_initialized() or dist.get_world_size() != 1:
@@ -329,13 +327,7 @@ def _fsdp_model(spec: Any) -> Any:
         )
     model = Transformer(Arch.of(spec))
     model.load_shards(random_full(model.arch, seed=0))
-    world = dist.group.WORLD
-    assert world is not None
-    mesh = DeviceMesh.from_group(world, "cpu")
-    mp = MixedPrecisionPolicy(param_dtype=model.arch.compute_dtype, reduce_dtype=torch.float32)
-    for layer in model.layers.values():
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    fsdp_shard(model, dist.group.WORLD)
     return model
 
 

@@ -62,6 +62,18 @@ from placeflow.executor.engines.transformer import Transformer
 from placeflow.reshard_plan import Sharding
 
 
+def fsdp_shard(model: Transformer, dp_group: Any) -> None:
+    """Wrap `model` for ZeRO-3 in place: FSDP2 (`fully_shard`) on each decoder layer and
+    on the root, over a DeviceMesh of `dp_group` on the model's device."""
+    mesh = DeviceMesh.from_group(dp_group, next(model.parameters()).device.type)
+    # FSDP2's mixed precision: gather parameters in the compute dtype, reduce gradients
+    # in fp32 into the fp32 shards (fp32: no cast either way).
+    mp = MixedPrecisionPolicy(param_dtype=model.arch.compute_dtype, reduce_dtype=torch.float32)
+    for layer in model.layers.values():
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+
+
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     lr: float = 1e-5
@@ -103,15 +115,7 @@ class TrainEngine:
         self.device = next(model.parameters()).device
         self.fsdp = dp_size > 1 and zero == 3
         if self.fsdp:
-            mesh = DeviceMesh.from_group(dp_group, self.device.type)
-            # FSDP2's mixed precision: gather parameters in the compute dtype, reduce
-            # gradients in fp32 into the fp32 shards (fp32: no cast either way).
-            mp = MixedPrecisionPolicy(
-                param_dtype=model.arch.compute_dtype, reduce_dtype=torch.float32
-            )
-            for layer in model.layers.values():
-                fully_shard(layer, mesh=mesh, mp_policy=mp)
-            fully_shard(model, mesh=mesh, mp_policy=mp)
+            fsdp_shard(model, dp_group)
         params = list(model.parameters())
         kwargs: dict[str, Any] = {
             "lr": optim.lr,
