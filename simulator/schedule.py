@@ -47,7 +47,16 @@ over that.
 
 S holds what time slicing costs beyond the share of a core (cache refills and
 switches) and the slowest rank's bad luck where busy ranks do not divide evenly
-among the cores, both measured (`profiles.shared_cores`).
+among the cores, both measured (`profiles.shared_cores`). The driver's own work
+(its launches and gets, `Work.sliced` False) is one thread that pickles small
+objects: it has no slowest of several ranks and no model's working set to refill,
+so it runs at the plain share of a core, r = max(1, w/c) / max(1, W/c), while it
+counts as a busy worker for the others' rates. On the 2-core VM of 2026-11-29 a
+driver's launch of a call to 4 ranks took 7.3 ms alone and 10.4 / 13.1 ms beside 2 / 4
+busy ranks (1.43x / 1.80x; the share alone says 1.5x / 2.5x, the shipped profile's
+curve 1.7x / 2.8x; `benchmarks/driver_share.py`): nearer the share, and below it
+where the host is most crowded (a thread that sleeps between its bursts is woken
+ahead of the busy ones).
 
 A rank that slept before a call refills its caches in it (`Work.wake`: the
 measured extra seconds by the time asleep, `costmodel.woken`). Its sets' idle
@@ -89,6 +98,10 @@ class Work:
     # What the work costs more by how long its sets were idle before it started (the
     # ranks' caches gone cold, `costmodel.woken`), in the units of `duration_s`.
     wake: WakeCurve = ()
+    # Whether its workers' stretch on a crowded host follows the host's measured slicing
+    # curve (model calls' ranks) or the plain share of a core (the driver's one thread:
+    # module docstring).
+    sliced: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +182,7 @@ def _rates(
         for h, w in t.hosts:
             if h in cores:
                 c = cores[h]
-                curve = slicing.get(h, ())
+                curve = slicing.get(h, ()) if t.sliced else ()
                 r = sliced(w / c, curve) / sliced(busy[h] / c, curve)
                 own, crowd = max(1.0, w / c), max(1.0, busy[h] / c)
                 extra = t.collectives * waits.get(h, 0.0) * (crowd - own)

@@ -621,6 +621,7 @@ def _tasks(
                         preds=tuple(preds),
                         priority=priority,
                         hosts=driver,
+                        sliced=False,
                     )
                 )
                 tasks.append(
@@ -631,6 +632,7 @@ def _tasks(
                         preds=((k, c.phase),),
                         priority=priority,
                         hosts=driver,
+                        sliced=False,
                     )
                 )
                 collected[k, c.phase] = collect

@@ -271,6 +271,22 @@ def test_an_oversubscribed_forward_is_stretched_by_the_slices_too(
         assert sliced[phase] == pytest.approx(1.25 * bare[phase], rel=1e-9), phase
 
 
+def test_the_simulator_shares_the_head_node_with_the_driver_at_the_plain_share() -> None:
+    # The colocated plan on its 2-core host: every piece of the driver's work (a call's
+    # launches and gets) counts as a busy worker there and runs at the share of a core;
+    # the model calls' ranks follow the host's curve.
+    from placeflow.simulator.simulate import CONTROLLER, _cost_calls, _tasks
+
+    plan = make_plan("colocate", "tiny-llama", 8)
+    calls, _ = _cost_calls(plan, {"*": fitted_cost_model("cpu")}, [0.0] * len(plan.sets))
+    tasks = _tasks(plan, calls, 1)
+    driver = [t for t in tasks if t.sets == (CONTROLLER,)]
+    ranks = [t for t in tasks if t.sets and t.sets != (CONTROLLER,)]
+    assert driver and ranks
+    assert all(t.hosts and not t.sliced for t in driver)
+    assert all(t.sliced for t in ranks)
+
+
 def test_a_set_s_collectives_wait_less_the_slices_in_its_stretch() -> None:
     # The colocated plan (4 workers on 2 cores) with the hand-made curve: its calls are
     # stretched 2.5x afterwards, so the view adds the partner wait / 2.5.
@@ -416,6 +432,26 @@ def test_a_crowded_host_slows_calls_by_the_slices_overhead_by_hand() -> None:
     spans = schedule([long, short], {host: 2}, {}, {host: TENTH})
     assert spans["short"].end_s == pytest.approx(8.8)
     assert spans["long"].end_s == pytest.approx(14.8)
+
+
+def test_the_driver_s_work_runs_at_the_plain_share_of_a_core_by_hand() -> None:
+    # A 4-worker call (10 s alone at 2 per core, its own stretch 2.2 counted) and the
+    # driver's 2 s of launches (one worker, `sliced` False) start together on a 2-core
+    # host with the TENTH curve. 5 busy workers, 2.5 per core: the call runs at
+    # S(2) / S(2.5) = 2.2 / 2.75 = 0.8; the driver at the share of a core alone, 1 / 2.5
+    # = 0.4 (the ranks' curve would give 1 / 2.75): it ends at 5 s, the call has done
+    # 4 s by then and runs its other 6 s at its own pace: ends at 11 s. As ranks'
+    # work, the driver's would end at 5.5 s and the call at 11.1 s.
+    host = ("cpu", 0)
+    call = Work(id="call", sets=(0,), duration_s=10.0, hosts=((host, 4.0),))
+    launch = Work(id="launch", sets=(-1,), duration_s=2.0, hosts=((host, 1.0),), sliced=False)
+    spans = schedule([call, launch], {host: 2}, {}, {host: TENTH})
+    assert spans["launch"].end_s == pytest.approx(5.0)
+    assert spans["call"].end_s == pytest.approx(11.0)
+    as_rank = dataclasses.replace(launch, sliced=True)
+    spans = schedule([call, as_rank], {host: 2}, {}, {host: TENTH})
+    assert spans["launch"].end_s == pytest.approx(5.5)
+    assert spans["call"].end_s == pytest.approx(5.5 + (10.0 - 5.5 * 0.8))  # then alone
 
 
 def test_a_host_crowded_by_another_set_adds_each_collectives_wait_by_hand() -> None:
