@@ -42,7 +42,11 @@ with the profile brought to the speed of the host around its run
 host checks right before and right after the run, the first plan's before being
 the median of `SPEED_CHECKS` checks; a VM's speed moves from one minute to the
 next), whatever the ratio; each row records its `host_speed` and `host_checks`, the
-report the starting median as `host_speed`.
+report the starting median as `host_speed`. The engine's own pieces (its Python
+beyond the kernels, the profile's engine framework entries) are brought to a speed
+of their own, read the same way from those pieces re-timed
+(`hostcheck.check_framework`, about 2 s a check; `host_work_speed`,
+`host_work_checks`): the kernels' speed does not tell it.
 
 With `--resimulate RESULTS` it runs nothing: it simulates the same plans with
 the current model and profile and compares them with the measured figures of
@@ -76,7 +80,7 @@ from placeflow.executor.loop import as_run
 from placeflow.executor.run import RunConfig, read_metrics, run_plan
 from placeflow.plan import Plan, load_plan, plan_from_dict
 from placeflow.profiles.costmodel import CostModel
-from placeflow.profiles.hostcheck import at_host_speed, check_host
+from placeflow.profiles.hostcheck import at_host_speed, check_framework, check_host
 from placeflow.profiles.registry import load_profile
 from placeflow.profiles.schema import Profile
 from placeflow.simulator import simulate
@@ -244,6 +248,16 @@ def main() -> None:
         print(check.summary(), file=sys.stderr)
     ratios = [c.ratio for c in checks if c.ratio is not None]
     speed = statistics.median(ratios) if args.host_speed and ratios else None
+    # The engine's own host work (its Python, Ray's calls) keeps a speed of its own.
+    work_checks = [check_framework(profile) for _ in range(SPEED_CHECKS)] if speed else []
+    work_ratios = [r for r in work_checks if r is not None]
+    work_speed = statistics.median(work_ratios) if work_ratios else None
+    if work_speed is not None:
+        print(
+            f"the engine's pieces run at {work_speed:.2f}x the profile's times here "
+            f"(median of {len(work_ratios)} checks)",
+            file=sys.stderr,
+        )
     # A profile brought to this host's speed is compared whatever the ratio was.
     if not host.ok and not args.any_host and speed is None:
         raise SystemExit(
@@ -258,7 +272,7 @@ def main() -> None:
     # With --host-speed each run is simulated at the speed of its own minutes: the
     # geometric mean of the checks right before and right after it (the first
     # run's before: the median above).
-    before = speed
+    before, work_before = speed, work_speed
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for round_ in range(args.rounds):
@@ -269,33 +283,38 @@ def main() -> None:
                     load_before = os.getloadavg()[0]
                     run_plan(plan, run_dir, RunConfig(steps=args.steps, progress=False))
                     load_after = os.getloadavg()[0]
-                    plan_speed, checked = None, None
+                    speeds: dict[str, Any] = {}
                     if before is not None:
                         # (the check times GEMMs by the wall clock: the run's workers
                         # first finish exiting)
                         time.sleep(SETTLE_S)
-                        after = check_host(profile).ratio
-                        checked = [before, after]
-                        plan_speed = before if after is None else math.sqrt(before * after)
-                        before = after if after is not None else before
+                        speeds["host_speed"], speeds["host_checks"], before = _bracket(
+                            before, check_host(profile).ratio
+                        )
+                    if work_before is not None:
+                        speeds["host_work_speed"], speeds["host_work_checks"], work_before = (
+                            _bracket(work_before, check_framework(profile))
+                        )
                     records = read_metrics(run_dir)
                     runs[plan.name].append(
                         {
                             "records": records,
                             "load_1min_before": load_before,
                             "load_1min_after": load_after,
-                            **(
-                                {"host_speed": plan_speed, "host_checks": checked}
-                                if checked
-                                else {}
-                            ),
+                            **speeds,
                         }
                     )
+                    plan_speed = speeds.get("host_speed")
                     print(
                         f"{plan.name} (round {round_ + 1} of {args.rounds}): step "
                         f"{_median_step_s(records, args.warmup) * 1e3:.0f} ms, "
                         f"load {load_before:.1f}"
-                        + (f", host speed {plan_speed:.2f}x" if plan_speed else ""),
+                        + (f", host speed {plan_speed:.2f}x" if plan_speed else "")
+                        + (
+                            f", the engine's pieces {speeds['host_work_speed']:.2f}x"
+                            if "host_work_speed" in speeds
+                            else ""
+                        ),
                         file=sys.stderr,
                     )
     finally:
@@ -327,6 +346,8 @@ def main() -> None:
         "host_check": host.to_json(),
         "host_checks": [c.ratio for c in checks],
         "host_speed": speed,
+        "host_work_checks": work_checks,
+        "host_work_speed": work_speed,
         "steps": args.steps,
         "warmup": args.warmup,
         "rounds": args.rounds,
@@ -386,8 +407,10 @@ def _score(
     runs, each run's own measured times in `runs`."""
     speeds = [r["host_speed"] for r in plan_runs if r.get("host_speed") is not None]
     plan_speed = statistics.median(speeds) if speeds else None
+    works = [r["host_work_speed"] for r in plan_runs if r.get("host_work_speed") is not None]
+    work_speed = statistics.median(works) if works else None
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    cms = _cost_models(profile, plan_speed, stamp)
+    cms = _cost_models(profile, plan_speed, stamp, work_speed)
     estimate = simulate(plan, cms or cost_models_for(plan, profile_name))
     own = [compare(estimate, r["records"], warmup=warmup) for r in plan_runs]
     table = median_table(estimate, own)
@@ -403,6 +426,8 @@ def _score(
     if plan_speed is not None:
         row["host_speed"] = plan_speed
         row["host_checks"] = [c for r in plan_runs for c in r.get("host_checks", [])]
+    if work_speed is not None:
+        row["host_work_speed"] = work_speed
     row.update(table.to_json())
     if len(plan_runs) > 1:
         row["runs"] = [
@@ -461,14 +486,25 @@ def _off(first: dict[Key, float], second: dict[Key, float]) -> dict[str, dict[st
     return out
 
 
+def _bracket(before: float, after: float | None) -> tuple[float, list[float | None], float]:
+    """A run's speed from the checks right before and right after it (their geometric
+    mean; the one before where the one after failed), the checks, and the next run's
+    before."""
+    if after is None:
+        return before, [before, after], before
+    return math.sqrt(before * after), [before, after], after
+
+
 def _cost_models(
-    profile: Profile, speed: float | None, checked: str
+    profile: Profile, speed: float | None, checked: str, work_speed: float | None = None
 ) -> dict[str, CostModel] | None:
     """The cost model of `profile` at the host speed `speed` (`hostcheck.at_host_speed`,
-    measured at `checked`); None without a speed (the plans' own, `cost_models_for`)."""
+    measured at `checked`; its host work at `work_speed` where the engine's pieces were
+    checked too); None without a speed (the plans' own, `cost_models_for`)."""
     if speed is None:
         return None
-    return {"*": CostModel.fit(at_host_speed(profile, speed, checked=checked))}
+    at = at_host_speed(profile, speed, checked=checked, host_work_ratio=work_speed)
+    return {"*": CostModel.fit(at)}
 
 
 def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
@@ -480,7 +516,13 @@ def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
         if speed is None:
             raise SystemExit(f"fidelity_cpu: {results} records no host check to take a speed from")
     loaded = load_profile(profile) if host_speed else None
-    run_cms = None if loaded is None else _cost_models(loaded, speed, f"the run of {results.name}")
+    run_cms = (
+        None
+        if loaded is None
+        else _cost_models(
+            loaded, speed, f"the run of {results.name}", earlier.get("host_work_speed")
+        )
+    )
     measured = {r["plan"]: r for r in earlier["rows"]}
     rows: list[dict[str, Any]] = []
     for _, plan in plans():
@@ -491,7 +533,12 @@ def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
         row_speed = old.get("host_speed") if host_speed else None
         cms = run_cms
         if loaded is not None and row_speed is not None:
-            cms = _cost_models(loaded, row_speed, f"{plan.name}'s run in {results.name}")
+            cms = _cost_models(
+                loaded,
+                row_speed,
+                f"{plan.name}'s run in {results.name}",
+                old.get("host_work_speed"),  # runs since 2026-11-29 05:30 UTC
+            )
         estimate = simulate(plan, cms or cost_models_for(plan, profile))
         predicted = estimate.phase_totals_s()
         phases = [

@@ -375,10 +375,14 @@ def _percentiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def measure_framework(
-    *, repeats: int = 15, warmup: int = 2, kinds: Sequence[FrameworkKind] = ENGINE_KINDS
+    *,
+    repeats: int = 15,
+    warmup: int = 2,
+    kinds: Sequence[FrameworkKind] = ENGINE_KINDS,
+    sizes: Sequence[int] | None = None,
 ) -> list[Entry]:
     """One entry per kind of `kinds` and size it is timed at (`measured_units`; module
-    docstring), one torch thread.
+    docstring; `sizes`: only those sizes' indices, 0 the smallest), one torch thread.
 
     A kind's median (p10, p90) is its formula applied to the medians (p10s,
     p90s) of the timed pieces: robust to the outliers of a loaded machine,
@@ -391,7 +395,7 @@ def measure_framework(
         with one_rank_group():
             return [
                 e
-                for size in range(len(_TIMED_UNITS))
+                for size in (range(len(_TIMED_UNITS)) if sizes is None else sizes)
                 for e in _entries_at(size, repeats, warmup, kinds, names)
             ]
     finally:

@@ -78,3 +78,30 @@ def test_one_run_keeps_the_rows_shape() -> None:
     row = _score("split", plan, [run], load_profile("cpu"), "cpu", warmup=1)
     assert "runs" not in row
     assert row["step"]["rel_error"] == pytest.approx(-0.5, rel=1e-6)
+
+
+def test_the_engine_s_pieces_are_simulated_at_their_own_checked_speed() -> None:
+    # Runs checked at GEMM speed 1.0 and the engine's pieces at 0.5, 0.25 and 1.0: the
+    # row is simulated at the median 0.5 for the engine's pieces, the profile's speed for
+    # the rest, so it predicts less than with the GEMMs' speed alone and more than with
+    # every entry at 0.5.
+    from fidelity_cpu import _cost_models
+
+    from placeflow.profiles.costmodel import CostModel
+    from placeflow.profiles.hostcheck import at_host_speed
+
+    plan = as_run(make_plan("split", "tiny-llama", 8))
+    profile = load_profile("cpu")
+    est = simulate(plan, cost_models_for(plan, "cpu"))
+    predicted = {k: v for k, v in est.phase_totals_s().items() if v > 0}
+    runs = []
+    for work in (0.5, 0.25, 1.0):
+        run = _run(1.0, predicted, est.iteration_s, 1.0)
+        run["host_work_speed"], run["host_work_checks"] = work, [work, work]
+        runs.append(run)
+    row = _score("split", plan, runs, profile, "cpu", warmup=1)
+    assert row["host_work_speed"] == 0.5
+    at_work = simulate(plan, _cost_models(profile, 1.0, "now", 0.5)).iteration_s
+    all_half = simulate(plan, {"*": CostModel.fit(at_host_speed(profile, 0.5, checked="now"))})
+    assert all_half.iteration_s < at_work < est.iteration_s * (1 - 1e-3)
+    assert row["step"]["predicted_s"] == pytest.approx(at_work)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from placeflow.errors import SpecError
 from placeflow.profiles.hostcheck import (
     check_host,
     drift_points,
@@ -158,7 +159,6 @@ def test_the_host_command_prints_the_check_and_refuses_gpu_profiles(
 
 
 def test_a_profile_at_host_speed_has_every_time_scaled_and_says_so() -> None:
-    from placeflow.errors import SpecError
     from placeflow.profiles.hostcheck import at_host_speed
 
     profile = _profile(_gemm(64, 64, 64, 2e-4), _gemm(512, 512, 512, 4e-3))
@@ -173,3 +173,74 @@ def test_a_profile_at_host_speed_has_every_time_scaled_and_says_so() -> None:
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(SpecError, match="positive"):
             at_host_speed(profile, bad, checked="now")
+
+
+def _piece(kind: str, median_s: float, num_units: int = 1) -> Entry:
+    return Entry(
+        op=Op.FRAMEWORK, params={"kind": kind, "num_units": num_units}, median_s=median_s,
+        p10_s=median_s, p90_s=median_s, repeats=3, source=Source.MEASURED,
+    )  # fmt: skip
+
+
+def test_the_framework_check_is_the_median_of_the_engine_s_pieces_by_hand() -> None:
+    from placeflow.profiles.hostcheck import check_framework
+
+    profile = _profile(
+        _gemm(64, 64, 64, 2e-4),
+        _piece("layer_forward", 4e-4),
+        _piece("call_forward", 2e-4),
+        _piece("layer_backward", 1e-3),
+        _piece("layer_forward", 9e-4, num_units=64),  # another size: not re-timed
+        _piece("wake_call", 1e-3),  # not one of the checked kinds
+    )
+    # Re-timed here: 0.6x, 0.9x and 0.7x of the profile's (the call's backward has no
+    # entry in the profile, a size the profile lacks neither): the median 0.7.
+    timed = [
+        _piece("layer_forward", 2.4e-4),
+        _piece("call_forward", 1.8e-4),
+        _piece("layer_backward", 7e-4),
+        _piece("call_backward", 5e-4),
+        _piece("call_forward", 1e-3, num_units=256),
+    ]
+    assert check_framework(profile, timer=lambda: timed) == pytest.approx(0.7)
+    assert check_framework(_profile(_gemm(64, 64, 64, 2e-4)), timer=lambda: timed) is None
+    with pytest.raises(SpecError, match="only a CPU"):
+        check_framework(_profile(kind="cuda"), timer=lambda: timed)
+
+
+def test_host_work_entries_take_their_own_ratio_at_host_speed_by_hand() -> None:
+    from placeflow.profiles.hostcheck import at_host_speed
+
+    launch = Entry(
+        op=Op.DISPATCH, params={"kind": "ray_launch", "num_bytes": 64}, median_s=1e-3,
+        p10_s=8e-4, p90_s=2e-3, repeats=3, source=Source.MEASURED,
+    )  # fmt: skip
+    profile = _profile(
+        _gemm(64, 64, 64, 2e-4), _piece("layer_forward", 4e-4), launch, _piece("wake_call", 1e-3)
+    )
+    both = at_host_speed(profile, 1.5, checked="now", host_work_ratio=0.5)
+    assert [(e.median_s, e.p10_s, e.p90_s) for e in both.entries] == [
+        pytest.approx((3e-4, 3e-4, 3e-4)),  # a kernel: the GEMMs' ratio
+        pytest.approx((2e-4, 2e-4, 2e-4)),  # the engine's piece: its own
+        pytest.approx((1.5e-3, 1.2e-3, 3e-3)),  # Ray's call: not the engine's, the GEMMs'
+        pytest.approx((1.5e-3, 1.5e-3, 1.5e-3)),  # a shared-cores probe: the GEMMs'
+    ]
+    assert "x0.500" in both.provenance.notes
+    one = at_host_speed(profile, 1.5, checked="now")  # no framework check: one ratio
+    assert [e.median_s for e in one.entries] == pytest.approx([3e-4, 6e-4, 1.5e-3, 1.5e-3])
+    with pytest.raises(SpecError, match="positive"):
+        at_host_speed(profile, 1.5, checked="now", host_work_ratio=0.0)
+
+
+def test_the_framework_check_re_times_the_engine_s_pieces_here() -> None:
+    # The shipped profile's pieces re-timed through the engine at the smallest size:
+    # a positive ratio (its size moves with the host's load; only that it is measured).
+    from placeflow.profiles.framework import measure_framework
+    from placeflow.profiles.hostcheck import FRAMEWORK_CHECK_KINDS, check_framework
+    from placeflow.profiles.registry import load_profile
+
+    timed = measure_framework(repeats=2, kinds=FRAMEWORK_CHECK_KINDS, sizes=(0,))
+    assert sorted(e.params["kind"] for e in timed) == sorted(k.value for k in FRAMEWORK_CHECK_KINDS)
+    assert all(e.params["num_units"] == 1 and e.median_s > 0 for e in timed)
+    ratio = check_framework(load_profile("cpu"), timer=lambda: timed)
+    assert ratio is not None and math.isfinite(ratio) and ratio > 0
