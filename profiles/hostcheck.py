@@ -240,11 +240,11 @@ def check_framework(profile: Profile, *, timer: FrameworkTimer | None = None) ->
     `timer`, default `placeflow.profiles.framework.measure_framework`) over the
     profile's entry of the same kind and size; None where the profile has none of them.
 
-    GEMMs do not tell it: on the 2-core VM at 2026-11-29 05:10 UTC three re-timings of
-    the engine's pieces read 0.71x the fidelity profile's times each (a piece 0.25-1.31x)
-    while its GEMMs read 0.89-0.94x, and the plans whose phases are mostly such host work
-    (the tiny model's) ran 19-55 % faster than priced at the GEMMs' ratio, the larger
-    model's within 10 %."""
+    GEMMs do not tell it: on the 2-core VM on 2026-11-29 three re-timings of the
+    engine's pieces read 0.71x the fidelity profile's times each (a piece 0.25-1.31x)
+    while its GEMMs read 0.89-0.94x, and at the GEMMs' ratio the phases made mostly of
+    such host work (the tiny model's) had been priced up to 55 % too slow (their steps
+    7-34 %), the larger model's within 10 % (README, twenty-third round)."""
     if profile.device_kind != "cpu":
         raise SpecError(
             f"profile {profile.name!r} is a {profile.device_kind} profile; only a CPU "
@@ -294,7 +294,7 @@ def at_host_speed(
     engine = {k.value for k in ENGINE_KINDS}
 
     def scaled(e: Entry) -> Entry:
-        own = host_work_ratio is not None and e.op is Op.FRAMEWORK and e.params["kind"] in engine
+        own = e.op is Op.FRAMEWORK and e.params["kind"] in engine
         r = host_work_ratio if own and host_work_ratio is not None else ratio
         return dataclasses.replace(e, median_s=e.median_s * r, p10_s=e.p10_s * r, p90_s=e.p90_s * r)
 
