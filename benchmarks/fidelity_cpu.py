@@ -248,7 +248,7 @@ def main() -> None:
         print(check.summary(), file=sys.stderr)
     ratios = [c.ratio for c in checks if c.ratio is not None]
     speed = statistics.median(ratios) if args.host_speed and ratios else None
-    # The engine's own host work (its Python, Ray's calls) keeps a speed of its own.
+    # The engine's own pieces (its Python beyond the kernels) keep a speed of their own.
     work_checks = [check_framework(profile) for _ in range(SPEED_CHECKS)] if speed else []
     work_ratios = [r for r in work_checks if r is not None]
     work_speed = statistics.median(work_ratios) if work_ratios else None
