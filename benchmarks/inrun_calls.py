@@ -18,10 +18,15 @@ Per call kind it writes the median over the scored steps of every rank:
 - `run_switches`: its context switches (voluntary, involuntary);
 - `driver_phase_s`: the phase as the driver's clock measured it (metrics.jsonl).
 
+With `--serial` the executor runs the plan's calls one at a time (no two sets at once),
+so that each call is timed without another set's ranks on the host; its row is kept
+as "PLAN (serial)".
+
 `run_cpu_s / alone_cpu_s` is the call's CPU inflation inside the run, which no
 profile entry holds yet (README, "Simulator fidelity on this CPU").
 
     python benchmarks/inrun_calls.py [--plan colocate-tiny-llama-8p] [--steps 24] [--warmup 8]
+        [--serial]
 
 Writes the plan's row of benchmarks/results/inrun_calls.json (with the command, the
 load and the date; the other plans' rows kept).
@@ -162,11 +167,13 @@ def _around(driver: list[dict[str, Any]], ranks: dict[str, list[dict[str, Any]]]
 
 
 def run_calls(
-    plan: Any, steps: int, warmup: int
+    plan: Any, steps: int, warmup: int, *, overlap: bool = True
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, Any]]:
     """Per call kind the medians of the scored steps' calls (every rank's), the
     driver's phases (medians of the scored steps), and where the driver's interval of
-    each phase goes around its ranks' work (`_around`)."""
+    each phase goes around its ranks' work (`_around`). `overlap` False: the executor's
+    calls one at a time (`RunConfig.overlap`), so that each is timed with no other set's
+    ranks on the host."""
     driver, undo = _driver_calls()
     with tempfile.TemporaryDirectory() as tmp:
         ray.init(
@@ -176,7 +183,8 @@ def run_calls(
             runtime_env={"worker_process_setup_hook": timing_hook(tmp)},
         )
         try:
-            run_plan(plan, Path(tmp) / "run", RunConfig(steps=steps, progress=False))
+            cfg = RunConfig(steps=steps, progress=False, overlap=overlap)
+            run_plan(plan, Path(tmp) / "run", cfg)
             metrics = read_metrics(Path(tmp) / "run")
         finally:
             ray.shutdown()
@@ -223,6 +231,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument(
+        "--serial",
+        action="store_true",
+        help="run the plan's calls one at a time (no overlap between sets); the row is "
+        "kept as 'PLAN (serial)'",
+    )
     args = parser.parse_args()
     by_name = {p.name: p for _, p in plans()}
     if args.plan not in by_name:
@@ -232,7 +246,7 @@ def main() -> None:
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load_before = os.getloadavg()[0]
     alone = engine_pieces(plan, args.repeats)
-    calls, phases, around = run_calls(plan, args.steps, args.warmup)
+    calls, phases, around = run_calls(plan, args.steps, args.warmup, overlap=not args.serial)
     for kind, row in calls.items():
         piece = ALONE.get(kind)
         if piece is not None:
@@ -254,7 +268,7 @@ def main() -> None:
     # One file for every plan measured: this plan's row replaced, the others kept.
     path = ROOT / "benchmarks" / "results" / "inrun_calls.json"
     out = json.loads(path.read_text()) if path.exists() else {"plans": {}}
-    out["plans"][args.plan] = row
+    out["plans"][args.plan + (" (serial)" if args.serial else "")] = row
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(
         f"{'call':16s} {'alone CPU':>10s} {'run CPU':>10s} {'run wall':>10s} {'phase':>10s}  (ms)"

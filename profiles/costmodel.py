@@ -212,8 +212,8 @@ class CostModel:
     # Seconds added to every collective within a host by ranks that share its cores with
     # other busy ranks: 0 here, the measured wait in the view `shared_cores()` returns.
     shared_wait_s: float = 0.0
-    # The stretch the simulator applies to the calls this view prices (`shared_cores()`;
-    # 1 otherwise): what a collective's measured wall time is divided by here.
+    # The stretch the simulator applies to the calls this view prices (`shared_cores()`,
+    # `own_cores()`; 1 otherwise): what a collective's blocked time is divided by here.
     shared_stretch: float = 1.0
     # False in the view `without_blocked_collectives()`: collectives within a CPU host
     # cost their worked part only there (what a call's ranks spend blocked in them is the
@@ -412,6 +412,29 @@ class CostModel:
                 shared=True,
                 _memo={},
             ),
+        )
+
+    def own_cores(self, stretch: float) -> CostModel:
+        """This model for ranks on cores of their own whose calls the simulator stretches
+        by `stretch` (> 1) all the same: busy ranks on a host's other cores cost one
+        another (its memory and shared caches; the measured `slicing` curve at one rank
+        per core, 1.30x on the 2-core VM's fidelity profile).
+
+        That stretch is the ranks' work's. The part of a collective its ranks wait
+        blocked (`blocked_collective_s`) and the latency a partner's data costs after
+        compute (`paired_collective_s`) were measured with one rank per core, as these
+        ranks run, and a blocked rank does no work to slow down: the view divides both by
+        `stretch`, which the simulator multiplies the call by afterwards, as
+        `shared_cores` does. No partner wait is added (every rank has its core). On the
+        2-core VM a tensor-parallel critic (2 ranks, 38 collectives per update) was
+        priced 176 ms per update with the blocked part stretched; the executor ran it in
+        126 ms alone (`benchmarks/inrun_calls.py` with `overlap=False`, ad hoc). The
+        model itself where the stretch is 1 or the profile is not a CPU host's."""
+        if stretch <= 1.0 or not self.host_local:
+            return self
+        return self.remember(
+            ("own-cores view", stretch),
+            lambda: dataclasses.replace(self, shared_stretch=stretch, _memo={}),
         )
 
     def partner_wait_s(self) -> float:

@@ -386,11 +386,14 @@ def _stretch(plan: Plan, cms: CostModels, set_index: int, busy_fraction: float =
 
 def _set_cm(plan: Plan, cms: CostModels, set_index: int) -> CostModel:
     """The cost model of a set's calls: its pool's, with the collectives of ranks that
-    share their cores (`CostModel.shared_cores`) where the set oversubscribes them."""
+    share their cores (`CostModel.shared_cores`) where the set oversubscribes them, or
+    of ranks on cores of their own that the host's curve stretches all the same
+    (`CostModel.own_cores`: their blocked time left as measured)."""
     cm = _cm(plan, cms, set_index)
+    stretch = _stretch(plan, cms, set_index)
     if _contention(plan, set_index) <= 1.0:
-        return cm
-    return cm.shared_cores(_stretch(plan, cms, set_index))
+        return cm.own_cores(stretch)
+    return cm.shared_cores(stretch)
 
 
 def _contended(

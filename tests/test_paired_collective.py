@@ -92,6 +92,35 @@ def test_a_collective_after_compute_costs_at_least_the_curve_by_hand() -> None:
     )
 
 
+def test_ranks_on_cores_of_their_own_keep_their_blocked_time_by_hand() -> None:
+    # A set with a core per rank that the host's curve stretches 1.3x all the same (what
+    # busy ranks on the other cores cost it): the view divides what the ranks wait blocked
+    # (the entry's blocked part, the curve's latency) by 1.3, which the simulator
+    # multiplies the call by afterwards, and adds no partner wait.
+    cm = with_framework(fitted_cost_model("cpu"), PAIRED, HAND)
+    # A shared-collective probe between all work and all waiting: part of every small
+    # collective's entry is blocked time (`blocked_collective_share`).
+    probe = cm.collective_s(AR, 4096, 2, Scope.INTRA)
+    stretched = probe * sliced(2.0, cm.slicing())
+    cm = with_framework(cm, FrameworkKind.SHARED_COLLECTIVE, {1: (probe + stretched) / 2})
+    assert 0.0 < cm.blocked_collective_share() < 1.0
+    assert cm.own_cores(1.0) is cm
+    view = cm.own_cores(1.3)
+    assert view.shared_wait_s == 0.0 and not view.shared and view.shared_stretch == 1.3
+    base = cm.without_paired()
+    floor = 2.5e-3  # after 550 µs
+    for size in (4096, 64 << 20):
+        flat = base.collective_s(AR, size, 2, Scope.INTRA)
+        worked = base.without_blocked_collectives().collective_s(AR, size, 2, Scope.INTRA)
+        assert 0.0 < worked < flat
+        own = worked + (flat - worked) / 1.3
+        assert view.without_paired().collective_s(AR, size, 2, Scope.INTRA) == pytest.approx(own)
+        got = view.collective_s(AR, size, 2, Scope.INTRA, after_s=550e-6)
+        assert got == pytest.approx(max(own, floor / 1.3))
+    gpu = fitted_cost_model("h100-sxm")
+    assert gpu.own_cores(1.3) is gpu
+
+
 # A steep curve, so that where on it a layer's collectives land shows: 2 ms after
 # 100 µs of compute, 12 ms after 100 ms.
 STEEP = {100: 2e-3, 100_000: 12e-3}
@@ -194,8 +223,12 @@ def test_latency_on_holds_the_blocked_share_of_the_collectives_entries_by_hand()
     # samples: two a layer in 2 layers, and the embedding's). With a `shared_collective`
     # entry halfway between the probe's entry stretched and not (at 2 ranks per core),
     # half of each all-reduce's latency-sized part (its entry, at most the 4 KiB probe's)
-    # is blocked as well: the latency grows by 20 x half that, times the set's stretch at
-    # a rank per core; with the entry at the stretched end, by nothing.
+    # is blocked as well. Each all-reduce follows compute, so the paired curve's floor
+    # decides its whole time, which the set's view leaves unstretched
+    # (`CostModel.own_cores`); what is blocked of it is that floor less the work, and
+    # half the entry less of it is work now, work the set's stretch at a rank per core
+    # would have slowed: the latency grows by 20 x half that x the stretch. With the
+    # entry at the stretched end, by nothing.
     plan = load_plan(PLANS / "ppo-tiny-cpu4-split.toml")
     cm = cost_models_for(plan, "cpu")["*"]
     own = cm.collective_s(CollectiveKind.ALL_REDUCE, 4096, 2, Scope.INTRA)
@@ -214,10 +247,11 @@ def test_latency_on_holds_the_blocked_share_of_the_collectives_entries_by_hand()
     entry = cm.collective_s(CollectiveKind.ALL_REDUCE, act, 2, Scope.INTRA)
     expected = 20 * 0.5 * min(entry, own) * sliced(1.0, cm.slicing())
     assert with_half[Phase.VALUES] - with_none[Phase.VALUES] == pytest.approx(expected)
-    # The reference (d = 2, no TP) makes one scalar all-reduce, half of it blocked now.
+    # The reference (d = 2, no TP) makes one scalar all-reduce (no compute named: no
+    # floor), half of it blocked now, and that half left as measured by the stretch.
     ref = latency_on(plan, {"*": half}, Role.REF, plan.set_of(Role.REF), None, 0)
     scalar = cm.collective_s(CollectiveKind.ALL_REDUCE, 8, 2, Scope.INTRA)
-    assert ref[Phase.REF_LOGPROB] == pytest.approx(0.5 * scalar * sliced(1.0, cm.slicing()))
+    assert ref[Phase.REF_LOGPROB] == pytest.approx(0.5 * scalar)
 
 
 def test_measure_paired_collective_spawns_a_rank_per_core() -> None:
