@@ -427,9 +427,11 @@ class CostModel:
         `stretch`, which the simulator multiplies the call by afterwards, as
         `shared_cores` does. No partner wait is added (every rank has its core). On the
         2-core VM a tensor-parallel critic (2 ranks, 38 collectives per update) was
-        priced 176 ms per update with the blocked part stretched; the executor ran it in
-        126 ms alone (`benchmarks/inrun_calls.py` with `overlap=False`, ad hoc). The
-        model itself where the stretch is 1 or the profile is not a CPU host's."""
+        priced 177 ms per update alone with its blocked part stretched, 151 ms without;
+        the executor ran it in 125 ms alone, 60 ms of it off a core, and in 134 ms beside
+        the actor's update (`benchmarks/inrun_calls.py --plan ppo-tiny-cpu4-split
+        [--serial]`, 2026-11-29). The model itself where the stretch is 1 or the profile
+        is not a CPU host's."""
         if stretch <= 1.0 or not self.host_local:
             return self
         return self.remember(
