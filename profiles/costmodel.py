@@ -806,8 +806,9 @@ class CostModel:
         (`paired_collective_s`; None: no compute named, a collective right after another
         as the entries were timed, which costs its entry): see `_paired_floor_s`. Of
         its entry, the part its ranks wait blocked (`blocked_collective_s`) is not
-        stretched by a crowded host: a shared view (`shared_cores`) divides that part
-        by its stretch.
+        stretched with their work: the views of a set's ranks (`shared_cores` where they
+        share their cores, `own_cores` where each has one) divide that part by the
+        stretch the simulator gives their calls.
         """
         if world_size <= 1 or num_bytes <= 0:
             return 0.0
@@ -850,10 +851,11 @@ class CostModel:
         0.7 ms for a 180 KB all-reduce; README, fidelity). The larger of the two: a
         small collective costs the probe's, a large one its own entry's bandwidth.
 
-        In the view of ranks that share their cores (`shared_cores`) the probe's time is
+        In the views of a set's ranks (`shared_cores`, `own_cores`) the probe's time is
         divided by the view's stretch, which the simulator multiplies every call by
-        afterwards: a rank blocked in a collective leaves its core to another rank, so the
-        latency is not stretched. A point-to-point send (a pipeline's) is left out: its
+        afterwards: a rank blocked in a collective does no work for the stretch to slow
+        (where ranks share cores it leaves its core to another), so the latency is not
+        stretched. A point-to-point send (a pipeline's) is left out: its
         sender does not block on its partner, and the receiver's wait is the pipeline's
         bubble, which the schedule prices. No floor where `after_s` is None."""
         if kind is CollectiveKind.SEND_RECV or after_s is None:
