@@ -232,7 +232,7 @@ class RLLoop:
         critic = role in (Role.CRITIC, Role.REWARD, Role.COST)
         safe = self.w.algorithm is Algorithm.SAFE_RLHF
         optim = None
-        if role in (Role.ACTOR, Role.CRITIC):
+        if role.trained:
             optim = OptimConfig(
                 lr=rl_cfg.lr if role is Role.ACTOR else rl_cfg.critic_lr,
                 weight_decay=rl_cfg.weight_decay,
@@ -798,9 +798,7 @@ class RLLoop:
             self.c.gather(group, refs, Worker.load_state)
 
     def _trained(self) -> list[WorkerGroup]:
-        return [
-            g for g in self.c.groups if g.role in (Role.ACTOR, Role.CRITIC) and not g.spec.generator
-        ]
+        return [g for g in self.c.groups if g.role.trained and not g.spec.generator]
 
 
 @dataclass(frozen=True, kw_only=True)

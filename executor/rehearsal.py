@@ -192,7 +192,7 @@ def _tiny_batch(plan: Plan) -> BatchSpec:
     samples_per_prompt = min(b.samples_per_prompt, 4)
     counts = [samples_per_prompt]
     for role, par in plan.parallelism.items():
-        trained = role in (Role.ACTOR, Role.CRITIC)
+        trained = role.trained
         counts.append(par.train.d * (mini if trained else 1))
     actor = plan.parallelism[Role.ACTOR]
     gen_set = plan.generator_set()

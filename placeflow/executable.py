@@ -81,7 +81,7 @@ def executable_problems(plan: Plan) -> list[str]:
                 "sequence_parallel = false to run the plan here"
             )
         d = par.train.d
-        if role in (Role.ACTOR, Role.CRITIC) and n < d * w.batch.mini_batches:
+        if role.trained and n < d * w.batch.mini_batches:
             problems.append(
                 f"{role}: {n} samples per step are fewer than d={d} replicas x "
                 f"{w.batch.mini_batches} mini-batches (every DP rank needs a sample in every "
@@ -112,7 +112,7 @@ def _moe_problems(role: Role, par: RoleParallelism) -> list[str]:
             f"{role}: a mixture of experts with pipeline parallelism p={train.p} is not executed "
             "(the load-balancing loss spans the stages); use p = 1"
         )
-    trained = role in (Role.ACTOR, Role.CRITIC)
+    trained = role.trained
     if trained and train.e > 1 and par.zero > 0 and train.d > 1:
         problems.append(
             f"{role}: ZeRO stage {par.zero} with expert parallel e={train.e} is not executed "

@@ -428,7 +428,7 @@ def _validate_role(plan: Plan, role: Role) -> None:
             f"{where}: p*t*cp*d = {lay.p}*{lay.t}*{lay.cp}*{lay.d} = {lay.world_size} "
             f"must equal the {s.num_devices} devices of its set"
         )
-    if par.offload_optimizer and role not in (Role.ACTOR, Role.CRITIC):
+    if par.offload_optimizer and not role.trained:
         raise SpecError(
             f"{where}: offload_optimizer needs a trained role (actor, critic); {role} has no "
             "optimizer"

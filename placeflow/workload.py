@@ -125,6 +125,12 @@ class Role(StrEnum):
         """Critic, reward and cost models output a scalar, not logits."""
         return self in (Role.CRITIC, Role.REWARD, Role.COST)
 
+    @property
+    def trained(self) -> bool:
+        """The actor and the critic are trained (their engines `_Trainable`); the
+        reference, reward and cost models are frozen (`ScoringEngine`)."""
+        return self in (Role.ACTOR, Role.CRITIC)
+
 
 # (required roles, optional roles) per algorithm.
 ROLES: dict[Algorithm, tuple[frozenset[Role], frozenset[Role]]] = {

@@ -145,7 +145,7 @@ def parallelism_options(
 ) -> list[RoleParallelism]:
     """Every parallelism of `role` on n GPUs (module docstring); `seq_len`, a sample's
     prompt + response tokens, opens context and sequence parallelism when long."""
-    trained = role in (Role.ACTOR, Role.CRITIC)
+    trained = role.trained
     out = []
     for t in _powers_of_two(min(n, pool.gpus_per_node)):
         if n % t or not model.supports_tp(t):
@@ -217,7 +217,7 @@ def _memory_savers(role: Role, pool: PoolSpec) -> list[tuple[bool, bool, Optimiz
     or offloaded. Offloads only on GPU pools (a CPU worker's host is its device)."""
     device = OptimizerStep.DEVICE
     gpu = pool.gpu.kind is DeviceKind.CUDA
-    if role not in (Role.ACTOR, Role.CRITIC):
+    if not role.trained:
         return [(False, False, device, False)] + ([(False, False, device, True)] if gpu else [])
     offloads = [(False, device, False)]
     if gpu:

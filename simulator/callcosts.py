@@ -293,6 +293,7 @@ def forward_cost(
     seq: int,
     *,
     value_head: bool,
+    trained: bool,
     ep_scope: Scope = Scope.INTRA,
     ep_ranks_per_node: int = 1,
     dp_scope: Scope = Scope.INTRA,
@@ -300,6 +301,12 @@ def forward_cost(
     cp_scope: Scope = Scope.INTRA,
     cp_ranks_per_node: int = 1,
 ) -> CallCost:
+    """One forward call of a role over `num_samples` sequences of `seq` tokens: its
+    micro-batches through the pipeline's stages, ZeRO-3's gathers, the head, the stage
+    sends, and (`trained`: the actor's and critic's engines, `roles._Trainable`) the
+    agreement of the DP ranks on their micro-batch count (`control_syncs_s`). A frozen
+    model's engine (`roles.ScoringEngine`: reference, reward, cost) runs the count its
+    own shard needs and agrees on nothing."""
     lay = par.train
     split = compute.SequenceSplit.of(lay, cp_scope, cp_ranks_per_node)
     per_rank = math.ceil(num_samples / lay.d)
@@ -336,8 +343,12 @@ def forward_cost(
         if lay.p > 1
         else 0.0
     )
-    control = control_syncs_s(
-        cm, lay, _DPGroups(scope=dp_scope, ranks_per_node=dp_ranks_per_node), train=False
+    control = (
+        control_syncs_s(
+            cm, lay, _DPGroups(scope=dp_scope, ranks_per_node=dp_ranks_per_node), train=False
+        )
+        if trained
+        else 0.0
     )
     time_s = (num_micro + lay.p - 1) * (stage + p2p) + head * num_micro + control
     busy = num_micro * (stage + p2p + head / lay.p) + control
@@ -621,8 +632,9 @@ def control_syncs_s(
     ep: tuple[Scope, int] = (Scope.INTRA, 1),
 ) -> float:
     """The engine's scalar all-reduces, latency-bound, that `_dp_sync_and_optimizer_s`
-    (gradients) and the stage sends leave out: a forward call's agreement on its
-    micro-batch count over the data-parallel group (`roles._micro_count`), or one
+    (gradients) and the stage sends leave out: a trained role's forward call's agreement
+    on its micro-batch count over the data-parallel group (`roles._micro_count`; a
+    frozen model's `ScoringEngine` makes none, `forward_cost`), or one
     optimizer step's (`train`): the mini-batch's token count and micro-batch count over
     that group (`roles._global_tokens`, `_micro_count`) and the gradient norm's partial
     sums over TP, over the experts' group, over PP, and over the DP group under FSDP

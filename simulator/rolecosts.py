@@ -357,7 +357,7 @@ def gemm_model(workload: Workload, call: ModelCall, cm: CostModel) -> CostModel:
     if call.kind == CallKind.GENERATE:
         fp8 = workload.generation_precision is Precision.FP8
     else:
-        trained = call.role in (Role.ACTOR, Role.CRITIC)
+        trained = call.role is not None and call.role.trained
         fp8 = trained and workload.train_precision is Precision.FP8
     return cm.fp8() if fp8 else cm
 
@@ -411,6 +411,7 @@ def call_cost(
             call.num_samples,
             seq,
             value_head=call.role.has_value_head,
+            trained=call.role.trained,
             ep_scope=ep,
             ep_ranks_per_node=ep_rpn,
             dp_scope=dp,
@@ -464,7 +465,7 @@ def with_param_reload(
     weights, grads = memory.offloaded_param_bytes(
         workload.models[call.role],
         par,
-        trained=call.role in (Role.ACTOR, Role.CRITIC),
+        trained=call.role.trained,
         value_head=call.role.has_value_head,
         lora=workload.lora_of(call.role),
     )
@@ -539,7 +540,7 @@ def resident_bytes(
 ) -> float:
     """Bytes per GPU a role keeps between its calls (weights; plus grads and Adam if trained;
     with `lora`, the workload's adapters for this role, `Workload.lora_of`)."""
-    if role in (Role.ACTOR, Role.CRITIC):
+    if role.trained:
         return memory.trained_resident_bytes_per_gpu(
             model, par, value_head=role.has_value_head, lora=lora
         )

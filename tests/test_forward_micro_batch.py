@@ -29,8 +29,8 @@ def test_forward_calls_use_their_own_micro_batch() -> None:
     train = RoleParallelism(train=TrainLayout(p=2, d=2), micro_batch=2)
     fwd = dataclasses.replace(train, forward_micro_batch=8)
     assert (train.forward_mb, fwd.forward_mb) == (2, 8)
-    small = callcosts.forward_cost(cm, model, train, 64, 512, value_head=False)
-    large = callcosts.forward_cost(cm, model, fwd, 64, 512, value_head=False)
+    small = callcosts.forward_cost(cm, model, train, 64, 512, value_head=False, trained=True)
+    large = callcosts.forward_cost(cm, model, fwd, 64, 512, value_head=False, trained=True)
     assert (small.detail["micro_batches"], large.detail["micro_batches"]) == (16, 4)
     assert large.detail["micro_batch"] == 8
     assert large.transient_bytes == pytest.approx(4 * small.transient_bytes)

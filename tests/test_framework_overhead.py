@@ -672,7 +672,8 @@ def test_a_zero3_call_pays_fsdps_host_work_per_micro_batch() -> None:
         return RoleParallelism(train=TrainLayout(d=2), micro_batch=4, zero=zero, recompute=False)
 
     def forward(zero: int) -> float:
-        return callcosts.forward_cost(cm, MODEL, par(zero), 16, 32, value_head=False).time_s
+        cost = callcosts.forward_cost(cm, MODEL, par(zero), 16, 32, value_head=False, trained=True)
+        return cost.time_s
 
     assert forward(3) - forward(0) == pytest.approx(2 * (3 * 30e-6 + 593.0368e-6))
 

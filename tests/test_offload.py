@@ -111,8 +111,8 @@ def test_zero3_forward_gathers_each_layer(h100):
     model = get_model("llama-2-7b")
     one = RoleParallelism(train=TrainLayout(d=2), zero=1, micro_batch=4)
     three = dataclasses.replace(one, zero=3)
-    a = callcosts.forward_cost(h100, model, one, 16, 512, value_head=False)
-    b = callcosts.forward_cost(h100, model, three, 16, 512, value_head=False)
+    a = callcosts.forward_cost(h100, model, one, 16, 512, value_head=False, trained=True)
+    b = callcosts.forward_cost(h100, model, three, 16, 512, value_head=False, trained=True)
     layer_bytes = model.num_params_per_layer * 2  # bf16, t = 1
     root_bytes = (model.num_params() - model.num_layers * model.num_params_per_layer) * 2
     # llama-2-7b's root: the embedding and the head, 32,000 x 4,096 each, and a norm.

@@ -205,8 +205,8 @@ def test_a_crowded_host_slows_a_call_but_for_its_blocked_time_by_hand() -> None:
 
 def test_latency_on_is_the_blocked_time_of_a_tensor_parallel_call_only() -> None:
     # PPO split: the critic (t = 2) on its own 2 workers makes tensor-parallel
-    # collectives after compute; the reference (d = 2, no TP) only its ranks' agreement on
-    # their micro-batch count, back to back with nothing named before it.
+    # collectives after compute; the reference (d = 2, no TP, frozen) none at all: its
+    # ranks do not agree on a micro-batch count (the actor's would, back to back).
     plan = load_plan(PLANS / "ppo-tiny-cpu4-split.toml")
     cms = cost_models_for(plan, "cpu")
     critic = latency_on(plan, cms, Role.CRITIC, plan.set_of(Role.CRITIC), None, 0)
@@ -247,11 +247,15 @@ def test_latency_on_holds_the_blocked_share_of_the_collectives_entries_by_hand()
     entry = cm.collective_s(CollectiveKind.ALL_REDUCE, act, 2, Scope.INTRA)
     expected = 20 * 0.5 * min(entry, own) * sliced(1.0, cm.slicing())
     assert with_half[Phase.VALUES] - with_none[Phase.VALUES] == pytest.approx(expected)
-    # The reference (d = 2, no TP) makes one scalar all-reduce (no compute named: no
-    # floor), half of it blocked now, and that half left as measured by the stretch.
-    ref = latency_on(plan, {"*": half}, Role.REF, plan.set_of(Role.REF), None, 0)
+    # The actor's old logprobs (d = 2, no TP) make one scalar all-reduce, the ranks'
+    # micro-batch count (no compute named: no floor), half of it blocked now, and that
+    # half left as measured by the stretch; the frozen reference beside it agrees on no
+    # count and makes none.
+    actor = latency_on(plan, {"*": half}, Role.ACTOR, plan.set_of(Role.ACTOR), None, 0)
     scalar = cm.collective_s(CollectiveKind.ALL_REDUCE, 8, 2, Scope.INTRA)
-    assert ref[Phase.REF_LOGPROB] == pytest.approx(0.5 * scalar)
+    assert actor[Phase.OLD_LOGPROB] == pytest.approx(0.5 * scalar)
+    ref = latency_on(plan, {"*": half}, Role.REF, plan.set_of(Role.REF), None, 0)
+    assert ref[Phase.REF_LOGPROB] == 0.0
 
 
 def test_measure_paired_collective_spawns_a_rank_per_core() -> None:

@@ -132,7 +132,9 @@ def test_every_call_pays_its_round_trip_once() -> None:
     got = role_call_costs(wl, Role.REF, par, cm, first_device=0, gpus_per_node=4)
     seq = train_seq_len(wl)
     samples = wl.batch.num_samples
-    bare = callcosts.forward_cost(cm, wl.models[Role.REF], par, samples, seq, value_head=False)
+    bare = callcosts.forward_cost(
+        cm, wl.models[Role.REF], par, samples, seq, value_head=False, trained=False
+    )
     payload = math.ceil(samples / 2) * seq * 13
     # 4 sequence tensors there, the logprobs back; the driver's launch of the call comes
     # before its clock starts (`driver_work`), the rest of the round trip inside it.

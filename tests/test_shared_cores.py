@@ -485,8 +485,9 @@ def test_the_probe_counts_a_tensor_parallel_forwards_collectives() -> None:
     # PPO split: the critic (t = 2, no DP) on its own 2 workers. Its value forward makes
     # two all-reduces a layer per micro-batch and one outside the layers (its
     # vocabulary-parallel embedding's): 32 samples / micro-batch 8 = 4 micro-batches of
-    # 2 layers, 4 x (2 x 2 + 1) = 20 collectives. The reference (d = 2) forward makes one: its
-    # ranks agree on their micro-batch count (`callcosts.control_syncs_s`).
+    # 2 layers, 4 x (2 x 2 + 1) = 20 collectives. The reference (d = 2) forward makes none:
+    # a frozen model's ranks run their own shard's micro-batches and agree on no count
+    # (`callcosts.control_syncs_s` is the trained roles' only).
     plan = load_plan(PLANS / "ppo-tiny-cpu4-split.toml")
     critic = plan.parallelism[Role.CRITIC]
     model = plan.workload.models[Role.CRITIC]
@@ -497,7 +498,7 @@ def test_the_probe_counts_a_tensor_parallel_forwards_collectives() -> None:
     counted = collectives_on(plan, cms, Role.CRITIC, plan.set_of(Role.CRITIC), None, 0)
     assert counted[Phase.VALUES] == pytest.approx(micro * (2 * layers + 1))
     assert collectives_on(plan, cms, Role.REF, plan.set_of(Role.REF), None, 0) == {
-        Phase.REF_LOGPROB: 1.0
+        Phase.REF_LOGPROB: 0.0
     }
     # Simulated, the values call runs beside the actor's and reference's forwards on the
     # other two workers: longer with the measured wait than without it.

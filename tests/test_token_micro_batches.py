@@ -163,7 +163,7 @@ def test_cost_model_prices_the_micro_batches_the_tokens_need() -> None:
     samples = RoleParallelism(train=TrainLayout(p=2, d=2), micro_batch=2)
     tokens = dataclasses.replace(samples, micro_batch_tokens=4096)
     for call in (
-        lambda par: callcosts.forward_cost(cm, model, par, 64, 512, value_head=False),
+        lambda par: callcosts.forward_cost(cm, model, par, 64, 512, value_head=False, trained=True),
         lambda par: callcosts.train_cost(
             cm, model, par, 64, 512, 1, 1, callcosts.Scope.INTRA, value_head=False
         ),

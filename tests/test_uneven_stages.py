@@ -26,11 +26,12 @@ def test_a_call_runs_at_the_pace_of_its_heaviest_stage() -> None:
     uneven = RoleParallelism(train=TrainLayout(p=2, first_stage_layers=4), micro_batch=2)
     even = RoleParallelism(train=TrainLayout(p=2), micro_batch=2)
     six, eight = (dataclasses.replace(LLAMA, num_layers=n) for n in (6, 8))
-    got = callcosts.forward_cost(cm, six, uneven, 16, 512, value_head=False)
-    want = callcosts.forward_cost(cm, eight, even, 16, 512, value_head=False)
+    got = callcosts.forward_cost(cm, six, uneven, 16, 512, value_head=False, trained=True)
+    want = callcosts.forward_cost(cm, eight, even, 16, 512, value_head=False, trained=True)
     assert got.time_s == pytest.approx(want.time_s, rel=1e-12)
-    assert got.time_s > callcosts.forward_cost(cm, six, RoleParallelism(
-        train=TrainLayout(p=2), micro_batch=2), 16, 512, value_head=False).time_s  # fmt: skip
+    one_stage_each = RoleParallelism(train=TrainLayout(p=2), micro_batch=2)
+    fewer = callcosts.forward_cost(cm, six, one_stage_each, 16, 512, value_head=False, trained=True)
+    assert got.time_s > fewer.time_s
 
 
 def test_a_rank_holds_its_heaviest_stages_share_of_the_weights() -> None:

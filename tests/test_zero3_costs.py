@@ -50,7 +50,15 @@ def test_a_zero3_forward_gathers_each_layer_and_the_root_per_micro_batch() -> No
     gathering both layers (1 s each) and the root (100 s) over the 2 ranks."""
 
     def forward(zero: int) -> float:
-        cost = callcosts.forward_cost(Priced(), MODEL, _par(4, zero), 16, 32, value_head=False)  # type: ignore[arg-type]
+        cost = callcosts.forward_cost(
+            Priced(),  # type: ignore[arg-type]
+            MODEL,
+            _par(4, zero),
+            16,
+            32,
+            value_head=False,
+            trained=True,
+        )
         return cost.time_s
 
     assert forward(3) - forward(1) == 2 * (2 * 1.0 + 100.0)
