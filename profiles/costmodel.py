@@ -855,10 +855,13 @@ class CostModel:
         divided by the view's stretch, which the simulator multiplies every call by
         afterwards: a rank blocked in a collective does no work for the stretch to slow
         (where ranks share cores it leaves its core to another), so the latency is not
-        stretched. A point-to-point send (a pipeline's) is left out: its
-        sender does not block on its partner, and the receiver's wait is the pipeline's
-        bubble, which the schedule prices. No floor where `after_s` is None."""
-        if kind is CollectiveKind.SEND_RECV or after_s is None:
+        stretched. A point-to-point send (a pipeline stage's to the next) is one too:
+        gloo's send waits until its receiver has posted the receive (a sender 5 ms ahead
+        of its receiver took 5.15 ms to send 1 KiB and 5.55 ms for 1 MiB, against 0.15
+        and 0.39 ms on time; `benchmarks/p2p_rendezvous.py`, 2026-11-29), so a stage
+        that computed until its send meets the next stage's rank blocked in its receive,
+        or blocks itself, as a collective's ranks do. No floor where `after_s` is None."""
+        if after_s is None:
             return flat
         return max(flat, self.paired_collective_s(after_s) / self.shared_stretch)
 

@@ -339,6 +339,7 @@ def forward_cost(
             _stage_send_bytes(model, split.tokens(mb * seq), lay),
             2,
             Scope.INTRA,
+            after_s=stage,  # the stage's forward, then its send (`pipeline.forward_only`)
         )
         if lay.p > 1
         else 0.0
@@ -530,14 +531,12 @@ def _train_shared(
             - layer_dw
         )
         head -= head_dw
-    p2p = (
-        2
-        * cm.collective_s(
-            CollectiveKind.SEND_RECV, _stage_send_bytes(model, tokens, lay), 2, Scope.INTRA
-        )
-        if lay.p > 1
-        else 0.0
+    # A micro-batch's two stage sends: its activations after the stage's forward, its
+    # input's gradient after the backward (`pipeline.train_1f1b`).
+    send = functools.partial(
+        cm.collective_s, CollectiveKind.SEND_RECV, _stage_send_bytes(model, tokens, lay), 2
     )
+    p2p = send(Scope.INTRA, after_s=fwd) + send(Scope.INTRA, after_s=bwd) if lay.p > 1 else 0.0
     if zero == 3 and lora is None and lay.num_weight_replicas > 1:
         # FSDP2's own host work around each micro-batch's forward and backward (its
         # collectives are `_fsdp_update_s`'s).
