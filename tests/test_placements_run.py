@@ -130,7 +130,7 @@ def test_a_pipeline_plan_the_planner_emits_rehearses_end_to_end(
     ray_session: None, tmp_path: Path
 ) -> None:
     # A per-placement plan of the quickstart's search whose roles run in pipeline stages
-    # (on 16 H100 the planner splits the actor and critic into p = 2 in several
+    # (on 16 H100 the planner splits the actor or critic into p = 2 in several
     # placements), rehearsed on CPU workers with its exact layout: two PPO steps.
     _quickstart_best(tmp_path)
     staged = [
