@@ -24,7 +24,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -33,18 +32,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from placeflow.procs import free_port, report_rank, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "p2p_rendezvous.json"
 SIZES = (1024, 90_112, 1 << 20)  # bytes: a scalar-sized send, a tiny stage's, 1 MiB
 LATE_MS = (0.0, 2.0, 5.0)  # how long the receiver computes before it posts its receive
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _busy(ms: float) -> None:
@@ -53,58 +47,72 @@ def _busy(ms: float) -> None:
         pass
 
 
-def _rank(rank: int, port: int, trials: int, out: Any) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
-    rows = []
-    for num_bytes in SIZES:
-        buf = torch.ones(num_bytes // 4)
-        for late in LATE_MS:
-            times = []
-            for _ in range(trials + 1):  # the first is a warm-up
-                dist.barrier()
+class ProbeError(RuntimeError):
+    """A rank of the probe failed, died or hung (`placeflow.procs.run_ranks`)."""
+
+
+def _rank(rank: int, job: tuple[int, int], results: Any) -> None:
+    """One rank of the probe; rank 0 reports ("rows", rows) before it is done."""
+    port, trials = job
+
+    def body() -> None:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2
+        )
+        torch.set_num_threads(1)
+        rows = []
+        for num_bytes in SIZES:
+            buf = torch.ones(num_bytes // 4)
+            for late in LATE_MS:
+                times = []
+                for _ in range(trials + 1):  # the first is a warm-up
+                    dist.barrier()
+                    if rank == 0:
+                        t0 = time.perf_counter()
+                        for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, 1)]):
+                            req.wait()
+                        times.append(time.perf_counter() - t0)
+                    else:
+                        _busy(late)
+                        got = torch.empty_like(buf)
+                        for req in dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, 0)]):
+                            req.wait()
                 if rank == 0:
-                    t0 = time.perf_counter()
-                    for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, 1)]):
-                        req.wait()
-                    times.append(time.perf_counter() - t0)
-                else:
-                    _busy(late)
-                    got = torch.empty_like(buf)
-                    for req in dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, 0)]):
-                        req.wait()
-            if rank == 0:
-                times = sorted(times[1:])
-                rows.append(
-                    {
-                        "num_bytes": num_bytes,
-                        "receiver_late_ms": late,
-                        "send_median_ms": statistics.median(times) * 1e3,
-                        "send_p90_ms": times[int(0.9 * (len(times) - 1))] * 1e3,
-                    }
-                )
-    if rank == 0:
-        out.put(rows)
-    dist.barrier()
-    dist.destroy_process_group()
+                    times = sorted(times[1:])
+                    rows.append(
+                        {
+                            "num_bytes": num_bytes,
+                            "receiver_late_ms": late,
+                            "send_median_ms": statistics.median(times) * 1e3,
+                            "send_p90_ms": times[int(0.9 * (len(times) - 1))] * 1e3,
+                        }
+                    )
+        if rank == 0:
+            results.put(("rows", rows))
+        dist.barrier()
+        dist.destroy_process_group()
+
+    report_rank(rank, results, body)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=20)
     args = parser.parse_args(argv)
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, args.trials, queue)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    rows = queue.get()
-    for p in procs:
-        p.join(timeout=60)
-        if p.exitcode != 0:
-            sys.exit(f"a rank of the probe exited with {p.exitcode}")
+    got: list[list[dict[str, Any]]] = []
+    try:
+        run_ranks(
+            _rank,
+            (free_port(), args.trials),
+            2,
+            label="p2p rendezvous probe",
+            error=ProbeError,
+            on_message=lambda msg: got.append(msg[1]),
+            stall_timeout_s=120.0,
+        )
+    except ProbeError as e:
+        sys.exit(str(e))
+    rows = got[0]
     result = {
         "command": "python benchmarks/p2p_rendezvous.py" + "".join(f" {a}" for a in (argv or [])),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

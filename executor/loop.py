@@ -229,7 +229,7 @@ class RLLoop:
     def setup_of(self, role: Role) -> EngineSetup:
         spec = self.w.models[role]
         rl_cfg, par = self.w.rl, self.plan.parallelism[role]
-        critic = role in (Role.CRITIC, Role.REWARD, Role.COST)
+        critic = role.has_value_head
         safe = self.w.algorithm is Algorithm.SAFE_RLHF
         optim = None
         if role.trained:

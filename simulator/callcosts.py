@@ -534,9 +534,13 @@ def _train_shared(
     # A micro-batch's two stage sends: its activations after the stage's forward, its
     # input's gradient after the backward (`pipeline.train_1f1b`).
     send = functools.partial(
-        cm.collective_s, CollectiveKind.SEND_RECV, _stage_send_bytes(model, tokens, lay), 2
+        cm.collective_s,
+        CollectiveKind.SEND_RECV,
+        _stage_send_bytes(model, tokens, lay),
+        2,
+        Scope.INTRA,
     )
-    p2p = send(Scope.INTRA, after_s=fwd) + send(Scope.INTRA, after_s=bwd) if lay.p > 1 else 0.0
+    p2p = send(after_s=fwd) + send(after_s=bwd) if lay.p > 1 else 0.0
     if zero == 3 and lora is None and lay.num_weight_replicas > 1:
         # FSDP2's own host work around each micro-batch's forward and backward (its
         # collectives are `_fsdp_update_s`'s).
