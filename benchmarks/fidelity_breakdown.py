@@ -89,7 +89,7 @@ def engine_pieces(plan: Plan, repeats: int) -> dict[str, float]:
     """Seconds of one rank's work per phase, measured alone in this process."""
     torch.set_num_threads(1)
     wl = plan.workload
-    actor_par, ref_par = plan.parallelism[Role.ACTOR], plan.parallelism[Role.REF]
+    actor_par = plan.parallelism[Role.ACTOR]
     arch = Arch.of(wl.models[Role.ACTOR])
     samples = wl.batch.prompts_per_step * wl.batch.samples_per_prompt
     gen_n = math.ceil(samples / (actor_par.train.d * actor_par.train.t * actor_par.train.p))
@@ -99,14 +99,16 @@ def engine_pieces(plan: Plan, repeats: int) -> dict[str, float]:
     prompt, response = wl.batch.prompt_len, wl.batch.response_len
     out: dict[str, float] = {}
     out["generate"] = _median_s(lambda: _rollout(model, gen_n, prompt, response), repeats)
-    ref_n = math.ceil(samples / ref_par.train.d)
-    ref = ScoringEngine(
-        EngineSetup(arch=arch, weights=WeightSource(), micro_batch=ref_par.micro_batch),
-        RoleGroups(tp=SINGLE),
-        torch.device("cpu"),
-    )
-    batch = _rollout(model, ref_n, prompt, response)
-    out["ref_logprob"] = _median_s(lambda: ref.logprobs(batch, 1.0), repeats)
+    if Role.REF in plan.parallelism:  # (a GRPO without a KL term has no reference)
+        ref_par = plan.parallelism[Role.REF]
+        ref_n = math.ceil(samples / ref_par.train.d)
+        ref = ScoringEngine(
+            EngineSetup(arch=arch, weights=WeightSource(), micro_batch=ref_par.micro_batch),
+            RoleGroups(tp=SINGLE),
+            torch.device("cpu"),
+        )
+        batch = _rollout(model, ref_n, prompt, response)
+        out["ref_logprob"] = _median_s(lambda: ref.logprobs(batch, 1.0), repeats)
     actor = ActorEngine(
         EngineSetup(
             arch=arch,

@@ -182,7 +182,7 @@ def _piece(kind: str, median_s: float, num_units: int = 1) -> Entry:
     )  # fmt: skip
 
 
-def test_the_framework_check_is_the_median_of_the_engine_s_pieces_by_hand() -> None:
+def test_the_framework_check_is_the_median_of_the_layers_pieces_by_hand() -> None:
     from placeflow.profiles.hostcheck import check_framework
 
     profile = _profile(
@@ -190,19 +190,23 @@ def test_the_framework_check_is_the_median_of_the_engine_s_pieces_by_hand() -> N
         _piece("layer_forward", 4e-4),
         _piece("call_forward", 2e-4),
         _piece("layer_backward", 1e-3),
+        _piece("call_backward", 1e-3),
         _piece("layer_forward", 9e-4, num_units=64),  # another size: not re-timed
         _piece("wake_call", 1e-3),  # not one of the checked kinds
     )
-    # Re-timed here: 0.6x, 0.9x and 0.7x of the profile's (the call's backward has no
-    # entry in the profile, a size the profile lacks neither): the median 0.7.
+    # Re-timed here: the layer's forward 0.6x and backward 0.7x of the profile's, the
+    # median 0.65; the call pieces (0.9x, 0.1x) are not the check's kinds, a size the
+    # profile lacks is left out.
     timed = [
         _piece("layer_forward", 2.4e-4),
         _piece("call_forward", 1.8e-4),
         _piece("layer_backward", 7e-4),
-        _piece("call_backward", 5e-4),
-        _piece("call_forward", 1e-3, num_units=256),
+        _piece("call_backward", 1e-4),
+        _piece("layer_forward", 1e-3, num_units=256),
     ]
-    assert check_framework(profile, timer=lambda: timed) == pytest.approx(0.7)
+    assert check_framework(profile, timer=lambda: timed) == pytest.approx(0.65)
+    calls_only = _profile(_piece("call_forward", 2e-4), _piece("call_backward", 1e-3))
+    assert check_framework(calls_only, timer=lambda: timed) is None
     assert check_framework(_profile(_gemm(64, 64, 64, 2e-4)), timer=lambda: timed) is None
     with pytest.raises(SpecError, match="only a CPU"):
         check_framework(_profile(kind="cuda"), timer=lambda: timed)
