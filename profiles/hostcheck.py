@@ -216,12 +216,13 @@ def check_host(
 # where the profile's entries are all host work. Not the per-call pieces (the call's
 # forward and backward outside the layers): each is an intercept, t(L1) - L1 * slope,
 # the difference of two larger timings, and re-timed alone it moves from one check to
-# the next by far more than the host does. On the 2-core VM on 2026-11-29 four
-# re-timings of the four kinds read the fidelity profile's layer pieces at 0.61-0.68x
-# (forward) and 0.63-0.77x (backward), its call pieces at 0.43-0.48x and 0.09-0.75x
-# (`benchmarks/fidelity_cpu.py`'s profile, 18:15 UTC, idle host); at the median over
-# all four, the synchronous generator plan's engine calls, timed in the run as fast as
-# alone (`benchmarks/inrun_calls.py`), were priced 19-25 % too fast.
+# the next by far more than the host does. On the 2-core VM on 2026-11-29 re-timings
+# in a row read the fidelity profile's layer pieces at 0.61-0.68x (forward) and
+# 0.63-0.79x (backward), its call pieces at 0.43-0.48x and 0.09-0.75x
+# (`benchmarks/fidelity_cpu.py`'s profile, 18:08-18:10 UTC, idle host); at the median
+# over all four, the synchronous generator plan's engine calls, timed in the run as
+# fast as alone (`benchmarks/inrun_calls.py`), were priced 19-25 % too fast (README,
+# twenty-seventh round).
 FRAMEWORK_CHECK_KINDS = (FrameworkKind.LAYER_FORWARD, FrameworkKind.LAYER_BACKWARD)
 FRAMEWORK_CHECK_REPEATS = 10  # about 2 s on the 2-core VM
 
