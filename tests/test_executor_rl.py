@@ -33,6 +33,16 @@ def _plan(name: str) -> Plan:
     return load_plan(PLANS / f"{name}.toml")
 
 
+def _covered_s(timeline: list[dict]) -> float:
+    """Seconds of a step that at least one of its timeline's calls covers (the length of
+    the union of their intervals)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted((r["start_s"], r["end_s"]) for r in timeline):
+        total += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    return total
+
+
 def _deterministic(metrics: list[dict]) -> list[dict]:
     """Metrics without the wall-clock fields."""
     return [
@@ -143,8 +153,11 @@ def test_concurrent_controller_matches_serial_order_and_overlaps(
             for a in spans
             for b in spans
         )
-        # The measured phases add up to more than the step: calls ran at the same time.
-        assert sum(rec.phases.values()) > rec.metrics["step_time_s"]
+        # The measured phases add up to more than the time their calls cover: calls ran
+        # at the same time. (Not more than the step time: the driver's launches and its
+        # work between phases are in the step and in no phase, and on a loaded 2-core
+        # host they can outweigh the overlap.)
+        assert sum(rec.phases.values()) > _covered_s(rec.timeline)
     assert overlapped == len(both.records)
     for rec in serial.records:  # one call at a time: no two calls overlap
         spans = sorted((r["start_s"], r["end_s"]) for r in rec.timeline)
