@@ -80,7 +80,7 @@ from placeflow.executor.loop import as_run
 from placeflow.executor.run import RunConfig, read_metrics, run_plan
 from placeflow.plan import Plan, load_plan, plan_from_dict
 from placeflow.profiles.costmodel import CostModel
-from placeflow.profiles.hostcheck import at_host_speed, check_framework, check_host
+from placeflow.profiles.hostcheck import HostCheck, at_host_speed, check_framework, check_host
 from placeflow.profiles.registry import load_profile
 from placeflow.profiles.schema import Profile
 from placeflow.simulator import simulate
@@ -242,20 +242,17 @@ def main() -> None:
     # One check of a dozen GEMMs moves by ±20 % from one minute to the next here: the
     # speed is the median of several.
     profile = load_profile(args.profile)
-    checks = [check_host(profile) for _ in range(SPEED_CHECKS)]
-    host = checks[0]
-    for check in checks:
+    checked = host_speeds(profile, engine=args.host_speed)
+    host = checked.checks[0]
+    for check in checked.checks:
         print(check.summary(), file=sys.stderr)
-    ratios = [c.ratio for c in checks if c.ratio is not None]
-    speed = statistics.median(ratios) if args.host_speed and ratios else None
+    speed = checked.speed if args.host_speed else None
     # The engine's own pieces (its Python beyond the kernels) keep a speed of their own.
-    work_checks = [check_framework(profile) for _ in range(SPEED_CHECKS)] if speed else []
-    work_ratios = [r for r in work_checks if r is not None]
-    work_speed = statistics.median(work_ratios) if work_ratios else None
+    work_speed = checked.work_speed if speed is not None else None
     if work_speed is not None:
         print(
             f"the engine's pieces run at {work_speed:.2f}x the profile's times here "
-            f"(median of {len(work_ratios)} checks)",
+            f"(median of {sum(r is not None for r in checked.work_checks)} checks)",
             file=sys.stderr,
         )
     # A profile brought to this host's speed is compared whatever the ratio was.
@@ -344,9 +341,9 @@ def main() -> None:
         "python": platform.python_version(),
         "profile": args.profile,
         "host_check": host.to_json(),
-        "host_checks": [c.ratio for c in checks],
+        "host_checks": [c.ratio for c in checked.checks],
         "host_speed": speed,
-        "host_work_checks": work_checks,
+        "host_work_checks": list(checked.work_checks) if speed is not None else [],
         "host_work_speed": work_speed,
         "steps": args.steps,
         "warmup": args.warmup,
@@ -410,7 +407,7 @@ def _score(
     works = [r["host_work_speed"] for r in plan_runs if r.get("host_work_speed") is not None]
     work_speed = statistics.median(works) if works else None
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    cms = _cost_models(profile, plan_speed, stamp, work_speed)
+    cms = cost_models_at(profile, plan_speed, stamp, work_speed)
     estimate = simulate(plan, cms or cost_models_for(plan, profile_name))
     own = [compare(estimate, r["records"], warmup=warmup) for r in plan_runs]
     table = median_table(estimate, own)
@@ -495,7 +492,7 @@ def _bracket(before: float, after: float | None) -> tuple[float, list[float | No
     return math.sqrt(before * after), [before, after], after
 
 
-def _cost_models(
+def cost_models_at(
     profile: Profile, speed: float | None, checked: str, work_speed: float | None = None
 ) -> dict[str, CostModel] | None:
     """The cost model of `profile` at the host speed `speed` (`hostcheck.at_host_speed`,
@@ -505,6 +502,34 @@ def _cost_models(
         return None
     at = at_host_speed(profile, speed, checked=checked, host_work_ratio=work_speed)
     return {"*": CostModel.fit(at)}
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSpeeds:
+    """This host's speeds against a CPU profile, checked now: `speed` is the median
+    ratio of `SPEED_CHECKS` GEMM checks (`checks`, None where none re-timed a GEMM),
+    `work_speed` the median of as many checks of the engine's pieces (`work_checks`,
+    None each that found none of them; the speed None where none did or they were not
+    taken)."""
+
+    checks: tuple[HostCheck, ...]
+    speed: float | None
+    work_checks: tuple[float | None, ...]
+    work_speed: float | None
+
+
+def host_speeds(profile: Profile, *, engine: bool = True) -> HostSpeeds:
+    """`SPEED_CHECKS` checks of the GEMMs (`hostcheck.check_host`) and, with `engine`
+    and a GEMM speed, as many of the engine's pieces (`hostcheck.check_framework`):
+    one check of a dozen GEMMs moves by ±20 % from one minute to the next on the 2-core
+    VM, so each speed is the median of several."""
+    checks = tuple(check_host(profile) for _ in range(SPEED_CHECKS))
+    ratios = [c.ratio for c in checks if c.ratio is not None]
+    speed = statistics.median(ratios) if ratios else None
+    works = tuple(check_framework(profile) for _ in range(SPEED_CHECKS)) if engine and speed else ()
+    work_ratios = [r for r in works if r is not None]
+    work_speed = statistics.median(work_ratios) if work_ratios else None
+    return HostSpeeds(checks=checks, speed=speed, work_checks=works, work_speed=work_speed)
 
 
 def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
@@ -519,7 +544,7 @@ def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
     run_cms = (
         None
         if loaded is None
-        else _cost_models(
+        else cost_models_at(
             loaded, speed, f"the run of {results.name}", earlier.get("host_work_speed")
         )
     )
@@ -533,7 +558,7 @@ def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
         row_speed = old.get("host_speed") if host_speed else None
         cms = run_cms
         if loaded is not None and row_speed is not None:
-            cms = _cost_models(
+            cms = cost_models_at(
                 loaded,
                 row_speed,
                 f"{plan.name}'s run in {results.name}",

@@ -35,12 +35,11 @@ from typing import Any
 import ray
 
 from placeflow.executor.run import RunConfig, read_metrics, run_plan
-from placeflow.profiles.hostcheck import check_framework, check_host
 from placeflow.profiles.registry import load_profile
 from placeflow.simulator import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity_cpu import SPEED_CHECKS, _cost_models, plans
+from fidelity_cpu import cost_models_at, host_speeds, plans
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/timeline_cpu.json"
@@ -103,12 +102,16 @@ def main() -> None:
         raise SystemExit(f"unknown plan {args.plan!r}; one of {', '.join(sorted(by_name))}")
     plan = by_name[args.plan]
     profile = load_profile(args.profile)
-    speeds = [c.ratio for c in (check_host(profile) for _ in range(SPEED_CHECKS))]
-    works = [check_framework(profile) for _ in range(SPEED_CHECKS)]
-    speed = statistics.median(r for r in speeds if r is not None)
-    work = statistics.median(r for r in works if r is not None)
+    checked = host_speeds(profile)
+    speed, work = checked.speed, checked.work_speed
+    if speed is None:
+        raise SystemExit(
+            f"timeline_cpu: none of {args.profile}'s GEMMs could be re-timed on this host "
+            f"({checked.checks[0].summary()}); give a CPU profile with GEMM entries "
+            "(`placeflow profile` measures one here)"
+        )
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    cms = _cost_models(profile, speed, stamp, work)
+    cms = cost_models_at(profile, speed, stamp, work)
     assert cms is not None  # a speed was checked
     estimate = simulate(plan, cms)
     load_before = os.getloadavg()[0]
@@ -121,10 +124,12 @@ def main() -> None:
         ray.shutdown()
     measured, simulated = measured_calls(records), simulated_calls(estimate)
     step_s = statistics.median(r["step_time_s"] for r in records)
-    print(f"{plan.name}: GEMMs {speed:.2f}x, the engine's pieces {work:.2f}x the profile's")
+    engine = "not checked (at the GEMMs')" if work is None else f"{work:.2f}x"
+    print(f"{plan.name}: GEMMs {speed:.2f}x, the engine's pieces {engine} the profile's")
     print(f"{'call':24s} {'run: start':>10s} {'end':>8s} {'length':>8s}   "
           f"{'sim: start':>10s} {'end':>8s} {'length':>8s}  (ms)")  # fmt: skip
-    for key in sorted(measured | simulated, key=lambda k: (measured | simulated)[k]["start_s"]):
+    both = measured | simulated  # a call's start where the run has it, else the model's
+    for key in sorted(both, key=lambda k: both[k]["start_s"]):
         print(f"{key:24s} {_cells(measured.get(key))}   {_cells(simulated.get(key))}")
     print(f"{'step':24s} {step_s * 1e3:28.1f}   {estimate.iteration_s * 1e3:28.1f}")
     results = json.loads(OUT.read_text()) if OUT.exists() else {"plans": {}}

@@ -35,6 +35,16 @@ from placeflow.phases import Phase
 from placeflow.workload import Role
 
 
+def union_s(spans: Sequence[tuple[float, float]]) -> float:
+    """Length of the union of intervals (start, end): overlapping time counts once,
+    intervals one after another add up; 0 for none."""
+    total, covered_to = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        total += max(0.0, end - max(start, covered_to))
+        covered_to = max(covered_to, end)
+    return total
+
+
 @dataclass(frozen=True, kw_only=True)
 class TimelineRecord:
     name: str  # the phase (the simulator's vocabulary)
@@ -184,14 +194,7 @@ class StepClock:
         """Seconds per phase name (the `phases` of metrics.jsonl): the length of the union
         of its calls' intervals, so that one phase on two sets at once (a weight sync's
         send and receive) counts once, and calls one after another add up."""
-        out: dict[str, float] = {}
-        for name in dict.fromkeys(r.name for r in self.records):
-            spans = sorted((r.start_s, r.end_s) for r in self.records if r.name == name)
-            total, (lo, hi) = 0.0, spans[0]
-            for start, end in spans[1:]:
-                if start > hi:
-                    total, lo, hi = total + hi - lo, start, end
-                else:
-                    hi = max(hi, end)
-            out[name] = total + hi - lo
-        return out
+        return {
+            name: union_s([(r.start_s, r.end_s) for r in self.records if r.name == name])
+            for name in dict.fromkeys(r.name for r in self.records)
+        }

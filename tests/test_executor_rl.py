@@ -22,6 +22,7 @@ from placeflow.errors import SpecError
 from placeflow.executor.engines.tp import TPImpl
 from placeflow.executor.loop import RLLoop, StepRecord, check_executable, tokenizer_for
 from placeflow.executor.run import RunConfig, RunError, read_metrics, run_plan
+from placeflow.executor.timeline import union_s
 from placeflow.plan import Plan, load_plan
 from placeflow.workload import Role
 
@@ -31,16 +32,6 @@ TIMING = ("step_time_s", "tokens_per_s")
 
 def _plan(name: str) -> Plan:
     return load_plan(PLANS / f"{name}.toml")
-
-
-def _covered_s(timeline: list[dict]) -> float:
-    """Seconds of a step that at least one of its timeline's calls covers (the length of
-    the union of their intervals)."""
-    total, end = 0.0, float("-inf")
-    for start, stop in sorted((r["start_s"], r["end_s"]) for r in timeline):
-        total += max(0.0, stop - max(start, end))
-        end = max(end, stop)
-    return total
 
 
 def _deterministic(metrics: list[dict]) -> list[dict]:
@@ -157,7 +148,8 @@ def test_concurrent_controller_matches_serial_order_and_overlaps(
         # at the same time. (Not more than the step time: the driver's launches and its
         # work between phases are in the step and in no phase, and on a loaded 2-core
         # host they can outweigh the overlap.)
-        assert sum(rec.phases.values()) > _covered_s(rec.timeline)
+        covered = union_s([(r["start_s"], r["end_s"]) for r in rec.timeline])
+        assert sum(rec.phases.values()) > covered
     assert overlapped == len(both.records)
     for rec in serial.records:  # one call at a time: no two calls overlap
         spans = sorted((r["start_s"], r["end_s"]) for r in rec.timeline)

@@ -85,7 +85,7 @@ def test_the_engine_s_pieces_are_simulated_at_their_own_checked_speed() -> None:
     # row is simulated at the median 0.5 for the engine's pieces, the profile's speed for
     # the rest, so it predicts less than with the GEMMs' speed alone and more than with
     # every entry at 0.5.
-    from fidelity_cpu import _cost_models
+    from fidelity_cpu import cost_models_at
 
     from placeflow.profiles.costmodel import CostModel
     from placeflow.profiles.hostcheck import at_host_speed
@@ -101,7 +101,31 @@ def test_the_engine_s_pieces_are_simulated_at_their_own_checked_speed() -> None:
         runs.append(run)
     row = _score("split", plan, runs, profile, "cpu", warmup=1)
     assert row["host_work_speed"] == 0.5
-    at_work = simulate(plan, _cost_models(profile, 1.0, "now", 0.5)).iteration_s
+    at_work = simulate(plan, cost_models_at(profile, 1.0, "now", 0.5)).iteration_s
     all_half = simulate(plan, {"*": CostModel.fit(at_host_speed(profile, 0.5, checked="now"))})
     assert all_half.iteration_s < at_work < est.iteration_s * (1 - 1e-3)
     assert row["step"]["predicted_s"] == pytest.approx(at_work)
+
+
+def test_host_speeds_are_medians_of_the_checks_that_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GEMM checks read 0.9, none (no GEMM re-timed) and 1.2: the speed is their median
+    # 1.05; the engine's checks 0.7, None, 0.5: 0.6. With no GEMM speed the engine's
+    # pieces are not checked at all (the benchmarks then simulate at the profile's speed).
+    import fidelity_cpu
+
+    class Check:
+        def __init__(self, ratio: float | None) -> None:
+            self.ratio = ratio
+
+    gemms = iter([0.9, None, 1.2])
+    engine = iter([0.7, None, 0.5])
+    monkeypatch.setattr(fidelity_cpu, "check_host", lambda profile: Check(next(gemms)))
+    monkeypatch.setattr(fidelity_cpu, "check_framework", lambda profile: next(engine))
+    got = fidelity_cpu.host_speeds(load_profile("cpu"))
+    assert got.speed == pytest.approx(1.05)
+    assert got.work_checks == (0.7, None, 0.5)
+    assert got.work_speed == pytest.approx(0.6)
+
+    monkeypatch.setattr(fidelity_cpu, "check_host", lambda profile: Check(None))
+    none = fidelity_cpu.host_speeds(load_profile("cpu"))
+    assert (none.speed, none.work_checks, none.work_speed) == (None, (), None)
