@@ -257,10 +257,14 @@ class DriverWork:
     pickles and submits every rank's arguments before the call's clock starts
     (`launch_s`; the executor stamps a call's start once its `.remote()` calls have
     returned, `executor.timeline.StepClock.launch`), and unpickles the other ranks'
-    results before it has the call's output (`collect_s`)."""
+    results before it has the call's output (`collect_s`). `get_s` is one rank's
+    result unpickled: the first rank's is in the call's round trip, where the driver
+    takes it as the call ends; a one-step-off rollout's are taken later
+    (`simulate._tasks`)."""
 
     launch_s: float
     collect_s: float
+    get_s: float = 0.0
 
 
 def driver_work(cm: CostModel, ranks: int, payload: Payload) -> DriverWork | None:
@@ -270,7 +274,7 @@ def driver_work(cm: CostModel, ranks: int, payload: Payload) -> DriverWork | Non
     get = cm.driver_s(DispatchKind.RAY_GET, payload.out_bytes, payload.out_tensors)
     if launch is None or get is None:
         return None
-    return DriverWork(launch_s=ranks * launch, collect_s=(ranks - 1) * get)
+    return DriverWork(launch_s=ranks * launch, collect_s=(ranks - 1) * get, get_s=get)
 
 
 def call_driver_work(

@@ -591,9 +591,18 @@ def _tasks(
     generation = (Phase.WEIGHT_SYNC, *GENERATION_PHASES)
     driver = _driver_hosts(plan)
     collected: dict[Hashable, Hashable] = {}  # a call -> the driver's collection of it
+    # One-step-off: the executor stamps rollout k (k >= 1) as it ends and takes its
+    # results only when it collects the sync feeding generation k+1, with that sync's
+    # (`RLLoop._sync_and_collect`): every rank's get is the driver's work there.
+    rollout_gets = sum(
+        c.driver.collect_s + c.driver.get_s
+        for c in costed
+        if c.phase in GENERATION_PHASES and c.driver is not None
+    )
     tasks = []
     for k in range(num_steps):
         drawn = draws[k % len(draws)] if draws else {}
+        gets_later = staleness == 1 and 1 <= k < num_steps - 1
         for c in costed:
             preds: list[Hashable] = [(k, p) for p in c.preds]
             priority = k * 100 + order[c.phase]
@@ -612,6 +621,15 @@ def _tasks(
                     # The executor collects the sync that feeds generation k+1 (sent
                     # after update k−1) before it launches step k's training calls.
                     preds.append((k + 1, Phase.WEIGHT_SYNC))
+            duration_s = drawn.get(c.phase, c.cost.time_s)
+            collect_s = 0.0 if c.driver is None else c.driver.collect_s
+            if gets_later and c.phase in GENERATION_PHASES and c.driver is not None:
+                duration_s, collect_s = max(0.0, duration_s - c.driver.get_s), 0.0
+            rollout_before: tuple[Hashable, ...] = ()
+            if staleness == 1 and c.phase is Phase.WEIGHT_SYNC and 2 <= k < num_steps:
+                # Rollout k−1's gets, taken with this sync's results once both are in.
+                collect_s += rollout_gets
+                rollout_before = tuple((k - 1, p) for p in order if p in GENERATION_PHASES)
             if c.driver is not None:
                 # The driver's launches come first and its gets after; what waits for
                 # the call waits for its results on the driver (redirected below).
@@ -631,8 +649,8 @@ def _tasks(
                     Work(
                         id=collect,
                         sets=(CONTROLLER,),
-                        duration_s=c.driver.collect_s,
-                        preds=((k, c.phase),),
+                        duration_s=collect_s,
+                        preds=((k, c.phase), *rollout_before),
                         priority=priority,
                         hosts=driver,
                         sliced=False,
@@ -644,7 +662,7 @@ def _tasks(
                 Work(
                     id=(k, c.phase),
                     sets=sets,
-                    duration_s=drawn.get(c.phase, c.cost.time_s),
+                    duration_s=duration_s,
                     preds=tuple(preds),
                     priority=priority,
                     hosts=_hosts(plan, sets, busy_fraction(c.cost)),

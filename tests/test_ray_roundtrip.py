@@ -155,8 +155,8 @@ def test_driver_work_launches_every_rank_and_gets_the_others() -> None:
     # The executor's clock starts a call once all its launches returned; one get is in
     # the call's round trip: 4 ranks, 4 launches before it and 3 gets after it.
     two = Payload(in_bytes=4096, out_bytes=1024, in_tensors=2, out_tensors=2)
-    assert driver_work(cm, 4, two) == DriverWork(launch_s=4 * launch, collect_s=3 * get)
-    assert driver_work(cm, 1, two) == DriverWork(launch_s=launch, collect_s=0.0)
+    assert driver_work(cm, 4, two) == DriverWork(launch_s=4 * launch, collect_s=3 * get, get_s=get)
+    assert driver_work(cm, 1, two) == DriverWork(launch_s=launch, collect_s=0.0, get_s=get)
     assert driver_work(fitted_cost_model("h100-sxm"), 8, two) is None
 
 
@@ -172,7 +172,7 @@ def test_call_driver_work_payloads_by_hand() -> None:
     launch = cm.driver_s(DispatchKind.RAY_LAUNCH, per_rank * seq * 9, 4)
     get = cm.driver_s(DispatchKind.RAY_GET, per_rank * seq * 4, 1)
     assert launch is not None and get is not None
-    assert got == DriverWork(launch_s=4 * launch, collect_s=3 * get)
+    assert got == DriverWork(launch_s=4 * launch, collect_s=3 * get, get_s=get)
 
 
 LAUNCH_S, GET_S = 2e-3, 1e-3
@@ -243,3 +243,55 @@ def test_measure_dispatch_times_real_ray_calls(ray_session: None) -> None:
     assert [e.params["kind"] for e in driver] == ["ray_launch", "ray_get"]
     # The driver's share of a call is part of its round trip.
     assert all(0 < e.median_s < entries[0].p90_s * 5 for e in driver)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LaunchOnlyCosts(GemmOnlyCosts):
+    """DriverCosts without gets: the driver takes 2 ms to launch a rank's call, 0 to get."""
+
+    def driver_s(self, kind, num_bytes, tensors=2):
+        return LAUNCH_S if kind == DispatchKind.RAY_LAUNCH else 0.0
+
+
+def test_one_step_off_takes_the_rollout_s_results_with_the_next_sync_by_hand() -> None:
+    # One-step-off on one trainer and one generator rank. The executor stamps rollout k
+    # as it ends and gets its result (one rank: 1 ms) only when it collects the sync
+    # that feeds generation k+1, whose own collect gets the second of its two ranks'
+    # results (1 ms). Against a driver whose gets are free: rollout k's call 1 ms shorter
+    # (its get was in its round trip), nothing to collect after it, the sync's collect
+    # 2 ms and after rollout k's end; the first rollout (collected as it ends, on-policy)
+    # and the last (after the window) as before.
+    from placeflow.simulator.simulate import COLLECT, _cost_calls, _resident_bytes, _tasks
+
+    one = RoleParallelism(train=TrainLayout(), micro_batch=4, recompute=False)
+    plan = tiny_plan(
+        [
+            DeviceSet(roles=(Role.ACTOR,), pool="cpu", first_device=0, num_devices=1),
+            DeviceSet(
+                roles=(Role.ACTOR,), pool="cpu", first_device=1, num_devices=1, generator=True
+            ),
+        ],
+        {Role.ACTOR: one},
+        roles=(Role.ACTOR,),
+    )
+    blank = dict(profile_name="d", dtype_bytes=4, rooflines={}, series={})
+
+    def tasks(cm: GemmOnlyCosts, staleness: int) -> dict:
+        resident = [_resident_bytes(plan, i) for i in range(len(plan.sets))]
+        costed, _ = _cost_calls(plan, {"*": cm}, resident)
+        return {t.id: t for t in _tasks(plan, costed, 5, staleness)}
+
+    free, gets = tasks(LaunchOnlyCosts(**blank), 1), tasks(DriverCosts(**blank), 1)
+    gen, sync = Phase.GENERATE, Phase.WEIGHT_SYNC
+    for k in (1, 2, 3):
+        assert gets[k, gen].duration_s == pytest.approx(free[k, gen].duration_s - GET_S)
+        assert gets[k, gen, COLLECT].duration_s == 0.0
+        assert gets[k + 1, sync, COLLECT].duration_s == pytest.approx(2 * GET_S)
+        assert (k, gen, COLLECT) in gets[k + 1, sync, COLLECT].preds
+    for k in (0, 4):
+        assert gets[k, gen].duration_s == pytest.approx(free[k, gen].duration_s)
+    assert gets[1, sync, COLLECT].duration_s == pytest.approx(GET_S)
+    # Synchronous: the sync's other rank's get only, the rollout's in its round trip.
+    free, gets = tasks(LaunchOnlyCosts(**blank), 0), tasks(DriverCosts(**blank), 0)
+    assert gets[0, gen].duration_s == pytest.approx(free[0, gen].duration_s)
+    assert gets[0, sync, COLLECT].duration_s == pytest.approx(GET_S)
