@@ -54,7 +54,7 @@ from fidelity_breakdown import engine_pieces
 from fidelity_cpu import plans
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("generate", "logprobs", "update", "sync_rollout")
+METHODS = ("generate", "logprobs", "values", "scores", "update", "sync_rollout")
 # The engine piece of `fidelity_breakdown.engine_pieces` for a worker call (method:role).
 ALONE = {
     "generate": "generate",
@@ -68,6 +68,12 @@ PHASE = {
     "logprobs:ref": "ref_logprob",
     "logprobs:actor": "old_logprob",
     "update:actor": "actor_update",
+    "update:critic": "critic_update",
+    # Safe-RLHF's cost values are a second call of the critic's `values` (its other head):
+    # the kind's medians are over both calls.
+    "values:critic": "values",
+    "scores:reward": "reward",
+    "scores:cost": "cost",
     "sync_rollout": "reshard",
 }
 
