@@ -599,10 +599,15 @@ def _tasks(
         for c in costed
         if c.phase in GENERATION_PHASES and c.driver is not None
     )
+
+    def gets_later(k: int) -> bool:
+        """Rollout k's gets move to the collect of sync k+1 (the first rollout is
+        collected as it ends, on-policy; the last has no sync after it)."""
+        return staleness == 1 and 1 <= k < num_steps - 1
+
     tasks = []
     for k in range(num_steps):
         drawn = draws[k % len(draws)] if draws else {}
-        gets_later = staleness == 1 and 1 <= k < num_steps - 1
         for c in costed:
             preds: list[Hashable] = [(k, p) for p in c.preds]
             priority = k * 100 + order[c.phase]
@@ -623,10 +628,10 @@ def _tasks(
                     preds.append((k + 1, Phase.WEIGHT_SYNC))
             duration_s = drawn.get(c.phase, c.cost.time_s)
             collect_s = 0.0 if c.driver is None else c.driver.collect_s
-            if gets_later and c.phase in GENERATION_PHASES and c.driver is not None:
+            if gets_later(k) and c.phase in GENERATION_PHASES and c.driver is not None:
                 duration_s, collect_s = max(0.0, duration_s - c.driver.get_s), 0.0
             rollout_before: tuple[Hashable, ...] = ()
-            if staleness == 1 and c.phase is Phase.WEIGHT_SYNC and 2 <= k < num_steps:
+            if c.phase is Phase.WEIGHT_SYNC and gets_later(k - 1):
                 # Rollout k−1's gets, taken with this sync's results once both are in.
                 collect_s += rollout_gets
                 rollout_before = tuple((k - 1, p) for p in order if p in GENERATION_PHASES)
