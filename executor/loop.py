@@ -77,7 +77,7 @@ from placeflow.fields import Field, call_inputs
 from placeflow.metrics import Metric, RecordKey, over_ranks, reward_extra
 from placeflow.phases import Phase
 from placeflow.plan import Plan
-from placeflow.workload import Algorithm, Role
+from placeflow.workload import Algorithm, Role, Workload
 
 CONTROLLER_STATE = "controller.json"  # in each checkpoint directory
 # Value-head init of a random-init reward or cost model: N(0, 0.02) like its other weights,
@@ -644,11 +644,7 @@ class RLLoop:
     def responses(self, batch: Batch) -> list[str]:
         """The responses as text, decoded without special tokens (as verl hands them to
         reward functions)."""
-        t = batch.tensors
-        return [
-            self.tok.decode(t[Field.RESPONSE][i, : int(t[Field.RESPONSE_MASK][i].sum())].tolist())
-            for i in range(len(batch))
-        ]
+        return decode_responses(self.tok, batch)
 
     def score(self, texts: Sequence[str], examples: Sequence[Example], spp: int) -> Scores:
         """The reward function on `texts` (`spp` responses per example, in order): on the
@@ -729,51 +725,9 @@ class RLLoop:
         return cache[d]
 
     def _advantages(self, batch: Batch, rec: StepRecord) -> Batch:
-        t, rl_cfg = batch.tensors, self.w.rl
-        mask = t[Field.RESPONSE_MASK]
-        ref = t.get(Field.REF_LOGPROBS)
-        # Without a re-scoring phase the rollout's logprobs stand for the old policy's.
-        old = t[Field.OLD_LOGPROBS] if Field.OLD_LOGPROBS in t else t[Field.ROLLOUT_LOGPROBS]
-        if ref is not None:
-            d = ref - old
-            rec.metrics[Metric.KL_REF] = float(rl.masked_mean(d.exp() - d - 1, mask))
-        if self.w.algorithm is Algorithm.GRPO:
-            adv = rl.group_advantages(t[Field.SCORES], self.w.batch.samples_per_prompt)
-            out = _with(batch, {Field.ADVANTAGES: adv})
-        elif self.w.algorithm is Algorithm.REMAX:
-            out = _with(
-                batch,
-                {Field.ADVANTAGES: rl.remax_advantages(t[Field.SCORES], t[Field.BASELINE_SCORES])},
-            )
-        else:
-            rewards = rl.token_rewards(t[Field.SCORES], old, ref, mask, rl_cfg.kl_coef)
-            adv, returns = rl.gae(rewards, t[Field.VALUES], mask, rl_cfg.gamma, rl_cfg.lam)
-            out = _with(batch, {Field.ADVANTAGES: adv, Field.RETURNS: returns})
-            if self.w.algorithm is Algorithm.SAFE_RLHF:
-                out = self._cost_advantages(out, adv, rec)
-        if self.w.kl_in_loss:
-            assert ref is not None, "a workload with a KL loss has a reference model"
-            out = _with(out, {Field.REF_LOGPROBS_IN_LOSS: ref})
+        out, metrics, self.multiplier = step_advantages(self.w, batch, self.multiplier)
+        rec.metrics |= metrics
         return out
-
-    def _cost_advantages(self, batch: Batch, reward_adv: torch.Tensor, rec: StepRecord) -> Batch:
-        """Safe-RLHF: GAE of the costs over the cost values, the multiplier's dual step on
-        this batch's mean cost, then the combined advantage with the updated multiplier."""
-        t, rl_cfg = batch.tensors, self.w.rl
-        mask = t[Field.RESPONSE_MASK]
-        costs = rl.token_rewards(t[Field.COSTS], t[Field.ROLLOUT_LOGPROBS], None, mask, 0.0)
-        cost_adv, cost_returns = rl.gae(costs, t[Field.COST_VALUES], mask, rl_cfg.gamma, rl_cfg.lam)
-        self.multiplier = rl.lagrange_step(
-            self.multiplier, float(t[Field.COSTS].mean()), rl_cfg.cost_limit, rl_cfg.lambda_lr
-        )
-        rec.metrics[Metric.LAGRANGE_MULTIPLIER] = self.multiplier
-        return _with(
-            batch,
-            {
-                Field.ADVANTAGES: rl.safe_advantages(reward_adv, cost_adv, self.multiplier),
-                Field.COST_RETURNS: cost_returns,
-            },
-        )
 
     # --- checkpoints -----------------------------------------------------------
     def save(self, directory: str) -> None:
@@ -847,6 +801,75 @@ def _sync_metrics(rec: StepRecord, sent: list[Any], received: list[Any]) -> None
     rec.metrics[Metric.WEIGHT_SYNC_BYTES_SENT_MAX] = float(max(m[0] for m in sent))
     rec.metrics[Metric.WEIGHT_SYNC_BYTES_MAX] = float(max(m[0] for m in received))
     rec.metrics[Metric.WEIGHT_SYNC_PEAK_BYTES_MAX] = float(max(m[1] for m in received))
+
+
+def decode_responses(tok: Tokenizer, batch: Batch) -> list[str]:
+    """`batch`'s responses as text, each cut at its mask's length and decoded by `tok`
+    without special tokens (as verl hands them to reward functions)."""
+    t = batch.tensors
+    return [
+        tok.decode(t[Field.RESPONSE][i, : int(t[Field.RESPONSE_MASK][i].sum())].tolist())
+        for i in range(len(batch))
+    ]
+
+
+def step_advantages(
+    w: Workload, batch: Batch, multiplier: float
+) -> tuple[Batch, dict[str, float], float]:
+    """The controller's advantage work on a step's scored `batch`: (the batch with its
+    advantages and returns, the step's metrics of it, Safe-RLHF's multiplier after its
+    dual step; `multiplier` unchanged otherwise). Also what the profiler times as the
+    controller's advantage entries (`profiles.controller_work`)."""
+    t, rl_cfg = batch.tensors, w.rl
+    metrics: dict[str, float] = {}
+    mask = t[Field.RESPONSE_MASK]
+    ref = t.get(Field.REF_LOGPROBS)
+    # Without a re-scoring phase the rollout's logprobs stand for the old policy's.
+    old = t[Field.OLD_LOGPROBS] if Field.OLD_LOGPROBS in t else t[Field.ROLLOUT_LOGPROBS]
+    if ref is not None:
+        d = ref - old
+        metrics[Metric.KL_REF] = float(rl.masked_mean(d.exp() - d - 1, mask))
+    if w.algorithm is Algorithm.GRPO:
+        adv = rl.group_advantages(t[Field.SCORES], w.batch.samples_per_prompt)
+        out = _with(batch, {Field.ADVANTAGES: adv})
+    elif w.algorithm is Algorithm.REMAX:
+        out = _with(
+            batch,
+            {Field.ADVANTAGES: rl.remax_advantages(t[Field.SCORES], t[Field.BASELINE_SCORES])},
+        )
+    else:
+        rewards = rl.token_rewards(t[Field.SCORES], old, ref, mask, rl_cfg.kl_coef)
+        adv, returns = rl.gae(rewards, t[Field.VALUES], mask, rl_cfg.gamma, rl_cfg.lam)
+        out = _with(batch, {Field.ADVANTAGES: adv, Field.RETURNS: returns})
+        if w.algorithm is Algorithm.SAFE_RLHF:
+            out, multiplier = _cost_advantages(w, out, adv, multiplier)
+            metrics[Metric.LAGRANGE_MULTIPLIER] = multiplier
+    if w.kl_in_loss:
+        assert ref is not None, "a workload with a KL loss has a reference model"
+        out = _with(out, {Field.REF_LOGPROBS_IN_LOSS: ref})
+    return out, metrics, multiplier
+
+
+def _cost_advantages(
+    w: Workload, batch: Batch, reward_adv: torch.Tensor, multiplier: float
+) -> tuple[Batch, float]:
+    """Safe-RLHF: GAE of the costs over the cost values, the multiplier's dual step on
+    this batch's mean cost, then the combined advantage with the updated multiplier."""
+    t, rl_cfg = batch.tensors, w.rl
+    mask = t[Field.RESPONSE_MASK]
+    costs = rl.token_rewards(t[Field.COSTS], t[Field.ROLLOUT_LOGPROBS], None, mask, 0.0)
+    cost_adv, cost_returns = rl.gae(costs, t[Field.COST_VALUES], mask, rl_cfg.gamma, rl_cfg.lam)
+    multiplier = rl.lagrange_step(
+        multiplier, float(t[Field.COSTS].mean()), rl_cfg.cost_limit, rl_cfg.lambda_lr
+    )
+    out = _with(
+        batch,
+        {
+            Field.ADVANTAGES: rl.safe_advantages(reward_adv, cost_adv, multiplier),
+            Field.COST_RETURNS: cost_returns,
+        },
+    )
+    return out, multiplier
 
 
 def _with(batch: Batch, tensors: Mapping[Field, torch.Tensor]) -> Batch:

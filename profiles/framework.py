@@ -81,6 +81,7 @@ import torch
 
 from placeflow.cliargs import add_kinds_option
 from placeflow.errors import MeasurementError
+from placeflow.profiles.controller_work import CONTROLLER_KINDS
 from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
@@ -137,7 +138,9 @@ LAYER_KINDS = (
 )
 # The kinds this module measures (the shared-cores kinds are `shared_cores`'), and
 # the timed pieces each is computed from.
-ENGINE_KINDS = tuple(k for k in FrameworkKind if k not in SHARED_KINDS)
+ENGINE_KINDS = tuple(
+    k for k in FrameworkKind if k not in SHARED_KINDS and k not in CONTROLLER_KINDS
+)
 _PIECES_OF: dict[FrameworkKind, tuple[str, ...]] = {
     FrameworkKind.LAYER_FORWARD: ("forward",),
     FrameworkKind.CALL_FORWARD: ("forward",),

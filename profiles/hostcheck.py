@@ -279,9 +279,10 @@ def at_host_speed(
     GEMM times over the profile's (`HostCheck.ratio`, measured at `checked`, a date):
     the profile brought to the speed this host runs at now. With `host_work_ratio`
     (`check_framework`), the engine's pieces (`framework.ENGINE_KINDS`: the entries
-    whose like that check re-times, the engine's Python beyond its kernels) are scaled
-    by that instead; the rest (kernels, copies, collectives, Ray's calls, the
-    shared-cores probes) by `ratio`.
+    whose like that check re-times, the engine's Python beyond its kernels) and the
+    controller's (`controller_work.CONTROLLER_KINDS`) are scaled by that instead; the
+    rest (kernels, copies, collectives, Ray's calls, the shared-cores probes) by
+    `ratio`.
 
     A VM's speed moves by tens of percent from one hour to the next, and every CPU
     entry is the host's own work (kernels, the engine's Python, Ray's calls, copies),
@@ -295,9 +296,11 @@ def at_host_speed(
         if r is not None and not (math.isfinite(r) and r > 0):
             raise SpecError(f"a host speed ratio must be a positive number, got {r}")
 
+    from placeflow.profiles.controller_work import CONTROLLER_KINDS
     from placeflow.profiles.framework import ENGINE_KINDS
 
-    engine = {k.value for k in ENGINE_KINDS}
+    # The controller's work between calls is Python on the driver like the engine's.
+    engine = {k.value for k in (*ENGINE_KINDS, *CONTROLLER_KINDS)}
 
     def scaled(e: Entry) -> Entry:
         own = e.op is Op.FRAMEWORK and e.params["kind"] in engine

@@ -189,6 +189,17 @@ class FrameworkKind(StrEnum):
     # rank per core: a collective as a tensor-parallel layer meets it, its partner
     # blocked until the data arrives; measured by `shared_cores`.
     PAIRED_COLLECTIVE = "paired_collective"
+    # Not the engine's either: the controller's own serial work of a step on the driver,
+    # through the executor's own functions (measured by `placeflow.profiles.controller_work`).
+    # The rule-based reward: num_units responses of CONTROLLER_RESPONSE_LEN tokens decoded
+    # (`loop.decode_responses`) and scored by the built-in `arith` checker (`score_items`).
+    RULE_REWARD = "rule_reward"
+    # The advantages of one algorithm (`loop.step_advantages`) on CONTROLLER_SAMPLES
+    # responses of num_units tokens (PPO's and Safe-RLHF's GAE loops over the tokens).
+    ADVANTAGE_PPO = "advantage_ppo"
+    ADVANTAGE_GRPO = "advantage_grpo"
+    ADVANTAGE_REMAX = "advantage_remax"
+    ADVANTAGE_SAFE_RLHF = "advantage_safe_rlhf"
 
 
 class CopyDirection(StrEnum):

@@ -33,10 +33,10 @@ from placeflow.models import ModelSpec
 from placeflow.phases import Phase
 from placeflow.plan import RoleParallelism
 from placeflow.profiles.costmodel import CostModel, piecewise, sliced, woken
-from placeflow.profiles.schema import DispatchKind, Scope
+from placeflow.profiles.schema import DispatchKind, FrameworkKind, Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.lengths import LengthModel
-from placeflow.workload import BatchSpec, LoRASpec, Precision, Role, Workload
+from placeflow.workload import Algorithm, BatchSpec, LoRASpec, Precision, Role, Workload
 
 
 def span_scope(first_device: int, gpus_per_node: int, groups: Iterable[list[int]]) -> Scope:
@@ -289,6 +289,38 @@ def call_driver_work(
     """`driver_work` of one model call of `call.role` sent to the `ranks` workers of its
     set, with the payloads `call_cost`'s round trip carries (a generation needs `gen`)."""
     return driver_work(cm, ranks, call_payload(workload, call, rank_samples(call, par, gen)))
+
+
+def controller_work_s(workload: Workload, phase: Phase, cm: CostModel) -> float | None:
+    """The driver's own seconds of a step's controller work `phase`, as the executor does
+    it between the calls (`profiles.controller_work`): `reward`, the rule-based reward's
+    decode and scoring of every response (and of ReMax's greedy baselines, a second
+    batch of one per prompt); `advantage`, the algorithm's advantages over responses of
+    the batch's longest length (its padded width). None where the profile has no such
+    entries (GPU profiles: the driver's host was not measured) or the step has no such
+    work (a reward model scores instead of a function, or Ray tasks do)."""
+    from placeflow.profiles.controller_work import ADVANTAGE_KIND
+
+    batch = workload.batch
+    if phase is Phase.ADVANTAGE:
+        return cm.framework_s(ADVANTAGE_KIND[workload.algorithm], batch.response_len)
+    if phase is not Phase.REWARD or not rule_reward_on_driver(workload):
+        return None
+    scored = [batch.num_samples]
+    if workload.algorithm is Algorithm.REMAX:
+        scored.append(batch.prompts_per_step)
+    times = [cm.framework_s(FrameworkKind.RULE_REWARD, n) for n in scored]
+    return None if None in times else sum(t for t in times if t is not None)
+
+
+def rule_reward_on_driver(workload: Workload) -> bool:
+    """Whether the driver scores the responses with a reward function itself (the
+    executor's `RLLoop._forwards`: no reward model, no `reward_workers` tasks)."""
+    return (
+        workload.reward_function is not None
+        and Role.REWARD not in workload.models
+        and not workload.reward_workers
+    )
 
 
 def rank_samples(call: ModelCall, par: RoleParallelism, gen: GenLayout | None) -> int:

@@ -11,8 +11,13 @@ ranks costs it R − 1 launches before the call and R − 1 gets after it
 (`rolecosts.DriverWork`, from the profile's `ray_launch` and `ray_get`
 entries; none where a profile lacks them, as GPU profiles do), one piece at a
 time, on the head node's cores where a CPU pool shares them; what waits for a
-call waits for its results on the driver. On a CPU set with more busy workers
-than cores, collectives also wait for their partners to be scheduled
+call waits for its results on the driver. Its own work between the calls is there
+too: it scores the responses with a rule-based reward once it has launched the
+step's forward calls and before it collects them (their ends are stamped after it),
+and computes the advantages before it launches the updates
+(`rolecosts.controller_work_s`, from the profile's entries of
+`profiles.controller_work`; none where a profile lacks them). On a CPU set with
+more busy workers than cores, collectives also wait for their partners to be scheduled
 (`CostModel.shared_cores`); where other sets' calls crowd the host further, the
 schedule adds each collective's wait for the extra crowding (`schedule`, with
 the count of a call's collectives from `CostModel.with_probe_wait`); the part of a
@@ -49,7 +54,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from placeflow.dataflow import CallKind, dataflow_calls
+from placeflow.dataflow import FORWARD_PHASES, CallKind, dataflow_calls
 from placeflow.layout import GenLayout, gen_shard_bytes
 from placeflow.phases import Phase
 from placeflow.plan import Plan
@@ -63,6 +68,7 @@ from placeflow.simulator.rolecosts import (
     DriverWork,
     call_driver_work,
     colocated_generation_bytes,
+    controller_work_s,
     crowded_call_s,
     driver_work,
     kv_bytes_per_seq,
@@ -104,6 +110,7 @@ class _Call:
     collectives: float = 0.0  # on a rank's path, waiting for partners (`schedule.Work`)
     latency_s: float = 0.0  # of its time, blocked in collectives (`schedule.Work`)
     wake: WakeCurve = ()  # its ranks' wake-up by their idle time before it (`_wake`)
+    on_driver: bool = False  # the controller's own work (rule-based reward, advantages)
 
 
 def _resident_bytes(plan: Plan, set_index: int) -> float:
@@ -273,10 +280,18 @@ def _cost_calls(
         infinite = callcosts.CallCost(time_s=math.inf, transient_bytes=0.0, busy_s=0.0)
         costs[Phase.GENERATE] = (gen_set_index, infinite)
     out: list[_Call] = []
+    driver_cm = _driver_cm(plan, cms)
     for call, preds in dataflow_calls(wl):
         if call.kind == CallKind.CONTROLLER:
-            zero = callcosts.CallCost(time_s=0.0, transient_bytes=0.0, busy_s=0.0)
-            out.append(_Call(phase=call.phase, roles=(), sets=(), cost=zero, preds=preds))
+            scoring = controller_work_s(wl, Phase.REWARD, driver_cm)
+            if scoring is not None:
+                # The rule-based reward: after the generations, which it scores, and
+                # before the advantages (its place among the driver's work: `_tasks`).
+                sources = tuple(p for p in preds if p in GENERATION_PHASES)
+                out.append(_driver_call(Phase.REWARD, scoring, sources))
+                preds = (*preds, Phase.REWARD)
+            work_s = controller_work_s(wl, call.phase, driver_cm)
+            out.append(_driver_call(call.phase, work_s or 0.0, preds))
             continue
         assert call.role is not None
         set_index, cost = costs[call.phase]
@@ -304,6 +319,17 @@ def _cost_calls(
             )
         )
     return _with_transitions(plan, cms, out), [problem] if problem else []
+
+
+def _driver_cm(plan: Plan, cms: CostModels) -> CostModel:
+    """The cost model of the controller's host: the head node's pool's (`_driver_hosts`)."""
+    return cms["*"] if "*" in cms else cms[plan.cluster.pools[0].profile]
+
+
+def _driver_call(phase: Phase, time_s: float, preds: tuple[Phase, ...]) -> _Call:
+    """The controller's own work `phase` of `time_s` on the driver, on no device set."""
+    cost = callcosts.CallCost(time_s=time_s, transient_bytes=0.0, busy_s=0.0)
+    return _Call(phase=phase, roles=(), sets=(), cost=cost, preds=preds, on_driver=True)
 
 
 GENERATION_PHASES = (Phase.GENERATE, Phase.GENERATE_BASELINE)
@@ -600,6 +626,15 @@ def _tasks(
         if c.phase in GENERATION_PHASES and c.driver is not None
     )
 
+    # The rule-based reward: the executor scores once it has launched every forward call
+    # of the step and collects them after (`RLLoop._forwards`), so that their ends are
+    # stamped only then; but where it first waits for ReMax's greedy baseline rollout it
+    # stamps the forwards' ends as they come meanwhile, and only their gets wait.
+    stamps_after_scoring = Phase.GENERATE_BASELINE not in order and any(
+        c.on_driver and c.phase is Phase.REWARD for c in costed
+    )
+    forwards = [c.phase for c in costed if c.phase in FORWARD_PHASES and c.driver is not None]
+
     def gets_later(k: int) -> bool:
         """Rollout k's gets move to the collect of sync k+1 (the first rollout is
         collected as it ends, on-policy; the last has no sync after it)."""
@@ -626,15 +661,32 @@ def _tasks(
                     # The executor collects the sync that feeds generation k+1 (sent
                     # after update k−1) before it launches step k's training calls.
                     preds.append((k + 1, Phase.WEIGHT_SYNC))
+            if c.on_driver:
+                if c.phase is Phase.REWARD:
+                    preds.extend((k, f, LAUNCH) for f in forwards)
+                tasks.append(
+                    Work(
+                        id=(k, c.phase),
+                        sets=(CONTROLLER,),
+                        duration_s=c.cost.time_s,
+                        preds=tuple(preds),
+                        priority=priority,
+                        hosts=driver,
+                        sliced=False,
+                    )
+                )
+                continue
             duration_s = drawn.get(c.phase, c.cost.time_s)
             collect_s = 0.0 if c.driver is None else c.driver.collect_s
             if gets_later(k) and c.phase in GENERATION_PHASES and c.driver is not None:
                 duration_s, collect_s = max(0.0, duration_s - c.driver.get_s), 0.0
-            rollout_before: tuple[Hashable, ...] = ()
+            collect_after: tuple[Hashable, ...] = ()
             if c.phase is Phase.WEIGHT_SYNC and gets_later(k - 1):
                 # Rollout k−1's gets, taken with this sync's results once both are in.
                 collect_s += rollout_gets
-                rollout_before = tuple((k - 1, p) for p in order if p in GENERATION_PHASES)
+                collect_after = tuple((k - 1, p) for p in order if p in GENERATION_PHASES)
+            if stamps_after_scoring and c.phase in FORWARD_PHASES:
+                collect_after = (*collect_after, (k, Phase.REWARD))
             if c.driver is not None:
                 # The driver's launches come first and its gets after; what waits for
                 # the call waits for its results on the driver (redirected below).
@@ -655,7 +707,7 @@ def _tasks(
                         id=collect,
                         sets=(CONTROLLER,),
                         duration_s=collect_s,
-                        preds=((k, c.phase), *rollout_before),
+                        preds=((k, c.phase), *collect_after),
                         priority=priority,
                         hosts=driver,
                         sliced=False,
@@ -730,10 +782,8 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
         PhaseInterval(
             name=phase,
             roles=by_phase[phase].roles,
-            device_set=sets_of[step, phase][0] if sets_of[step, phase] else CONTROLLER,
-            set_label=plan.sets[sets_of[step, phase][0]].label()
-            if sets_of[step, phase]
-            else "controller",
+            device_set=_drawn_on(sets_of[step, phase]),
+            set_label=_set_label(plan, _drawn_on(sets_of[step, phase])),
             start_s=slot.start_s,
             end_s=slot.end_s,
             step=step,
@@ -770,6 +820,15 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
         notes=tuple(notes),
         window=window,
     )
+
+
+def _drawn_on(sets: tuple[int, ...]) -> int:
+    """The set a phase is drawn on: its first; the controller's for the driver's work."""
+    return sets[0] if sets else CONTROLLER
+
+
+def _set_label(plan: Plan, device_set: int) -> str:
+    return "controller" if device_set == CONTROLLER else plan.sets[device_set].label()
 
 
 def _call_intervals(

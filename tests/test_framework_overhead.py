@@ -19,6 +19,11 @@ import torch
 from placeflow.catalogue import get_model
 from placeflow.layout import TrainLayout
 from placeflow.profiles import framework
+from placeflow.profiles.controller_work import (
+    ADVANTAGE_LENS,
+    CONTROLLER_KINDS,
+    REWARD_RESPONSES,
+)
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import (
@@ -313,7 +318,7 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def expected_kinds() -> set[FrameworkKind]:
-    return set(FrameworkKind) - set(SHARED_KINDS)
+    return set(FrameworkKind) - set(SHARED_KINDS) - set(CONTROLLER_KINDS)
 
 
 def test_the_timers_run_the_engine() -> None:
@@ -366,7 +371,9 @@ def test_the_cpu_profile_carries_measured_framework_entries_and_gpu_profiles_non
     for e in entries:  # the fitted model answers each entry exactly
         kind = FrameworkKind(e.params["kind"])
         assert cm.framework_s(kind, int(e.params["num_units"])) == e.median_s
-        if kind not in SHARED_KINDS:  # (timed by profiles.shared_cores)
+        if kind in CONTROLLER_KINDS:  # (timed by profiles.controller_work)
+            assert cm.framework_units(kind) in (REWARD_RESPONSES, ADVANTAGE_LENS)
+        elif kind not in SHARED_KINDS:  # (timed by profiles.shared_cores)
             assert cm.framework_units(kind) == framework.measured_units(kind)
     for gpu in ("h100-sxm", "a100-80gb"):
         assert not load_profile(gpu).entries_for(Op.FRAMEWORK)

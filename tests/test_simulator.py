@@ -15,6 +15,7 @@ from placeflow.hardware import HARDWARE
 from placeflow.layout import TrainLayout
 from placeflow.phases import Phase
 from placeflow.plan import DeviceSet, Plan, RoleParallelism, load_plan
+from placeflow.profiles.controller_work import CONTROLLER_KINDS
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.profiles.shared_cores import SHARED_KINDS
@@ -362,14 +363,16 @@ def test_pipeline_bubbles_leave_cores_free(micro_batch: int, shared_ms: float) -
 
 def without_host_waits(cm: CostModel) -> CostModel:
     """`cm` without what the host adds around the sets' work: the driver's per-rank
-    launches and gets (the controller's own work, which shares the head node's cores
-    too), the collectives' wait for partners on shared cores, the time slices' cost and
-    a crowded call's fixed time; only the rates left."""
+    launches and gets and its scoring and advantages between the calls (the controller's
+    own work, which shares the head node's cores too), the collectives' wait for
+    partners on shared cores, the time slices' cost and a crowded call's fixed time;
+    only the rates left."""
+    dropped = {(s.value,) for s in (*SHARED_KINDS, *CONTROLLER_KINDS)}
     kept = {
         k: v
         for k, v in cm.series.items()
         if (k[0] != "dispatch" or k[1] == ("ray_call",))
-        and (k[0] != "framework" or k[1] not in {(s.value,) for s in SHARED_KINDS})
+        and (k[0] != "framework" or k[1] not in dropped)
     }
     return dataclasses.replace(cm, series=kept, _memo={})
 
