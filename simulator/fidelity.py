@@ -9,8 +9,12 @@ fill). Relative error = (predicted - measured) / measured; the summary is the
 median and the worst absolute error over the phases both sides have.
 `compare_runs` takes several runs of one plan: the median of their medians.
 
-Phases only one side has are listed, not scored: the controller's rule-based
-reward and advantage are measured but have no device cost in the simulator.
+Phases only one side has are listed, not scored. The controller's own work (the
+rule-based reward's scoring and the advantages, on the driver: the simulator's
+phases of no role) is listed apart (`controller`) where both sides have it, not
+scored either: a millisecond or two
+of driver work, which matters to the model for what waits behind it (the forwards'
+collects, the updates' launches), and whose own time is the host's noise.
 
 Overlap says how much of a step ran concurrently: the calls' durations summed,
 over the step's wall time (see `call_overlap` and `simulated_overlap`). 1 means
@@ -29,7 +33,8 @@ from placeflow.metrics import Metric, RecordKey
 from placeflow.phases import Phase
 from placeflow.simulator.estimate import StepEstimate
 
-# Controller-side phases: measured by the executor, not costed by the simulator.
+# Controller-side phases: the driver's own work where the simulator has it, and never
+# scored where only the run has it (a profile without the driver's entries).
 CONTROLLER_PHASES = (Phase.REWARD, Phase.ADVANTAGE)
 # The name of the table's row for the whole step (iteration time against measured step
 # time), shown after the phases' rows.
@@ -57,6 +62,7 @@ class FidelityTable:
     unscored: tuple[str, ...]  # phases on one side only
     measured_overlap: float | None  # median over the steps used; None: no step has a timeline
     simulated_overlap: float
+    controller: tuple[PhaseError, ...] = ()  # the driver's own work, listed, not scored
 
     @property
     def median_abs_error(self) -> float:
@@ -92,6 +98,10 @@ class FidelityTable:
             "unscored": list(self.unscored),
             "measured_overlap": self.measured_overlap,
             "simulated_overlap": self.simulated_overlap,
+            "controller": [
+                {"phase": p.phase, "measured_s": p.measured_s, "predicted_s": p.predicted_s}
+                for p in self.controller
+            ],
         }
 
     def to_markdown(self) -> str:
@@ -125,12 +135,17 @@ def compare(
         raise ValueError("no measured steps to compare")
     predicted = estimate.phase_totals_s()
     measured_names = {name for r in used for name in r[RecordKey.PHASES]}
-    rows = []
-    for name in sorted((measured_names & set(predicted)) - set(CONTROLLER_PHASES)):
+    # The driver's own work: the phases the simulator gives no role (a reward model's
+    # call is the model's, scored with the others).
+    on_driver = {p.name for p in estimate.phases if not p.roles}
+    rows: list[PhaseError] = []
+    controller: list[PhaseError] = []
+    for name in sorted(measured_names & set(predicted)):
         times = [float(r[RecordKey.PHASES].get(name, 0.0)) for r in used]
-        rows.append(
-            PhaseError(phase=name, measured_s=statistics.median(times), predicted_s=predicted[name])
+        row = PhaseError(
+            phase=name, measured_s=statistics.median(times), predicted_s=predicted[name]
         )
+        (controller if name in on_driver else rows).append(row)
     unscored = tuple(sorted((measured_names ^ set(predicted)) - set(CONTROLLER_PHASES)))
     step = PhaseError(
         phase=STEP_ROW,
@@ -146,6 +161,7 @@ def compare(
         unscored=unscored,
         measured_overlap=measured_overlap(used),
         simulated_overlap=simulated_overlap(estimate),
+        controller=tuple(controller),
     )
 
 
@@ -177,9 +193,12 @@ def median_table(estimate: StepEstimate, tables: Sequence[FidelityTable]) -> Fid
         return tables[0]
     predicted = estimate.phase_totals_s()
     measured: dict[str, list[float]] = {}
+    driver: dict[str, list[float]] = {}
     for table in tables:
         for p in table.phases:
             measured.setdefault(p.phase, []).append(p.measured_s)
+        for p in table.controller:
+            driver.setdefault(p.phase, []).append(p.measured_s)
     overlaps = [t.measured_overlap for t in tables if t.measured_overlap is not None]
     return FidelityTable(
         plan=tables[0].plan,
@@ -197,6 +216,10 @@ def median_table(estimate: StepEstimate, tables: Sequence[FidelityTable]) -> Fid
         unscored=tuple(sorted({n for t in tables for n in t.unscored} - set(measured))),
         measured_overlap=statistics.median(overlaps) if overlaps else None,
         simulated_overlap=tables[0].simulated_overlap,
+        controller=tuple(
+            PhaseError(phase=name, measured_s=statistics.median(times), predicted_s=predicted[name])
+            for name, times in sorted(driver.items())
+        ),
     )
 
 

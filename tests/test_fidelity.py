@@ -59,6 +59,14 @@ def test_compare_by_hand() -> None:
     assert table.step.rel_error == pytest.approx(-0.5)
     assert table.median_abs_error == pytest.approx(0.5)
     assert "reward" not in table.unscored  # controller-side phases are not listed as missing
+    # The driver's scoring and advantages (the simulator's phases of no role) are listed
+    # apart with both sides' times: the records' 1 ms reward, the advantage at twice.
+    assert {p.phase for p in table.controller} == {"advantage", "reward"}
+    listed = {p.phase: p for p in table.controller}
+    assert listed["reward"].measured_s == pytest.approx(0.001)
+    assert listed["reward"].predicted_s == pytest.approx(predicted["reward"])
+    assert listed["advantage"].measured_s == pytest.approx(2 * predicted["advantage"])
+    assert table.to_json()["controller"][0]["phase"] == "advantage"
     text = table.to_markdown()
     assert "| step |" in text and "-50%" in text
     assert json.loads(json.dumps(table.to_json()))["worst_abs_error"] == pytest.approx(0.5)
