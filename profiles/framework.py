@@ -543,11 +543,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"1 torch thread; CPU busy with other work before: "
         f"{'?' if busy is None else f'{busy:.0%}'}).",
     )
-    # (the shared-cores entries are another module's measurement: kept, their note with them)
+    # (the controller's entries are another module's measurement: kept, said to be)
+    controller = {k.value for k in CONTROLLER_KINDS}
+    driver = [e for e in profile.entries if e.op is Op.FRAMEWORK and e.params["kind"] in controller]
+    if driver:
+        kept = ", ".join(sorted({str(e.params["kind"]) for e in driver}))
+        note += (
+            f" Kinds {kept}: kept from before, measured by "
+            "`python -m placeflow.profiles.controller_work`."
+        )
+    # (so are the shared-cores entries: kept, their note with them, last: it runs to the
+    # note's end, `shared_collective_note`)
     shared = [e for e in profile.entries if is_shared_entry(e)]
     if shared:
         note += shared_collective_note(profile)
-    save_profile(with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared], note), args.add_to)
+    save_profile(
+        with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared, *driver], note), args.add_to
+    )
     _print(entries)
     return 0
 

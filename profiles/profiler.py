@@ -40,7 +40,9 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   `sync_disjoint` on a tiny model (`placeflow.profiles.framework`), thread CPU
   time; and what a collective adds when two busy ranks share each core, and the
   engine's forward with one and with two busy ranks per core, a call to
-  such ranks, and a forward after its thread slept (`placeflow.profiles.shared_cores`).
+  such ranks, and a forward after its thread slept (`placeflow.profiles.shared_cores`);
+  and the controller's own work between the calls, the rule-based reward's scoring
+  and each algorithm's advantages (`placeflow.profiles.controller_work`).
 
 Inputs of GEMMs, decode and elementwise ops are views into one scratch buffer
 filled once with uniform(-1, 1) values (no denormals, no per-point allocation
@@ -89,6 +91,7 @@ from rich.progress import (
 from placeflow.errors import MeasurementError, SpecError
 from placeflow.profiles import ops
 from placeflow.profiles.collectives import TORCH_DTYPES, measure_collectives
+from placeflow.profiles.controller_work import measure_advantages, measure_rule_reward
 from placeflow.profiles.framework import measure_framework
 from placeflow.profiles.grid import CPU_COPY_BYTES, DTYPE_BYTES, GridPoint, ProfilerGrid
 from placeflow.profiles.hostcheck import cpuinfo_fields, host_identity
@@ -597,6 +600,11 @@ def _host_overhead() -> list[Entry]:
             "paired collective",
             measure_paired_collective,
             "placeflow.profiles.shared_cores --kinds paired_collective",
+        ),
+        (
+            "controller work",
+            lambda: [*measure_rule_reward(), *measure_advantages()],
+            "placeflow.profiles.controller_work",
         ),
     )
     entries: list[Entry] = []

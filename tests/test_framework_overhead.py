@@ -500,7 +500,8 @@ def test_a_full_remeasure_keeps_the_shared_cores_entries_and_their_note(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`python -m placeflow.profiles.framework --add-to FILE` replaces the engine's kinds
-    and keeps what `profiles.shared_cores` measured: its entries and its note sentence."""
+    and keeps what `profiles.shared_cores` measured: its entries and its note sentence;
+    and what `profiles.controller_work` measured, said to be kept."""
     from placeflow.profiles import profiler
     from placeflow.profiles.schema import load_profile_file
     from placeflow.profiles.shared_cores import shared_collective_note
@@ -512,10 +513,13 @@ def test_a_full_remeasure_keeps_the_shared_cores_entries_and_their_note(
     shared = {k.value for k in SHARED_KINDS}
     kept = [e for e in before.entries_for(Op.FRAMEWORK) if e.params["kind"] in shared]
     assert {e.params["kind"] for e in kept} == shared
+    controller = {k.value for k in CONTROLLER_KINDS}
+    driver = [e for e in before.entries_for(Op.FRAMEWORK) if e.params["kind"] in controller]
+    assert {e.params["kind"] for e in driver} == controller
     engine = [
         dataclasses.replace(e, median_s=2 * e.median_s, p10_s=2 * e.p10_s, p90_s=2 * e.p90_s)
         for e in before.entries_for(Op.FRAMEWORK)
-        if e.params["kind"] not in shared
+        if e.params["kind"] not in shared | controller
     ]
     monkeypatch.setattr(framework, "measure_framework", lambda **_: engine)
     monkeypatch.setattr(profiler, "cpu_busy_fraction", lambda: 0.0)
@@ -523,7 +527,11 @@ def test_a_full_remeasure_keeps_the_shared_cores_entries_and_their_note(
     after = load_profile_file(path)
     got = after.entries_for(Op.FRAMEWORK)
     assert [e for e in got if e.params["kind"] in shared] == kept
-    remeasured = sorted((e.params["kind"], e.median_s) for e in got if e not in kept)
+    assert [e for e in got if e.params["kind"] in controller] == driver
+    assert "controller_work" in after.provenance.notes
+    remeasured = sorted(
+        (e.params["kind"], e.median_s) for e in got if e not in kept and e not in driver
+    )
     assert remeasured == sorted((e.params["kind"], e.median_s) for e in engine)
     sentence = shared_collective_note(before)
     assert sentence and shared_collective_note(after) == sentence
@@ -597,6 +605,8 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     monkeypatch.setattr(profiler, "measure_empty_call", noisy)
     monkeypatch.setattr(profiler, "measure_wake_call", noisy)
     monkeypatch.setattr(profiler, "measure_paired_collective", noisy)
+    monkeypatch.setattr(profiler, "measure_rule_reward", noisy)
+    monkeypatch.setattr(profiler, "measure_advantages", list)
     with caplog.at_level("WARNING"):
         assert profiler._host_overhead() == [shared]
     text = caplog.text
@@ -605,6 +615,7 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     assert "shared call not measured" in text
     assert "empty call not measured" in text
     assert "placeflow.profiles.shared_cores --kinds empty_call --add-to PROFILE" in text
+    assert "controller work not measured" in text
     assert "wake call not measured" in text
     assert "placeflow.profiles.shared_cores --kinds wake_call --add-to PROFILE" in text
     assert "paired collective not measured" in text
