@@ -576,7 +576,13 @@ def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
             p["rel_error"] = p["predicted_s"] / p["measured_s"] - 1
         step = {**old["step"], "predicted_s": estimate.iteration_s}
         step["rel_error"] = step["predicted_s"] / step["measured_s"] - 1
-        rows.append({"plan": plan.name, "phases": phases, "step": step})
+        # The driver's own work, listed (not scored) where the earlier run listed it.
+        controller = [
+            {**p, "predicted_s": predicted[p["phase"]]}
+            for p in old.get("controller", [])
+            if p["phase"] in predicted
+        ]
+        rows.append({"plan": plan.name, "phases": phases, "step": step, "controller": controller})
         print(
             f"| {plan.name} | "
             + ", ".join(f"{p['phase']} {p['rel_error']:+.0%}" for p in phases)

@@ -18,9 +18,16 @@ built-in `arith` checker (`rewards.score_items`), for num_units responses of
 of each algorithm on a batch of `CONTROLLER_SAMPLES` responses of num_units tokens,
 with the fields the algorithm's forwards fill. Both are `framework` entries (kinds
 `CONTROLLER_KINDS`, source measured), each the median of `repeats` timed runs after
-warm-up, with the host otherwise idle. The simulator makes them tasks of the driver
-in its schedule (`simulator.simulate`), where a crowded host stretches them as it
-does the driver's launches and gets (`simulator.schedule`).
+warm-up, with the host otherwise idle, each run after the thread slept
+`CONTROLLER_PAUSE_S`: the driver comes to this work from waiting for the forwards'
+results (the advantages) or from pickling its launches (the scoring), not from the
+same work, and timed back to back the work runs hot. On this VM (2026-11-30 01:40
+UTC, ad hoc) GRPO's advantages on 32 responses of 16 tokens took 0.10 ms back to
+back and 0.28, 0.56, 0.60 and 0.65 ms after sleeps of 3, 10, 30 and 100 ms (PPO's
+0.86 ms and 1.6-2.0), where the fidelity run of 00:41 UTC measured the advantage
+phase of the GRPO plans at 0.3-0.6 ms and of PPO's at 1.7-1.9. The simulator makes
+them tasks of the driver in its schedule (`simulator.simulate`), where a crowded host
+stretches them as it does the driver's launches and gets (`simulator.schedule`).
 
 What the entries leave out: a reward function other than `arith` (a user's, or
 math-verify's) is priced as `arith`'s decode and score, and the simulator says so in
@@ -78,13 +85,21 @@ CONTROLLER_RESPONSE_LEN = 16  # tokens per response scored
 ADVANTAGE_LENS = (16, 64, 256, 1024)  # num_units of the advantage kinds: response tokens
 CONTROLLER_SAMPLES = 32  # responses per advantage batch
 SAMPLES_PER_PROMPT = 4  # GRPO's and the others' groups (ReMax: one response per prompt)
+# The driver's thread sleeps before each run, as it waits for the calls' results before
+# the advantages and launches calls before it scores: its caches come to the work cold.
+CONTROLLER_PAUSE_S = 0.01
 
 
-def _timed(fn: Callable[[], object], repeats: int, warmup: int) -> list[float]:
+def _timed(
+    fn: Callable[[], object], repeats: int, warmup: int, pause_s: float = CONTROLLER_PAUSE_S
+) -> list[float]:
+    """`repeats` wall times of `fn`, each after the thread slept `pause_s` (module
+    docstring: the driver comes to this work cold)."""
     for _ in range(warmup):
         fn()
     out = []
     for _ in range(repeats):
+        time.sleep(pause_s)
         start = time.perf_counter()
         fn()
         out.append(time.perf_counter() - start)
@@ -246,7 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{CONTROLLER_RESPONSE_LEN} tokens decoded by the byte tokenizer and scored by "
         "`arith`; advantage_*, "
         f"`loop.step_advantages` on {CONTROLLER_SAMPLES} responses of num_units tokens; "
-        f"medians of {args.repeats} runs)."
+        f"medians of {args.repeats} runs, each after the thread slept "
+        f"{CONTROLLER_PAUSE_S * 1e3:g} ms)."
     )
     save_profile(with_some_kinds(profile, Op.FRAMEWORK, entries, names, text), args.add_to)
     for e in entries:

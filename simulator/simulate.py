@@ -747,6 +747,13 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
     costed, problems = _cost_calls(plan, cms, resident)
     notes: list[str] = []
     wl = plan.workload
+    if wl.reward_function not in (None, "arith") and any(
+        c.on_driver and c.phase is Phase.REWARD for c in costed
+    ):
+        notes.append(
+            f"the reward function {wl.reward_function!r} is priced as the built-in arith "
+            "checker's decode and scoring on the driver (the profile's rule_reward entries)"
+        )
     staleness, warm_up, window = 0, 0, 1
     draws: tuple[Draw, ...] = ()
     if wl.asynchronous:

@@ -128,6 +128,10 @@ def test_scoring_behind_the_launches_and_advantages_before_the_updates_by_hand()
     for p in slow.phases:
         if p.name in (Phase.REWARD, Phase.ADVANTAGE):
             assert p.device_set == CONTROLLER and p.set_label == "controller"
+    assert not slow.notes  # `arith`: the profile's own checker
+    wl = dataclasses.replace(plan.workload, reward_function="math")
+    notes = simulate(dataclasses.replace(plan, workload=wl), _costs(r / 8, a)).notes
+    assert any("'math' is priced as the built-in arith" in n for n in notes)
     r_hidden = (t_ref - launches) / 2
     assert r_hidden > 0
     quick = simulate(plan, _costs(per_response=r_hidden / 8, advantage_s=a))
