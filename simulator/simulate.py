@@ -635,6 +635,21 @@ def _tasks(
     )
     forwards = [c.phase for c in costed if c.phase in FORWARD_PHASES and c.driver is not None]
 
+    def on_driver(
+        work_id: Hashable, duration_s: float, preds: Sequence[Hashable], priority: int
+    ) -> Work:
+        """Work of the driver's one thread: on the controller, on the head node's cores
+        where they are shared, at the plain share of a core (`schedule`)."""
+        return Work(
+            id=work_id,
+            sets=(CONTROLLER,),
+            duration_s=duration_s,
+            preds=tuple(preds),
+            priority=priority,
+            hosts=driver,
+            sliced=False,
+        )
+
     def gets_later(k: int) -> bool:
         """Rollout k's gets move to the collect of sync k+1 (the first rollout is
         collected as it ends, on-policy; the last has no sync after it)."""
@@ -664,17 +679,7 @@ def _tasks(
             if c.on_driver:
                 if c.phase is Phase.REWARD:
                     preds.extend((k, f, LAUNCH) for f in forwards)
-                tasks.append(
-                    Work(
-                        id=(k, c.phase),
-                        sets=(CONTROLLER,),
-                        duration_s=c.cost.time_s,
-                        preds=tuple(preds),
-                        priority=priority,
-                        hosts=driver,
-                        sliced=False,
-                    )
-                )
+                tasks.append(on_driver((k, c.phase), c.cost.time_s, preds, priority))
                 continue
             duration_s = drawn.get(c.phase, c.cost.time_s)
             collect_s = 0.0 if c.driver is None else c.driver.collect_s
@@ -691,27 +696,9 @@ def _tasks(
                 # The driver's launches come first and its gets after; what waits for
                 # the call waits for its results on the driver (redirected below).
                 launch, collect = (k, c.phase, LAUNCH), (k, c.phase, COLLECT)
+                tasks.append(on_driver(launch, c.driver.launch_s, preds, priority))
                 tasks.append(
-                    Work(
-                        id=launch,
-                        sets=(CONTROLLER,),
-                        duration_s=c.driver.launch_s,
-                        preds=tuple(preds),
-                        priority=priority,
-                        hosts=driver,
-                        sliced=False,
-                    )
-                )
-                tasks.append(
-                    Work(
-                        id=collect,
-                        sets=(CONTROLLER,),
-                        duration_s=collect_s,
-                        preds=((k, c.phase), *collect_after),
-                        priority=priority,
-                        hosts=driver,
-                        sliced=False,
-                    )
+                    on_driver(collect, collect_s, ((k, c.phase), *collect_after), priority)
                 )
                 collected[k, c.phase] = collect
                 preds.append(launch)
