@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,7 +53,6 @@ from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
     Op,
-    Source,
     load_profile_file,
     save_profile,
     with_some_kinds,
@@ -106,20 +104,6 @@ def _timed(
     return out
 
 
-def _entry(kind: FrameworkKind, num_units: int, samples: Sequence[float]) -> Entry:
-    qs = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else samples
-    median = statistics.median(samples)
-    return Entry(
-        op=Op.FRAMEWORK,
-        params={"kind": kind.value, "num_units": num_units},
-        median_s=median,
-        p10_s=min(qs[0], median),
-        p90_s=max(qs[-1], median),
-        repeats=len(samples),
-        source=Source.MEASURED,
-    )
-
-
 def _digits(rows: int, cols: int, seed: int) -> torch.Tensor:
     """Token ids of ASCII digits under the byte tokenizer (an arithmetic answer's text)."""
     import torch
@@ -142,6 +126,7 @@ def measure_rule_reward(
     from placeflow.executor.loop import decode_responses
     from placeflow.executor.rewards import RewardInput, load_reward_function, score_items
     from placeflow.fields import Field
+    from placeflow.profiles.shared_cores import framework_entry
 
     tok, fn = ByteTokenizer(), load_reward_function("arith")
     entries = []
@@ -161,7 +146,9 @@ def measure_rule_reward(
             ]
             return torch.tensor(score_items(fn, items).values)
 
-        entries.append(_entry(FrameworkKind.RULE_REWARD, n, _timed(score, repeats, warmup)))
+        entries.append(
+            framework_entry(FrameworkKind.RULE_REWARD, n, _timed(score, repeats, warmup))
+        )
     return entries
 
 
@@ -175,6 +162,7 @@ def measure_advantages(
     """The advantage entries: `loop.step_advantages` of each algorithm on
     `CONTROLLER_SAMPLES` responses of each length."""
     from placeflow.executor.loop import step_advantages
+    from placeflow.profiles.shared_cores import framework_entry
 
     entries = []
     for algorithm in algorithms:
@@ -184,7 +172,9 @@ def measure_advantages(
             def run(w: Workload = w, batch: Batch = batch) -> object:
                 return step_advantages(w, batch, 1.0)
 
-            entries.append(_entry(ADVANTAGE_KIND[algorithm], r, _timed(run, repeats, warmup)))
+            entries.append(
+                framework_entry(ADVANTAGE_KIND[algorithm], r, _timed(run, repeats, warmup))
+            )
     return entries
 
 

@@ -292,7 +292,7 @@ def measure_shared_collective(
         repeats=repeats,
     )
     extra = _paired_loops(job, stall_timeout_s)[0][CHUNK_MATMULS]
-    return _entry(FrameworkKind.SHARED_COLLECTIVE, 1, extra)
+    return framework_entry(FrameworkKind.SHARED_COLLECTIVE, 1, extra)
 
 
 def measure_paired_collective(
@@ -324,7 +324,7 @@ def measure_paired_collective(
     entries, units = [], 0
     for m in job.chunks:
         units = max(round(statistics.median(alone[m]) * 1e6), units + 1)
-        entries.append(_entry(FrameworkKind.PAIRED_COLLECTIVE, units, extra[m]))
+        entries.append(framework_entry(FrameworkKind.PAIRED_COLLECTIVE, units, extra[m]))
     return entries
 
 
@@ -436,7 +436,7 @@ def measure_shared_compute(
             on_message=on_message,
             stall_timeout_s=stall_timeout_s,
         )
-        entries.append(_entry(FrameworkKind.SHARED_COMPUTE, ranks, samples))
+        entries.append(framework_entry(FrameworkKind.SHARED_COMPUTE, ranks, samples))
     return entries
 
 
@@ -491,7 +491,7 @@ def measure_shared_call(
                     f"a call to {ranks} ranks: {len(samples) - len(kept)} of {len(samples)} "
                     "pairs gave no fixed time (the host was too busy); measure again"
                 )
-            entries.append(_entry(FrameworkKind.SHARED_CALL, ranks, kept))
+            entries.append(framework_entry(FrameworkKind.SHARED_CALL, ranks, kept))
         return entries
 
 
@@ -530,7 +530,7 @@ def measure_empty_call(
                     times.append(time.perf_counter() - launched)
             for w in world:
                 ray.kill(w)
-            entries.append(_entry(FrameworkKind.EMPTY_CALL, ranks, times))
+            entries.append(framework_entry(FrameworkKind.EMPTY_CALL, ranks, times))
         return entries
 
 
@@ -552,7 +552,7 @@ def _ray_actors(cls: type) -> Iterator[tuple[Any, Any]]:
             ray.shutdown()
 
 
-def _entry(
+def framework_entry(
     kind: FrameworkKind, num_units: int, samples: Sequence[float], *, p10_floor_s: float = 0.0
 ) -> Entry:
     """The entry of `samples`: their median, p10 (at least `p10_floor_s`) and p90."""
@@ -625,7 +625,7 @@ def _extra_entries(kind: FrameworkKind, samples: Mapping[int, Sequence[float]]) 
     than the same piece hot): their median, p10 (at least `WAKE_FLOOR_S`, entries' times
     being positive) and p90; none where the median is not above 0."""
     return [
-        _entry(kind, units, extra, p10_floor_s=WAKE_FLOOR_S)
+        framework_entry(kind, units, extra, p10_floor_s=WAKE_FLOOR_S)
         for units, extra in sorted(samples.items())
         if extra and statistics.median(extra) > 0
     ]

@@ -111,7 +111,9 @@ def test_the_command_records_the_level2_cache_with_the_entries(
     cores = int(load_profile_file(path).provenance.host["cpu_count"])
     monkeypatch.setattr(shared_cores.os, "cpu_count", lambda: cores)
     monkeypatch.setattr(profiler, "level2_cache_bytes", lambda: L2)
-    entries = [shared_cores._entry(FrameworkKind.COLD_WEIGHTS, r, [t]) for r, t in HAND.items()]
+    entries = [
+        shared_cores.framework_entry(FrameworkKind.COLD_WEIGHTS, r, [t]) for r, t in HAND.items()
+    ]
     monkeypatch.setattr(shared_cores, "measure_cold_weights", lambda: entries)
     assert main(["--add-to", str(path), "--kinds", "cold_weights"]) == 0
     after = load_profile_file(path)
