@@ -45,6 +45,22 @@ lower bound.
 
 Writes benchmarks/results/repeatability_rounds_cpu.json (with the command and the
 file's date, profile and command).
+
+`--across FILE FILE FILE...` takes three or more results files of the same plans made
+at different times (sessions, hours, VMs of this kind) and asks what the benchmark's
+score resolves from one run to the next: each file's measured times (as it scored
+them, the median of its rounds) against the median of the other files' times, as
+`fidelity_cpu.py` scores the model (the others' median over this file's - 1), raw
+and at the same speed (each time over its row's host speed, then times this file's),
+beside the model's own score in each file. A model could be no closer to one run than
+the other runs' own measurements are, whatever it leaves out; what moves between
+sessions (the host's speed, its neighbours) is in it, which the `--rounds` floor does
+not see.
+
+    python benchmarks/repeatability.py --across A.json B.json C.json [D.json ...]
+
+Writes benchmarks/results/repeatability_across_cpu.json (with the command and each
+file's date, profile and command).
 """
 
 from __future__ import annotations
@@ -306,6 +322,78 @@ def _print_rounds(report: Mapping[str, Any]) -> None:
     )
 
 
+def across_report(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`--across`: for each report, the other reports' median time of each phase and step
+    they all measured, scored against this report's (others / this - 1, `summary`), raw
+    and at this report's host speeds (`at_same_speed`; each other time over its row's
+    speed, times this row's; only the plans every report gave a speed), and the
+    report's own model error over the same keys."""
+    if len(reports) < 3:
+        raise ValueError(f"give three or more results files, got {len(reports)}")
+    times = [per_phase(r, "measured_s") for r in reports]
+    speeds = [host_speeds(r) for r in reports]
+    common = set.intersection(*(set(t) for t in times))
+    if not common:
+        raise ValueError("the files have no phase in common")
+    out = []
+    for i, report in enumerate(reports):
+        others = [j for j in range(len(reports)) if j != i]
+        raw = {k: statistics.median(times[j][k] for j in others) / times[i][k] - 1 for k in common}
+        same: dict[Key, float] = {}
+        for k in common:
+            given = [speeds[j].get(k[0]) for j in range(len(reports))]
+            known = [s for s in given if s is not None]
+            if len(known) < len(given):
+                continue
+            scaled = [times[j][k] / known[j] * known[i] for j in others]
+            same[k] = statistics.median(scaled) / times[i][k] - 1
+        model = per_phase(report, "rel_error")
+        out.append(
+            {
+                "date": report.get("date"),
+                "others_median_vs_run": summary(raw, common),
+                "others_median_vs_run_same_speed": summary(same, same) if same else None,
+                "model_vs_run": summary(model, common),
+            }
+        )
+    return out
+
+
+def main_across(paths: Sequence[Path], given: Sequence[str]) -> int:
+    reports = [_read(p) for p in paths]
+    try:
+        report = across_report(reports)
+    except ValueError as e:
+        raise SystemExit(f"repeatability: --across: {e}") from e
+    for path, r in zip(paths, report, strict=True):
+        for label, key in (
+            ("others' median", "others_median_vs_run"),
+            ("at same speed", "others_median_vs_run_same_speed"),
+            ("model", "model_vs_run"),
+        ):
+            s = r[key]
+            if s is None:
+                continue
+            print(
+                f"{path.name:44s} {label:15s} {s['phases']:3d} phases: median "
+                f"{_pct(s['median_abs_phases'])}, worst {_pct(s['worst_abs_phases'])}; "
+                f"{s['steps']} steps: median {_pct(s['median_abs_steps'])}, worst "
+                f"{_pct(s['worst_abs_steps'])}"
+            )
+    out = {
+        "command": "python benchmarks/repeatability.py " + " ".join(given),
+        "runs": [
+            {k: r.get(k) for k in ("date", "command", "profile", "rounds", "total_s")}
+            | {"file": p.name}
+            for p, r in zip(paths, reports, strict=True)
+        ],
+        "bounds": {"median": MEDIAN_BOUND, "worst": WORST_BOUND},
+        "report": report,
+    }
+    (RESULTS / "repeatability_across_cpu.json").write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         report = json.loads(path.read_text())
@@ -362,10 +450,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="with --rounds: the model's errors from this file (a --resimulate of the same runs)",
     )
+    parser.add_argument(
+        "--across",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="three or more results files of the same plans: each against the others' median",
+    )
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
+    if args.across is not None:
+        if args.first is not None or args.rounds is not None:
+            parser.error("--across takes its files itself; give no other files")
+        return main_across(args.across, given)
     if args.rounds is not None:
         if args.first is not None:
             parser.error("--rounds takes one file; give either it or two results files")

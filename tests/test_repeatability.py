@@ -198,3 +198,44 @@ def test_the_floor_without_the_noisiest_phase_is_that_of_the_rest() -> None:
     (without,) = floor["phases"]["without_widest"]
     assert without["left_out"] == [["p", "reshard"]]
     assert without["worst_abs"] == 0.0 and without["share_worst_within"] == 1.0
+
+
+def _across(t: float, speed: float) -> dict:
+    return _report({"p": {"generate": t}, "q": {"generate": 0.030}}, speed, 0.1)
+
+
+def test_each_file_is_scored_against_the_median_of_the_others_by_hand() -> None:
+    reports = [_across(0.040, 1.0), _across(0.050, 1.25), _across(0.060, 1.5)]
+    first, second, _ = repeatability.across_report(reports)
+    # The first file's p generate against the others' median, (50 + 60) / 2 ms: +37.5 %;
+    # q the same everywhere: 0. Steps alike (each plan's step is its one phase).
+    raw = first["others_median_vs_run"]
+    assert raw["worst_abs_phases"] == pytest.approx(0.375)
+    assert raw["worst_phase"] == ["p", "generate"]
+    assert raw["median_abs_phases"] == pytest.approx(0.1875)
+    assert raw["worst_abs_steps"] == pytest.approx(0.375)
+    # At the first file's speed the others read 50 / 1.25 and 60 / 1.5 ms, i.e. 40: 0;
+    # and q's 30 ms at speeds 1.25 and 1.5 read 24 and 20 ms: 22 / 30 - 1.
+    same = first["others_median_vs_run_same_speed"]
+    assert same["worst_abs_phases"] == pytest.approx(1 - 22 / 30)
+    assert same["worst_phase"] == ["q", "generate"]
+    # The middle file is the others' median itself.
+    assert second["others_median_vs_run"]["worst_abs_phases"] == pytest.approx(0.0)
+    assert first["model_vs_run"]["worst_abs_phases"] == pytest.approx(0.1)
+
+
+def test_across_needs_three_files_and_writes_its_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match="three or more"):
+        repeatability.across_report([_across(0.04, 1.0), _across(0.05, 1.0)])
+    paths = []
+    for i, t in enumerate((0.040, 0.050, 0.060)):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(_across(t, 1.0)))
+    monkeypatch.setattr(repeatability, "RESULTS", tmp_path)
+    assert repeatability.main(["--across", *map(str, paths)]) == 0
+    out = json.loads((tmp_path / "repeatability_across_cpu.json").read_text())
+    assert [r["file"] for r in out["runs"]] == ["r0.json", "r1.json", "r2.json"]
+    # The last file's 60 ms against the others' median, 45 ms: -25 %.
+    assert out["report"][2]["others_median_vs_run"]["worst_abs_phases"] == pytest.approx(0.25)
