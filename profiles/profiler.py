@@ -40,7 +40,8 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   `sync_disjoint` on a tiny model (`placeflow.profiles.framework`), thread CPU
   time; and what a collective adds when two busy ranks share each core, and the
   engine's forward with one and with two busy ranks per core, a call to
-  such ranks, and a forward after its thread slept (`placeflow.profiles.shared_cores`);
+  such ranks, a forward after its thread slept, and a pass over weights past a core's
+  own cache (`placeflow.profiles.shared_cores`);
   and the controller's own work between the calls, the rule-based reward's scoring
   and each algorithm's advantages (`placeflow.profiles.controller_work`).
 
@@ -109,6 +110,7 @@ from placeflow.profiles.schema import (
     with_op_entries,
 )
 from placeflow.profiles.shared_cores import (
+    measure_cold_weights,
     measure_empty_call,
     measure_paired_collective,
     measure_shared_call,
@@ -596,6 +598,11 @@ def _host_overhead() -> list[Entry]:
         ("shared call", measure_shared_call, "placeflow.profiles.shared_cores"),
         ("empty call", measure_empty_call, "placeflow.profiles.shared_cores --kinds empty_call"),
         ("wake call", measure_wake_call, "placeflow.profiles.shared_cores --kinds wake_call"),
+        (
+            "cold weights",
+            measure_cold_weights,
+            "placeflow.profiles.shared_cores --kinds cold_weights",
+        ),
         (
             "paired collective",
             measure_paired_collective,

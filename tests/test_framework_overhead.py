@@ -604,6 +604,7 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     monkeypatch.setattr(profiler, "measure_shared_call", noisy)
     monkeypatch.setattr(profiler, "measure_empty_call", noisy)
     monkeypatch.setattr(profiler, "measure_wake_call", noisy)
+    monkeypatch.setattr(profiler, "measure_cold_weights", noisy)
     monkeypatch.setattr(profiler, "measure_paired_collective", noisy)
     monkeypatch.setattr(profiler, "measure_rule_reward", noisy)
     monkeypatch.setattr(profiler, "measure_advantages", list)
@@ -618,6 +619,8 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     assert "controller work not measured" in text
     assert "wake call not measured" in text
     assert "placeflow.profiles.shared_cores --kinds wake_call --add-to PROFILE" in text
+    assert "cold weights not measured" in text
+    assert "placeflow.profiles.shared_cores --kinds cold_weights --add-to PROFILE" in text
     assert "paired collective not measured" in text
     assert "placeflow.profiles.shared_cores --kinds paired_collective --add-to PROFILE" in text
     # A measurement error that reaches the CLI is one line and exit 1, not a traceback.
