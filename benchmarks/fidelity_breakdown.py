@@ -17,6 +17,10 @@ others). The measured phase less the alone-engine time, the round trip and
 the core-sharing stretch is what is left for collectives and waiting.
 
     python benchmarks/fidelity_breakdown.py [--plan colocate-tiny-llama-8p] [--run]
+        [--profile cpu]
+
+(`--profile`: the profile the simulator prices with, a name or a file; default the
+shipped `cpu`, which describes the host that measured it.)
 
 Writes benchmarks/results/fidelity_breakdown.json (with the command, the load
 and the date).
@@ -179,10 +183,10 @@ def _payloads(plan: Plan) -> dict[str, int]:
     }
 
 
-def simulated_pieces(plan: Plan) -> dict[str, Any]:
-    """The simulator's price: each phase of the first step with its parts, and one
-    optimizer step (its kernel, and its host time where the profile has it)."""
-    cms = cost_models_for(plan, "cpu")
+def simulated_pieces(plan: Plan, profile: str = "cpu") -> dict[str, Any]:
+    """The simulator's price with `profile`: each phase of the first step with its parts,
+    and one optimizer step (its kernel, and its host time where the profile has it)."""
+    cms = cost_models_for(plan, profile)
     estimate = simulate(plan, cms)
     cm = next(iter(cms.values())) if isinstance(cms, dict) else cms
     phases = {}
@@ -228,6 +232,7 @@ def main() -> None:
     parser.add_argument("--plan", default="colocate-tiny-llama-8p")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--run", action="store_true", help="also run the plan (4 steps)")
+    parser.add_argument("--profile", default="cpu", help="the profile the simulator prices with")
     args = parser.parse_args()
     plan = next(p for _, p in plans() if p.name == args.plan)
     load = os.getloadavg()[0]
@@ -238,7 +243,8 @@ def main() -> None:
         "load_1min_before": load,
         "engine_alone_s": engine_pieces(plan, args.repeats),
         "ray_round_trip_s": ray_round_trips(plan, args.repeats),
-        "simulated": simulated_pieces(plan),
+        "profile": args.profile,
+        "simulated": simulated_pieces(plan, args.profile),
     }
     if args.run:
         report["measured_phase_s"] = measured_phases(plan, 4)
