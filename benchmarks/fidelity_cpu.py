@@ -41,7 +41,10 @@ with the profile brought to the speed of the host around its run
 (`hostcheck.at_host_speed`: every entry's times times the geometric mean of the
 host checks right before and right after the run, the first plan's before being
 the median of `SPEED_CHECKS` checks; a VM's speed moves from one minute to the
-next), whatever the ratio; each row records its `host_speed` and `host_checks`, the
+next), whatever the ratio, unless the GEMMs' speed and the engine pieces' (below)
+stand more than 2x apart, the sign of a profile made on another kind of host
+(`hostcheck.speeds_apart`; `--any-host` runs anyway); each row records its
+`host_speed` and `host_checks`, the
 report the starting median as `host_speed`. The engine's own pieces (its Python
 beyond the kernels, the profile's engine framework entries) are brought to a speed
 of their own, read the same way from those pieces re-timed
@@ -80,7 +83,13 @@ from placeflow.executor.loop import as_run
 from placeflow.executor.run import RunConfig, read_metrics, run_plan
 from placeflow.plan import Plan, load_plan, plan_from_dict
 from placeflow.profiles.costmodel import CostModel
-from placeflow.profiles.hostcheck import HostCheck, at_host_speed, check_framework, check_host
+from placeflow.profiles.hostcheck import (
+    HostCheck,
+    at_host_speed,
+    check_framework,
+    check_host,
+    speeds_apart,
+)
 from placeflow.profiles.registry import load_profile
 from placeflow.profiles.schema import Profile
 from placeflow.simulator import simulate
@@ -256,7 +265,11 @@ def main() -> None:
             f"(median of {sum(r is not None for r in checked.work_checks)} checks)",
             file=sys.stderr,
         )
-    # A profile brought to this host's speed is compared whatever the ratio was.
+    # A profile brought to this host's speed is compared whatever the ratio was, unless
+    # its two speeds stand so far apart that it describes another kind of host.
+    apart = speeds_apart(speed, work_speed)
+    if apart is not None and not args.any_host:
+        raise SystemExit(f"fidelity_cpu: {apart} (or --any-host to compare anyway)")
     if not host.ok and not args.any_host and speed is None:
         raise SystemExit(
             "fidelity_cpu: the profile does not describe this host; measure one here, "

@@ -44,6 +44,13 @@ DEFAULT_POINTS = 12
 # before at 0.96x to 1.36x of its times within two minutes, so a narrower band would
 # call a host's own profile another host's.
 DEFAULT_TOLERANCE = 0.5
+# The most the GEMMs' and the engine pieces' speeds may stand apart (either way) for one
+# profile brought to a host's speed by them (`at_host_speed`) to describe that host: on
+# the VM that measured the fidelity profile they read 0.9x and 0.7x (1.3x apart); on a
+# VM of another CPU family, 0.7x and 0.24x (2.9x apart; README, thirtieth round), and
+# Ray's own calls there followed the engine's pieces (0.2-0.3x), which two ratios
+# cannot carry: every entry not re-timed is scaled by the GEMMs'.
+MAX_SPEEDS_APART = 2.0
 
 
 def cpuinfo_fields(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
@@ -270,6 +277,28 @@ def check_framework(profile: Profile, *, timer: FrameworkTimer | None = None) ->
         if (key := (e.params["kind"], e.params["num_units"])) in stored and e.median_s > 0
     ]
     return statistics.median(ratios) if ratios else None
+
+
+def speeds_apart(
+    gemm_ratio: float | None, work_ratio: float | None, limit: float = MAX_SPEEDS_APART
+) -> str | None:
+    """Why a profile cannot be brought to this host's speed, or None where it can: the
+    GEMMs' speed (`HostCheck.ratio`) and the engine pieces' (`check_framework`) more
+    than `limit` times apart either way, a sign that the profile was made on another
+    kind of host. None where either speed is unknown."""
+    if gemm_ratio is None or work_ratio is None or gemm_ratio <= 0 or work_ratio <= 0:
+        return None
+    apart = max(gemm_ratio / work_ratio, work_ratio / gemm_ratio)
+    if apart <= limit:
+        return None
+    return (
+        f"this host runs the profile's GEMMs at {gemm_ratio:.2f}x its times and the "
+        f"engine's pieces at {work_ratio:.2f}x, {apart:.1f}x apart (more than {limit:g}x): "
+        "the profile was made on another kind of host, and the entries neither check "
+        "re-times (Ray's calls, copies, the shared-cores probes) cannot be brought to "
+        "this one's speed. Profile this host with `placeflow profile --device cpu --out "
+        "cpu-here.json` and pass `--profile cpu-here.json`"
+    )
 
 
 def at_host_speed(

@@ -15,6 +15,7 @@ from placeflow.profiles.hostcheck import (
     host_identity,
     identity_differences,
     retime,
+    speeds_apart,
 )
 from placeflow.profiles.profiler import _host
 from placeflow.profiles.schema import Entry, Op, Profile, Provenance, Source
@@ -248,3 +249,19 @@ def test_the_framework_check_re_times_the_engine_s_pieces_here() -> None:
     assert all(e.params["num_units"] == 1 and e.median_s > 0 for e in timed)
     ratio = check_framework(load_profile("cpu"), timer=lambda: timed)
     assert ratio is not None and math.isfinite(ratio) and ratio > 0
+
+
+def test_two_speeds_far_apart_say_the_profile_is_of_another_kind_of_host() -> None:
+    # This round's VM against the family-25 profile: GEMMs 0.70x, the engine's 0.235x.
+    why = speeds_apart(0.70, 0.235)
+    assert why is not None
+    assert "3.0x apart (more than 2x)" in why and "placeflow profile --device cpu" in why
+    # Either way round, and at the bound itself it still describes the host.
+    assert speeds_apart(0.235, 0.70) is not None
+    assert speeds_apart(1.0, 0.5) is None
+    assert speeds_apart(0.9, 0.7) is None
+    assert speeds_apart(1.0, 0.5, limit=1.5) is not None
+    # Unknown or unusable speeds say nothing.
+    assert speeds_apart(None, 0.2) is None
+    assert speeds_apart(0.7, None) is None
+    assert speeds_apart(0.0, 0.5) is None
