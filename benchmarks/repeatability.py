@@ -165,6 +165,15 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
+def _summary_text(s: Mapping[str, Any]) -> str:
+    """One `summary` as a line: its phases' and steps' counts, medians and worsts."""
+    return (
+        f"{s['phases']:3d} phases: median {_pct(s['median_abs_phases'])}, worst "
+        f"{_pct(s['worst_abs_phases'])}; {s['steps']} steps: median "
+        f"{_pct(s['median_abs_steps'])}, worst {_pct(s['worst_abs_steps'])}"
+    )
+
+
 def round_times(report: Mapping[str, Any]) -> dict[Key, list[float]]:
     """Every phase's and step's measured seconds in each run of a `fidelity_cpu.py
     --rounds N` results file (its rows' `runs`), in run order; a phase some run did not
@@ -374,12 +383,7 @@ def main_across(paths: Sequence[Path], given: Sequence[str]) -> int:
             s = r[key]
             if s is None:
                 continue
-            print(
-                f"{path.name:44s} {label:15s} {s['phases']:3d} phases: median "
-                f"{_pct(s['median_abs_phases'])}, worst {_pct(s['worst_abs_phases'])}; "
-                f"{s['steps']} steps: median {_pct(s['median_abs_steps'])}, worst "
-                f"{_pct(s['worst_abs_steps'])}"
-            )
+            print(f"{path.name:44s} {label:15s} {_summary_text(s)}")
     out = {
         "command": "python benchmarks/repeatability.py " + " ".join(given),
         "runs": [
@@ -477,12 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = compare(first, second, args.long_ms / 1e3)
     for name, by_set in report.items():
         for label, s in by_set.items():
-            print(
-                f"{name:24s} {label:16s} {s['phases']:3d} phases: median "
-                f"{_pct(s['median_abs_phases'])}, worst {_pct(s['worst_abs_phases'])}; "
-                f"{s['steps']} steps: median {_pct(s['median_abs_steps'])}, worst "
-                f"{_pct(s['worst_abs_steps'])}"
-            )
+            print(f"{name:24s} {label:16s} {_summary_text(s)}")
     out = {
         "command": "python benchmarks/repeatability.py " + " ".join(given),
         "runs": [
