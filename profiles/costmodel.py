@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -596,6 +597,23 @@ class CostModel:
         `empty_call` entries, `profiles.shared_cores`), as points (W / cores in ranks
         per core, seconds); () where the profile has none or does not record its cores."""
         return self._per_core_points(FrameworkKind.EMPTY_CALL)
+
+    def ray_background(self) -> float:
+        """The cores of a run's host that Ray's daemons, its threads in the workers and
+        the driver, and the kernel keep busy while the ranks compute: the median of the
+        profile's `ray_background` entries (`profiles.shared_cores`; their "times" are
+        cores), over every W the probe ran, since within its noise it does not depend on
+        W (0.08-0.10 cores at W = 1-4 on the 2-core VM). 0 where the profile has none
+        (GPU profiles, older CPU ones)."""
+        units = self.framework_units(FrameworkKind.RAY_BACKGROUND)
+        if not units:
+            return 0.0
+
+        def median() -> float:
+            values = [self.framework_s(FrameworkKind.RAY_BACKGROUND, u) for u in units]
+            return statistics.median(v for v in values if v is not None)
+
+        return self.remember(("ray background",), median)
 
     def wake_curve(self) -> WakeCurve:
         """What a call costs more after its rank slept, by how long: the profile's

@@ -113,6 +113,7 @@ from placeflow.profiles.shared_cores import (
     measure_cold_weights,
     measure_empty_call,
     measure_paired_collective,
+    measure_ray_background,
     measure_shared_call,
     measure_shared_collective,
     measure_shared_compute,
@@ -607,6 +608,11 @@ def _host_overhead() -> list[Entry]:
             "paired collective",
             measure_paired_collective,
             "placeflow.profiles.shared_cores --kinds paired_collective",
+        ),
+        (
+            "Ray background",
+            measure_ray_background,
+            "placeflow.profiles.shared_cores --kinds ray_background",
         ),
         (
             "controller work",

@@ -189,6 +189,11 @@ class FrameworkKind(StrEnum):
     # rank per core: a collective as a tensor-parallel layer meets it, its partner
     # blocked until the data arrives; measured by `shared_cores`.
     PAIRED_COLLECTIVE = "paired_collective"
+    # Not the engine's either, and not a time: the host's cores kept busy by everything but
+    # the ranks' and the driver's own threads (Ray's daemons, the Ray threads of the
+    # workers and the driver, the kernel's) while num_units Ray actor ranks compute in a
+    # call, in CPU seconds per second; measured by `shared_cores`.
+    RAY_BACKGROUND = "ray_background"
     # Not the engine's either: the controller's own serial work of a step on the driver,
     # through the executor's own functions (measured by `placeflow.profiles.controller_work`).
     # The rule-based reward: num_units responses of CONTROLLER_RESPONSE_LEN tokens decoded

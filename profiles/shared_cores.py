@@ -114,9 +114,23 @@ collective within a host after a known compute at least at this curve
 (`CostModel.collective_s`, `after_s`), the simulator a tensor-parallel layer's with
 the layer's work between them (`simulator.compute`).
 
+A run's host does more than its ranks' and its driver's work: Ray's daemons (the GCS,
+the raylet, the dashboard's agents), the Ray threads of every worker and of the driver,
+and the kernel's own threads take their share of the cores while the ranks compute,
+where every kernel and engine entry, and `shared_compute` (plain processes, no Ray), was
+timed without them. `measure_ray_background` runs W = 1 ... 2·c Ray actor ranks started
+as the executor's workers are, each `BACKGROUND_FORWARDS` reference forwards in one call
+while the driver waits, and takes the host's busy CPU over the call (/proc/stat) less
+the ranks' main threads' and the driver's (their schedstat and thread CPU time), per
+second of the call: `framework` entries of kind `ray_background`, num_units W, their
+"times" in cores (CPU seconds per second), not seconds. On the 2-core VM it read
+0.08-0.10 cores at W = 1-4 (ad hoc, 2026-12-01, eight calls each). The simulator counts
+it among the busy workers of every host it shares for the model calls, whose times come
+from those entries (`CostModel.ray_background`, `simulator.schedule`).
+
     python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json [--kinds ...]
 
-measures all seven (or the `--kinds` named) and replaces the file's entries of
+measures all eight (or the `--kinds` named) and replaces the file's entries of
 those kinds (its other framework entries are kept).
 """
 
@@ -179,7 +193,14 @@ SHARED_KINDS = (
     FrameworkKind.WAKE_CALL,
     FrameworkKind.COLD_WEIGHTS,
     FrameworkKind.PAIRED_COLLECTIVE,
+    FrameworkKind.RAY_BACKGROUND,
 )
+# `measure_ray_background`: forwards per rank of a sample's call (about half a second on
+# the 2-core VM: /proc/stat counts the host's time in 10 ms ticks) and samples per W.
+BACKGROUND_FORWARDS = 60
+BACKGROUND_SAMPLES = 10
+# A sample's background below this (cores) counts as this: an entry's times are positive.
+BACKGROUND_FLOOR = 1e-6
 # `measure_cold_weights`: the GEMMs' rows (num_units: a decode step's sequences up to a
 # forward's tokens), the pairs timed at each and the passes of a sample (the model:
 # `grid.COLD_MODEL`).
@@ -534,6 +555,76 @@ def measure_empty_call(
         return entries
 
 
+class BackgroundRank(CallRank):
+    """A rank of `measure_ray_background`: `CallRank` that names its process."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def host_busy_s() -> tuple[float, float]:
+    """(the host's busy CPU seconds, its total CPU seconds) since boot, summed over its
+    CPUs (/proc/stat: user, nice, system, irq, softirq; total adds idle, iowait, steal)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
+    return busy / tick, sum(fields) / tick
+
+
+def main_thread_s(pid: int) -> float:
+    """CPU seconds process `pid`'s main thread has run (/proc/PID/task/PID/schedstat)."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
+
+
+def background_cores(busy_s: float, ranks_s: float, driver_s: float, wall_s: float) -> float:
+    """The cores kept busy by everything else over `wall_s`: the host's busy CPU
+    seconds less the ranks' main threads' and the driver's, per second; at least
+    `BACKGROUND_FLOOR` (the host's ticks make a short window's difference noisy)."""
+    if wall_s <= 0:
+        raise ValueError(f"a background sample needs a positive wall time, got {wall_s}")
+    return max(BACKGROUND_FLOOR, (busy_s - ranks_s - driver_s) / wall_s)
+
+
+def measure_ray_background(
+    *,
+    cores: int | None = None,
+    samples: int = BACKGROUND_SAMPLES,
+    forwards: int = BACKGROUND_FORWARDS,
+) -> list[Entry]:
+    """The `ray_background` entries (module docstring): the host's cores busy with
+    everything but the ranks' and the driver's own threads while W = 1 ...
+    SHARED_RANKS_PER_CORE · cores Ray actor ranks (`cores`: os.cpu_count()) run
+    `forwards` reference forwards each in one call and the driver waits for them. Linux
+    only (/proc). Starts a local Ray instance unless Ray is up (then uses it and leaves
+    it running)."""
+    if not Path("/proc/stat").is_file():
+        raise SharedCoresError("ray_background reads /proc/stat: a Linux host only")
+    cores = cores or os.cpu_count() or 1
+    with _ray_actors(BackgroundRank) as (ray, actor):
+        entries = []
+        for ranks in range(1, SHARED_RANKS_PER_CORE * cores + 1):
+            port = free_port()
+            # Any: Ray's handle types do not know the remote methods of a class made here.
+            world: list[Any] = [actor.remote(r, ranks, port) for r in range(ranks)]
+            pids = ray.get([w.pid.remote() for w in world])
+            ray.get([w.forwards.remote(3) for w in world])  # warm-up
+            values = []
+            for _ in range(samples):
+                busy0, _ = host_busy_s()
+                ranks0 = sum(main_thread_s(p) for p in pids)
+                driver0, wall0 = time.thread_time(), time.perf_counter()
+                ray.get([w.forwards.remote(forwards) for w in world])
+                wall = time.perf_counter() - wall0
+                driver = time.thread_time() - driver0
+                busy1, _ = host_busy_s()
+                ranks_s = sum(main_thread_s(p) for p in pids) - ranks0
+                values.append(background_cores(busy1 - busy0, ranks_s, driver, wall))
+            for w in world:
+                ray.kill(w)
+            entries.append(framework_entry(FrameworkKind.RAY_BACKGROUND, ranks, values))
+        return entries
+
+
 @contextlib.contextmanager
 def _ray_actors(cls: type) -> Iterator[tuple[Any, Any]]:
     """(ray, `cls` as a Ray actor class started as the executor's workers are), on a local
@@ -750,6 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         FrameworkKind.WAKE_CALL: measure_wake_call,
         FrameworkKind.COLD_WEIGHTS: measure_cold_weights,
         FrameworkKind.PAIRED_COLLECTIVE: lambda: measure_paired_collective(repeats=args.repeats),
+        FrameworkKind.RAY_BACKGROUND: measure_ray_background,
     }
     entries = [e for kind in kinds for e in measure[kind]()]
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -798,6 +890,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(num_units: the chunk's own "
             "time per iteration, µs), less the chunks alone"
         ),
+        FrameworkKind.RAY_BACKGROUND: (
+            f"ray_background: 1 to {SHARED_RANKS_PER_CORE * cores} Ray actor ranks "
+            f"(num_units) running {BACKGROUND_FORWARDS} forwards of the reference model each "
+            "in a call, the host's busy CPU (/proc/stat) less the ranks' main threads' and "
+            f"the driver's, per second of the call, {BACKGROUND_SAMPLES} calls each (cores, "
+            "not seconds)"
+        ),
     }
     command = f"`python -m placeflow.profiles.shared_cores --add-to {args.add_to}"
     said = (
@@ -813,8 +912,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if set(kinds) == set(SHARED_KINDS):
         note = (
-            f"{SENTENCE}, shared_compute, shared_call, empty_call, wake_call, cold_weights and "
-            "paired_collective: measured "
+            f"{SENTENCE}, shared_compute, shared_call, empty_call, wake_call, cold_weights, "
+            "paired_collective and ray_background: measured "
             f"{date} by "
             f"{command}` ({said}"
         )
@@ -858,6 +957,11 @@ def _describe(e: Entry, cores: int) -> str:
         return (
             f"cold_weights at {units} rows: {e.median_s * 1e3:.3f} ms more per pass over "
             f"{COLD_MODEL}'s weights {spread}"
+        )
+    if kind is FrameworkKind.RAY_BACKGROUND:
+        return (
+            f"ray_background with {units} ranks computing on {cores} cores: "
+            f"{e.median_s:.3f} cores busy with other work (p10 {e.p10_s:.3f}, p90 {e.p90_s:.3f})"
         )
     return f"wake_call after {units} ms asleep: {e.median_s * 1e3:.3f} ms more {spread}"
 

@@ -45,6 +45,16 @@ crowd: that part keeps its time. Run in that state throughout, the call would ta
 (duration − latency)/r + latency + collectives·waits[h]·a; its rate is its duration
 over that.
 
+A host also runs what no call holds: Ray's daemons, the Ray threads of every worker
+and of the driver, the kernel's own threads (`background[h]`, in cores: the profile's
+measured `ray_background`, `CostModel.ray_background`). Model calls were priced from
+entries timed without Ray running (the kernels, the engine's pieces, the slicing curve
+S), so they count it among the host's busy workers, W + b (`Work.background`); a weight
+transition (priced from the measured empty Ray call) and the driver's work (from Ray's
+measured launches and gets) were timed with Ray up and hold it already. A 2-rank call
+alone on a 2-core host with b = 0.09 then runs at S(1)/S(1.045), 5 % slower on the
+fidelity profile's curve.
+
 S holds what time slicing costs beyond the share of a core (cache refills and
 switches) and the slowest rank's bad luck where busy ranks do not divide evenly
 among the cores, both measured (`profiles.shared_cores`). The driver's own work
@@ -102,6 +112,9 @@ class Work:
     # curve (model calls' ranks) or the plain share of a core (the driver's one thread:
     # module docstring).
     sliced: bool = True
+    # Whether the host's background load (Ray's and the kernel's own threads) slows it:
+    # work priced from entries timed without Ray running, a model call (module docstring).
+    background: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,12 +139,14 @@ def schedule(
     cores: Mapping[Hashable, int] | None = None,
     waits: Mapping[Hashable, float] | None = None,
     slicing: Mapping[Hashable, SliceCurve] | None = None,
+    background: Mapping[Hashable, float] | None = None,
 ) -> dict[Hashable, Span]:
     """Start and end of every task; raises ValueError on a dependency cycle or unknown id.
 
     `cores`: the cores of each shared host that `Work.hosts` names; `waits`: the seconds
     a collective waits for its partner there at two busy workers per core; `slicing`:
-    the measured stretch curve there (module docstring; none where a host is missing).
+    the measured stretch curve there; `background`: the cores its own background load
+    keeps busy (module docstring; none where a host is missing).
     """
     by_id = {t.id: t for t in tasks}
     for t in tasks:
@@ -139,7 +154,7 @@ def schedule(
             if p not in by_id:
                 raise ValueError(f"task {t.id!r} depends on unknown task {p!r}")
     if cores and any(h in cores for t in tasks for h, _ in t.hosts):
-        return _shared_schedule(tasks, cores, waits or {}, slicing or {})
+        return _shared_schedule(tasks, cores, waits or {}, slicing or {}, background or {})
     set_free: dict[int, float] = {}
     done: dict[Hashable, Span] = {}
     pending = list(tasks)
@@ -170,6 +185,7 @@ def _rates(
     cores: Mapping[Hashable, int],
     waits: Mapping[Hashable, float],
     slicing: Mapping[Hashable, SliceCurve],
+    background: Mapping[Hashable, float],
 ) -> list[float]:
     """Each running task's progress per second (module docstring)."""
     busy: dict[Hashable, float] = {}
@@ -183,7 +199,8 @@ def _rates(
             if h in cores:
                 c = cores[h]
                 curve = slicing.get(h, ()) if t.sliced else ()
-                r = sliced(w / c, curve) / sliced(busy[h] / c, curve)
+                with_bg = busy[h] + (background.get(h, 0.0) if t.background else 0.0)
+                r = sliced(w / c, curve) / sliced(with_bg / c, curve)
                 own, crowd = max(1.0, w / c), max(1.0, busy[h] / c)
                 extra = t.collectives * waits.get(h, 0.0) * (crowd - own)
                 lat = min(t.latency_s, t.duration_s)
@@ -199,6 +216,7 @@ def _shared_schedule(
     cores: Mapping[Hashable, int],
     waits: Mapping[Hashable, float],
     slicing: Mapping[Hashable, SliceCurve],
+    background: Mapping[Hashable, float],
 ) -> dict[Hashable, Span]:
     """The schedule advanced event by event, with rates from shared host cores."""
     now = 0.0
@@ -221,7 +239,7 @@ def _shared_schedule(
         pending = [t for t in pending if t.id not in started]
         if not running:
             raise ValueError(f"dependency cycle among {[t.id for t in pending]}")
-        rates = _rates(running, cores, waits, slicing)
+        rates = _rates(running, cores, waits, slicing, background)
         step = min(remaining[t.id] / r for t, r in zip(running, rates, strict=True))
         now += step
         still = []

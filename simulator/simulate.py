@@ -333,6 +333,9 @@ def _driver_call(phase: Phase, time_s: float, preds: tuple[Phase, ...]) -> _Call
 
 
 GENERATION_PHASES = (Phase.GENERATE, Phase.GENERATE_BASELINE)
+# The actor's weight transitions between its layouts or onto a generator apart
+# (`_with_transitions`), priced from the measured empty Ray call, not from kernels.
+TRANSITION_PHASES = (Phase.RESHARD, Phase.WEIGHT_SYNC)
 
 Draw = Mapping[Phase, float]  # one step's generation seconds by phase
 
@@ -589,6 +592,11 @@ def _slicings(plan: Plan, cms: CostModels) -> dict[Hashable, SliceCurve]:
     return _per_node(plan, cms, CostModel.slicing)
 
 
+def _backgrounds(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
+    """The measured background load of a Ray host (`CostModel.ray_background`) per node."""
+    return _per_node(plan, cms, CostModel.ray_background)
+
+
 def _driver_hosts(plan: Plan) -> tuple[tuple[Hashable, float], ...]:
     """Where the controller's own work keeps a core busy: the cluster's head node (node 0
     of its first pool), where shared cores are declared there (`Work.hosts`)."""
@@ -713,6 +721,9 @@ def _tasks(
                     collectives=c.collectives,
                     latency_s=c.latency_s,
                     wake=c.wake,
+                    # A model call's time comes from entries timed without Ray running; a
+                    # transition's from the measured empty Ray call (`schedule`).
+                    background=c.phase not in TRANSITION_PHASES,
                 )
             )
     return [
@@ -767,7 +778,11 @@ def simulate(plan: Plan, costs: CostModel | CostModels) -> StepEstimate:
     num_steps = warm_up + window + (1 if staleness else 0)
     tasks = _tasks(plan, costed, num_steps, staleness, draws)
     raw_slots = schedule(
-        tasks, _shared_cores(plan), _partner_waits(plan, cms), _slicings(plan, cms)
+        tasks,
+        _shared_cores(plan),
+        _partner_waits(plan, cms),
+        _slicings(plan, cms),
+        _backgrounds(plan, cms),
     )
     sets_of = {t.id: t.sets for t in tasks}  # a k-step-off sync holds the generator only
     slots = _call_intervals(cast(dict[tuple[Any, ...], Span], raw_slots), sets_of)
