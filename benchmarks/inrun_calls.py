@@ -16,6 +16,9 @@ Per call kind it writes the median over the scored steps of every rank:
 - `run_wall_s`: its wall clock there (its CPU time plus the time others held
   the core);
 - `run_switches`: its context switches (voluntary, involuntary);
+- `run_queue_s`: its time runnable but waiting for a core (the thread's run-queue
+  delay, /proc/thread-self/schedstat), so that the wall time splits into CPU, the
+  wait for a core and `run_blocked_s`, the rest: blocked in a collective or on I/O;
 - `driver_phase_s`: the phase as the driver's clock measured it (metrics.jsonl).
 
 With `--serial` the executor runs the plan's calls one at a time (no two sets at once),
@@ -92,17 +95,28 @@ def timing_hook(out_dir: str) -> Callable[[], None]:
         for name in METHODS:
             method = getattr(Worker, name)
 
+            def queued_s() -> float:
+                # schedstat: ns on a CPU, ns runnable waiting for one, slices (Linux).
+                try:
+                    with open("/proc/thread-self/schedstat") as f:
+                        return int(f.read().split()[1]) / 1e9
+                except OSError:
+                    return 0.0
+
             def timed(self: Any, *args: Any, _m: Any = method, _n: str = name, **kw: Any) -> Any:
                 u0 = resource.getrusage(resource.RUSAGE_THREAD)
+                q0 = queued_s()
                 c0, w0 = time.thread_time(), time.perf_counter()
                 result = _m(self, *args, **kw)
                 wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+                queue = queued_s() - q0
                 u1 = resource.getrusage(resource.RUSAGE_THREAD)
                 role = getattr(args[0], "value", "") if args else ""
                 record = {
                     "call": f"{_n}:{role}" if role else _n,
                     "cpu_s": cpu,
                     "wall_s": wall,
+                    "queue_s": queue,
                     # perf_counter is the host's monotonic clock: comparable with the
                     # driver's readings on the same host.
                     "start": w0,
@@ -211,6 +225,10 @@ def run_calls(
         kind: {
             "run_cpu_s": statistics.median(r["cpu_s"] for r in recs),
             "run_wall_s": statistics.median(r["wall_s"] for r in recs),
+            "run_queue_s": statistics.median(r["queue_s"] for r in recs),
+            "run_blocked_s": statistics.median(
+                max(0.0, r["wall_s"] - r["cpu_s"] - r["queue_s"]) for r in recs
+            ),
             "run_sys_s": statistics.median(r.get("sys_s", 0.0) for r in recs),
             "run_minor_faults": statistics.median(r.get("minor_faults", 0) for r in recs),
             "run_switches": [
@@ -277,7 +295,8 @@ def main() -> None:
     out["plans"][args.plan + (" (serial)" if args.serial else "")] = row
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(
-        f"{'call':16s} {'alone CPU':>10s} {'run CPU':>10s} {'run wall':>10s} {'phase':>10s}  (ms)"
+        f"{'call':16s} {'alone CPU':>10s} {'run CPU':>10s} {'run queue':>10s} "
+        f"{'run blocked':>11s} {'run wall':>10s} {'phase':>10s}  (ms)"
     )
     for kind, row in calls.items():
 
@@ -285,8 +304,8 @@ def main() -> None:
             return f"{row[key] * 1e3:10.2f}" if key in row else f"{'-':>10s}"
 
         print(
-            f"{kind:16s} {ms('alone_cpu_s')} {ms('run_cpu_s')} {ms('run_wall_s')} "
-            f"{ms('driver_phase_s')}"
+            f"{kind:16s} {ms('alone_cpu_s')} {ms('run_cpu_s')} {ms('run_queue_s')} "
+            f" {ms('run_blocked_s')} {ms('run_wall_s')} {ms('driver_phase_s')}"
         )
     print(f"{'phase':16s} {'to first':>10s} {'spread':>10s} {'after':>10s}  (ms)")
     for phase, parts in around.items():

@@ -606,6 +606,7 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     monkeypatch.setattr(profiler, "measure_wake_call", noisy)
     monkeypatch.setattr(profiler, "measure_cold_weights", noisy)
     monkeypatch.setattr(profiler, "measure_paired_collective", noisy)
+    monkeypatch.setattr(profiler, "measure_ray_background", noisy)
     monkeypatch.setattr(profiler, "measure_rule_reward", noisy)
     monkeypatch.setattr(profiler, "measure_advantages", list)
     with caplog.at_level("WARNING"):
@@ -623,6 +624,8 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     assert "placeflow.profiles.shared_cores --kinds cold_weights --add-to PROFILE" in text
     assert "paired collective not measured" in text
     assert "placeflow.profiles.shared_cores --kinds paired_collective --add-to PROFILE" in text
+    assert "Ray background not measured" in text
+    assert "placeflow.profiles.shared_cores --kinds ray_background --add-to PROFILE" in text
     # A measurement error that reaches the CLI is one line and exit 1, not a traceback.
 
     def fails(*args: Any, **kwargs: Any) -> Any:
