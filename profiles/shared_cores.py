@@ -123,7 +123,9 @@ as the executor's workers are, each `BACKGROUND_FORWARDS` reference forwards in 
 while the driver waits, and takes the host's busy CPU over the call (/proc/stat) less
 the ranks' main threads' and the driver's (their schedstat and thread CPU time), per
 second of the call: `framework` entries of kind `ray_background`, num_units W, their
-"times" in cores (CPU seconds per second), not seconds. On the 2-core VM it read
+"times" in cores (CPU seconds per second), not seconds, brought to a host's speed as
+the other entries are (`hostcheck.at_host_speed`: the same background work takes a
+slower host longer). On the 2-core VM it read
 0.08-0.10 cores at W = 1-4 (ad hoc, 2026-12-01, eight calls each). The simulator counts
 it among the busy workers of every host it shares for the model calls, whose times come
 from those entries (`CostModel.ray_background`, `simulator.schedule`).

@@ -165,9 +165,15 @@ def test_the_note_is_kept_and_replaced() -> None:
             FrameworkKind.WAKE_CALL.value,
             FrameworkKind.COLD_WEIGHTS.value,
             FrameworkKind.PAIRED_COLLECTIVE.value,
+            FrameworkKind.RAY_BACKGROUND.value,
         )
     ]
-    for kind in (FrameworkKind.SHARED_COMPUTE, FrameworkKind.SHARED_CALL, FrameworkKind.EMPTY_CALL):
+    for kind in (
+        FrameworkKind.SHARED_COMPUTE,
+        FrameworkKind.SHARED_CALL,
+        FrameworkKind.EMPTY_CALL,
+        FrameworkKind.RAY_BACKGROUND,
+    ):
         units = sorted(e.params["num_units"] for e in others if e.params["kind"] == kind.value)
         assert units == [1, 2, 3, 4], kind
     again = with_shared_entries(
