@@ -478,6 +478,20 @@ class CallRank:
         return count
 
 
+def _call_worlds(actor: Any, cores: int) -> Iterator[tuple[int, list[Any]]]:
+    """(W, W ranks of `actor` in one gloo world) for W = 1 ... SHARED_RANKS_PER_CORE ·
+    `cores`, each world killed once the caller moves on to the next."""
+    import ray
+
+    for ranks in range(1, SHARED_RANKS_PER_CORE * cores + 1):
+        port = free_port()
+        # Any: Ray's handle types do not know the remote methods of a class made here.
+        world: list[Any] = [actor.remote(r, ranks, port) for r in range(ranks)]
+        yield ranks, world
+        for w in world:
+            ray.kill(w)
+
+
 def measure_shared_call(
     *, cores: int | None = None, pairs: int = 30, warmup: int = 3
 ) -> list[Entry]:
@@ -487,10 +501,7 @@ def measure_shared_call(
     cores = cores or os.cpu_count() or 1
     with _ray_actors(CallRank) as (ray, actor):
         entries = []
-        for ranks in range(1, SHARED_RANKS_PER_CORE * cores + 1):
-            port = free_port()
-            # Any: Ray's handle types do not know the remote methods of a class made here.
-            world: list[Any] = [actor.remote(r, ranks, port) for r in range(ranks)]
+        for ranks, world in _call_worlds(actor, cores):
 
             def call(count: int, world: list[Any] = world) -> float:
                 t0 = time.perf_counter()
@@ -504,8 +515,6 @@ def measure_shared_call(
             for _ in range(pairs):
                 one, many = call(1), call(CALL_FORWARDS)
                 samples.append(one - (many - one) / (CALL_FORWARDS - 1))
-            for w in world:
-                ray.kill(w)
             # A pair whose long call ran slow for other reasons gives a time below 0: noise,
             # left out; a host too noisy for most pairs is refused.
             kept = [t for t in samples if t > 0]
@@ -564,13 +573,12 @@ class BackgroundRank(CallRank):
         return os.getpid()
 
 
-def host_busy_s() -> tuple[float, float]:
-    """(the host's busy CPU seconds, its total CPU seconds) since boot, summed over its
-    CPUs (/proc/stat: user, nice, system, irq, softirq; total adds idle, iowait, steal)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    tick = os.sysconf("SC_CLK_TCK")
+def host_busy_s() -> float:
+    """The host's busy CPU seconds since boot, summed over its CPUs (/proc/stat: user,
+    nice, system, irq, softirq)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
     busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
-    return busy / tick, sum(fields) / tick
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def main_thread_s(pid: int) -> float:
@@ -604,25 +612,20 @@ def measure_ray_background(
     cores = cores or os.cpu_count() or 1
     with _ray_actors(BackgroundRank) as (ray, actor):
         entries = []
-        for ranks in range(1, SHARED_RANKS_PER_CORE * cores + 1):
-            port = free_port()
-            # Any: Ray's handle types do not know the remote methods of a class made here.
-            world: list[Any] = [actor.remote(r, ranks, port) for r in range(ranks)]
+        for ranks, world in _call_worlds(actor, cores):
             pids = ray.get([w.pid.remote() for w in world])
             ray.get([w.forwards.remote(3) for w in world])  # warm-up
             values = []
             for _ in range(samples):
-                busy0, _ = host_busy_s()
+                busy0 = host_busy_s()
                 ranks0 = sum(main_thread_s(p) for p in pids)
                 driver0, wall0 = time.thread_time(), time.perf_counter()
                 ray.get([w.forwards.remote(forwards) for w in world])
                 wall = time.perf_counter() - wall0
                 driver = time.thread_time() - driver0
-                busy1, _ = host_busy_s()
+                busy1 = host_busy_s()
                 ranks_s = sum(main_thread_s(p) for p in pids) - ranks0
                 values.append(background_cores(busy1 - busy0, ranks_s, driver, wall))
-            for w in world:
-                ray.kill(w)
             entries.append(framework_entry(FrameworkKind.RAY_BACKGROUND, ranks, values))
         return entries
 
