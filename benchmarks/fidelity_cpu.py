@@ -231,6 +231,13 @@ def main() -> None:
         "--resimulate", type=Path, default=None, help="an earlier results file to compare with"
     )
     parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write the results (default benchmarks/results/fidelity_cpu.json, "
+        "with --resimulate fidelity_cpu_resimulated.json)",
+    )
+    parser.add_argument(
         "--any-host",
         action="store_true",
         help="run even where the profile's GEMMs re-time more than 50%% off on this host",
@@ -244,7 +251,7 @@ def main() -> None:
     if args.rounds < 1:
         parser.error(f"--rounds is how many runs of each plan: 1 or more, got {args.rounds}")
     if args.resimulate is not None:
-        resimulate(args.resimulate, args.profile, args.host_speed)
+        resimulate(args.resimulate, args.profile, args.host_speed, args.out)
         return
     # The profile must time this host's kernels as they run here, or every prediction
     # is off by the ratio and the comparison says nothing of the model (hostcheck).
@@ -373,7 +380,7 @@ def main() -> None:
         **(_round_summary(rows) if args.rounds > 1 else {}),
         "rows": rows,
     }
-    out = ROOT / "benchmarks/results/fidelity_cpu.json"
+    out = args.out or ROOT / "benchmarks/results/fidelity_cpu.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
     print("| plan | " + " | ".join(("phase", "measured s", "simulated s", "error")) + " |")
     print("|---|---|---:|---:|---:|")
@@ -546,7 +553,9 @@ def host_speeds(profile: Profile, *, engine: bool = True) -> HostSpeeds:
     return HostSpeeds(checks=checks, speed=speed, work_checks=works, work_speed=work_speed)
 
 
-def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
+def resimulate(
+    results: Path, profile: str, host_speed: bool = False, out: Path | None = None
+) -> None:
     """The current model against an earlier run's measured figures (module docstring)."""
     earlier = json.loads(results.read_text())
     speed = None
@@ -619,7 +628,7 @@ def resimulate(results: Path, profile: str, host_speed: bool = False) -> None:
         "worst_abs_error_steps": max(step_errors),
         "rows": rows,
     }
-    out = ROOT / "benchmarks/results/fidelity_cpu_resimulated.json"
+    out = out or ROOT / "benchmarks/results/fidelity_cpu_resimulated.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(
         f"{len(rows)} plans re-simulated against {results.name}: median |error| over all "

@@ -460,6 +460,43 @@ class CostModel:
         whole, own = probe
         return max(0.0, whole - own * sliced(SHARED_RANKS_PER_CORE, self.slicing()))
 
+    def coupled_wait_s(self) -> float:
+        """What a collective adds to a rank's wall time on a host running two busy ranks
+        per core where the call's collectives go through two groupings of its ranks in
+        turn (ZeRO-3's gathers over the data-parallel pairs between a tensor-parallel
+        layer's all-reduces): the pairs' wait (`partner_wait_s`) and what the profile's
+        `coupled_collective` entry measured beyond its `shared_collective` entry, the
+        same probe's all-reduce in fixed pairs, timed by the same command. A rank of
+        fixed pairs waits for its one partner; here each collective waits on a partner
+        that waited on another pair's rank before it, so that every rank of the set runs
+        in step with every other and more of its collectives find their partner off its
+        core (on the 2-core VM the coupled probe added 2.5-2.9 ms a collective, the fixed
+        pairs 1.5-2.0 ms, at compute chunks of 0.3-4.4 ms; `profiles.shared_cores`). The
+        pairs' wait alone where the profile has no such entry (older CPU profiles; GPU
+        ones: 0)."""
+        kind = FrameworkKind.COUPLED_COLLECTIVE
+        probe = self._shared_probe_s()
+        if (Op.FRAMEWORK, (kind.value,)) not in self.series or probe is None:
+            return self.partner_wait_s()
+        pairs, _ = probe
+        whole = self._memo_time(Op.FRAMEWORK, {"kind": kind.value, "num_units": 1})
+        return self.partner_wait_s() + max(0.0, whole - pairs)
+
+    def coupled(self) -> CostModel:
+        """This shared view (`shared_cores`) for a call whose collectives interleave two
+        groupings of its ranks: every collective within a host waits `coupled_wait_s`
+        for its partners instead of `partner_wait_s`, divided by the view's stretch as
+        that is. The model itself where it is not a shared view (ranks on cores of their
+        own wait for no partner's slice)."""
+        if not self.shared:
+            return self
+        return self.remember(
+            ("coupled view",),
+            lambda: dataclasses.replace(
+                self, shared_wait_s=self.coupled_wait_s() / self.shared_stretch, _memo={}
+            ),
+        )
+
     def _shared_probe_s(self) -> tuple[float, float] | None:
         """The `shared_collective` entry (the probe all-reduce's whole time at
         SHARED_RANKS_PER_CORE ranks per core) and the same all-reduce's back-to-back

@@ -111,6 +111,7 @@ from placeflow.profiles.schema import (
 )
 from placeflow.profiles.shared_cores import (
     measure_cold_weights,
+    measure_coupled_collective,
     measure_empty_call,
     measure_paired_collective,
     measure_ray_background,
@@ -594,6 +595,11 @@ def _host_overhead() -> list[Entry]:
             "shared collective",
             lambda: [measure_shared_collective()],
             "placeflow.profiles.shared_cores",
+        ),
+        (
+            "coupled collective",
+            lambda: [measure_coupled_collective()],
+            "placeflow.profiles.shared_cores --kinds coupled_collective",
         ),
         ("shared compute", measure_shared_compute, "placeflow.profiles.shared_cores"),
         ("shared call", measure_shared_call, "placeflow.profiles.shared_cores"),

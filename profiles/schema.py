@@ -164,6 +164,10 @@ class FrameworkKind(StrEnum):
     # Not the engine's: the wall time one collective adds to each rank of a host that
     # runs two busy ranks per core (measured by `placeflow.profiles.shared_cores`).
     SHARED_COLLECTIVE = "shared_collective"
+    # Not the engine's either: the same with every rank in two pairs of different ranks
+    # (as a tensor-parallel pair and a data-parallel pair), its all-reduces alternating
+    # between them, so that all ranks wait on one another in turn (`shared_cores`).
+    COUPLED_COLLECTIVE = "coupled_collective"
     # Not the engine's either: the slowest rank's wall time of one reference forward with
     # num_units busy ranks on the profiling host (`shared_cores`; its cores: provenance).
     SHARED_COMPUTE = "shared_compute"

@@ -36,6 +36,22 @@ first's, the slowest rank's: what one collective adds to each rank's time when
 the host runs two busy ranks per core. `CostModel.shared_cores` prices a
 collective of such ranks with it.
 
+`measure_coupled_collective` runs the same probe with every rank in two pairs of
+different ranks (ranks 0-1 and 2-3, then 0-2 and 1-3: a tensor-parallel pair whose
+ranks each sit in a data-parallel pair with a rank of the other, as ZeRO-3 over d = 2
+with TP 2 places them), its all-reduces alternating between them (`pairings`): each
+rank's collective waits on a partner that waited on another pair's rank before, so
+every rank runs in step with every other. The entry (kind `coupled_collective`) is
+measured by the same command as the fixed pairs' `shared_collective`, and what it adds
+beyond that entry is the coupling's own wait (`CostModel.coupled_wait_s`). On the
+2-core VM the coupled probe added 2.77 and 2.87 ms a collective where the fixed pairs
+added 1.64 and 1.51 ms (2026-12-01, the fidelity profile's and the shipped `cpu`
+profile's); ad hoc, at compute chunks of 0.3, 1.1 and 4.4 ms, 2.6-2.9 ms against
+1.5-2.6 ms, and a layer's pattern (a gather over the data-parallel pair, then two
+all-reduces over the tensor-parallel pair) cost as much as strict alternation. The
+simulator charges it to the forwards and updates of a role whose layers interleave
+the two groupings (`callcosts.interleaves_groups`).
+
 A call to a set of such ranks costs more than its ranks' work and an idle round
 trip, too: the driver launches its ranks one after another while the first already
 run, each rank wakes on a cold cache after sleeping through the others' calls, and
@@ -132,7 +148,7 @@ from those entries (`CostModel.ray_background`, `simulator.schedule`).
 
     python -m placeflow.profiles.shared_cores --add-to profiles/data/cpu.json [--kinds ...]
 
-measures all eight (or the `--kinds` named) and replaces the file's entries of
+measures all nine (or the `--kinds` named) and replaces the file's entries of
 those kinds (its other framework entries are kept).
 """
 
@@ -189,6 +205,7 @@ EMPTY_CALL_SAMPLES = 60
 EMPTY_CALL_PAUSE_S = 0.003
 SHARED_KINDS = (
     FrameworkKind.SHARED_COLLECTIVE,
+    FrameworkKind.COUPLED_COLLECTIVE,
     FrameworkKind.SHARED_COMPUTE,
     FrameworkKind.SHARED_CALL,
     FrameworkKind.EMPTY_CALL,
@@ -232,6 +249,9 @@ class SharedJob:
     # The chunks (matmuls) timed in turn; with more than one, each chunk's loops run
     # PAIRED_WORK matmuls (at least `iterations` // 10 iterations) a sample.
     chunks: tuple[int, ...] = (CHUNK_MATMULS,)
+    # Each rank's all-reduces alternate between its pair and a second pair of other ranks
+    # (`measure_coupled_collective`); fixed pairs otherwise.
+    coupled: bool = False
 
     def iterations_at(self, matmuls: int) -> int:
         if len(self.chunks) == 1:
@@ -247,18 +267,18 @@ def _chunk(a: torch.Tensor, matmuls: int) -> None:
 def _loop_s(
     iterations: int,
     a: torch.Tensor,
-    pair: Any,
+    pairs: Sequence[Any],
     buf: torch.Tensor | None,
     matmuls: int = CHUNK_MATMULS,
 ) -> float:
     """Seconds per iteration of `iterations` chunks of `matmuls` matmuls (each followed by
-    a pair all-reduce when `buf` is given), the slowest rank's."""
+    an all-reduce when `buf` is given, within `pairs` in turn), the slowest rank's."""
     dist.barrier()
     t0 = time.perf_counter()
-    for _ in range(iterations):
+    for i in range(iterations):
         _chunk(a, matmuls)
         if buf is not None:
-            dist.all_reduce(buf, group=pair)
+            dist.all_reduce(buf, group=pairs[i % len(pairs)])
     per = torch.tensor([(time.perf_counter() - t0) / iterations], dtype=torch.float64)
     dist.all_reduce(per, op=dist.ReduceOp.MAX)
     return float(per.item())
@@ -276,21 +296,42 @@ def _init_rank(rank: int, job: SharedJob) -> None:
     )
 
 
+def pairings(world_size: int, coupled: bool) -> list[list[list[int]]]:
+    """The probe's groupings of `world_size` ranks (even): the pairs (r, r + 1), and with
+    `coupled` also the pairs (r, r + world_size / 2) of the first half's ranks with the
+    second's, as a tensor-parallel pair's ranks each sit in a data-parallel pair with a
+    rank of the other tensor-parallel pair (ranks 0-1 and 2-3, then 0-2 and 1-3). Every
+    rank meets every other through them; a world of 2 has one grouping only."""
+    half = world_size // 2
+    out = [[[r, r + 1] for r in range(0, world_size, 2)]]
+    if coupled and half > 1:
+        out.append([[r, r + half] for r in range(half)])
+    return out
+
+
+def _rank_pairs(rank: int, world_size: int, coupled: bool) -> list[Any]:
+    """This rank's groups of `pairings`, one per grouping, in the order its all-reduces
+    take them (every rank creates every group, in the same order: torch.distributed)."""
+    mine: list[Any] = []
+    for grouping in pairings(world_size, coupled):
+        groups = [(members, dist.new_group(members)) for members in grouping]
+        mine.extend(g for members, g in groups if rank in members)
+    return mine
+
+
 def _rank(rank: int, job: SharedJob, results: Any) -> None:
     def body() -> None:
         _init_rank(rank, job)
-        # Every rank creates every pair's group, in the same order (torch.distributed).
-        pairs = [dist.new_group([r, r + 1]) for r in range(0, job.world_size, 2)]
-        pair = pairs[rank // 2]
+        mine = _rank_pairs(rank, job.world_size, job.coupled)
         a = torch.randn(PROBE_MATMUL, PROBE_MATMUL)
         buf = torch.zeros(SHARED_PROBE_BYTES // 4)
-        _loop_s(2, a, pair, buf)  # warm-up: both paths, the groups' first use
-        _loop_s(2, a, pair, None)
+        _loop_s(2, a, mine, buf)  # warm-up: both paths, the groups' first use
+        _loop_s(2, a, mine, None)
         for matmuls in job.chunks:
             n = job.iterations_at(matmuls)
             for _ in range(job.repeats):
-                alone = _loop_s(n, a, pair, None, matmuls)
-                paired = _loop_s(n, a, pair, buf, matmuls)
+                alone = _loop_s(n, a, mine, None, matmuls)
+                paired = _loop_s(n, a, mine, buf, matmuls)
                 if rank == 0:
                     results.put(("sample", matmuls, alone, paired))
         dist.destroy_process_group()
@@ -316,6 +357,29 @@ def measure_shared_collective(
     )
     extra = _paired_loops(job, stall_timeout_s)[0][CHUNK_MATMULS]
     return framework_entry(FrameworkKind.SHARED_COLLECTIVE, 1, extra)
+
+
+def measure_coupled_collective(
+    *,
+    cores: int | None = None,
+    iterations: int = 100,
+    repeats: int = 7,
+    stall_timeout_s: float = 180.0,
+) -> Entry:
+    """The `coupled_collective` entry: `measure_shared_collective`'s probe with each rank's
+    all-reduces alternating between its pair and a second pair of other ranks
+    (`pairings`), SHARED_RANKS_PER_CORE ranks per core of this host (`cores`:
+    os.cpu_count(); see the module docstring)."""
+    cores = cores or os.cpu_count() or 1
+    job = SharedJob(
+        world_size=SHARED_RANKS_PER_CORE * cores,
+        port=free_port(),
+        iterations=iterations,
+        repeats=repeats,
+        coupled=True,
+    )
+    extra = _paired_loops(job, stall_timeout_s)[0][CHUNK_MATMULS]
+    return framework_entry(FrameworkKind.COUPLED_COLLECTIVE, 1, extra)
 
 
 def measure_paired_collective(
@@ -840,6 +904,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     l2 = level2_cache_bytes()
     measure: dict[FrameworkKind, Callable[[], list[Entry]]] = {
         FrameworkKind.SHARED_COLLECTIVE: lambda: [measure_shared_collective(repeats=args.repeats)],
+        FrameworkKind.COUPLED_COLLECTIVE: lambda: [
+            measure_coupled_collective(repeats=args.repeats)
+        ],
         FrameworkKind.SHARED_COMPUTE: lambda: measure_shared_compute(repeats=args.repeats),
         FrameworkKind.SHARED_CALL: measure_shared_call,
         FrameworkKind.EMPTY_CALL: measure_empty_call,
@@ -857,6 +924,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"shared_collective: {SHARED_RANKS_PER_CORE * cores} gloo ranks on {cores} cores in "
             f"pairs, a {SHARED_PROBE_BYTES}-byte all-reduce after each compute chunk, less the "
             "chunks alone"
+        ),
+        FrameworkKind.COUPLED_COLLECTIVE: (
+            f"coupled_collective: the same {SHARED_RANKS_PER_CORE * cores} ranks, each "
+            "rank's all-reduces alternating between its pair (r, r+1) and a pair (r, "
+            f"r+{SHARED_RANKS_PER_CORE * cores // 2}), less the chunks alone"
         ),
         FrameworkKind.SHARED_COMPUTE: (
             f"shared_compute: the engine's forward of the reference model at {batch}x"
@@ -917,8 +989,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if set(kinds) == set(SHARED_KINDS):
         note = (
-            f"{SENTENCE}, shared_compute, shared_call, empty_call, wake_call, cold_weights, "
-            "paired_collective and ray_background: measured "
+            f"{SENTENCE}, coupled_collective, shared_compute, shared_call, empty_call, "
+            "wake_call, cold_weights, paired_collective and ray_background: measured "
             f"{date} by "
             f"{command}` ({said}"
         )
@@ -938,6 +1010,11 @@ def _describe(e: Entry, cores: int) -> str:
     spread = f"(p10 {e.p10_s * 1e3:.3f}, p90 {e.p90_s * 1e3:.3f})"
     if kind is FrameworkKind.SHARED_COLLECTIVE:
         return f"shared_collective: {e.median_s * 1e3:.3f} ms per collective {spread}"
+    if kind is FrameworkKind.COUPLED_COLLECTIVE:
+        return (
+            f"coupled_collective: {e.median_s * 1e3:.3f} ms per collective, two pairings "
+            f"in turn {spread}"
+        )
     if kind is FrameworkKind.PAIRED_COLLECTIVE:
         return (
             f"paired_collective after {units} µs of compute, one rank per core: "

@@ -266,6 +266,19 @@ def _fsdp_host_s(cm: CostModel, units: FsdpUnits, d: int, *, backward: bool) -> 
     )
 
 
+def interleaves_groups(par: RoleParallelism) -> bool:
+    """Whether a rank's collectives in `par`'s training-layout calls (its forwards and
+    updates, not its generation) go through two groupings of the set's ranks in turn
+    within each layer: ZeRO-3 gathers every layer over its data-parallel pair between
+    the tensor-parallel all-reduces of the layer before and its own. Every rank then
+    waits on every other in turn, which costs more where ranks share cores
+    (`CostModel.coupled`). A gradient reduction after the backward, a stage's send per
+    micro-batch or a forward's one control all-reduce meet the other grouping once per
+    call or micro-batch, not between the layer's collectives: not counted."""
+    lay = par.train
+    return lay.t > 1 and par.zero == 3 and lay.num_weight_replicas > 1
+
+
 @functools.cache
 def zero3_tensor_bytes(model: ModelSpec, lay: TrainLayout) -> tuple[tuple[int, int], ...]:
     """(bytes, count) of the weight tensors one training rank of `lay` holds on its first

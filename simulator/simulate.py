@@ -172,20 +172,31 @@ def _priced(
     kv_seqs: int,
     tail_left: float = 0.5,
 ) -> dict[Phase, callcosts.CallCost]:
-    """`role`'s call costs on set `set_index`'s devices, priced with `cm`."""
-    # (the actor's generator set apart is not its training set: no offload_params reload)
-    return role_call_costs(
-        plan.workload,
-        role,
-        plan.parallelism[role],
-        cm,
-        first_device=plan.sets[set_index].first_device,
-        gpus_per_node=plan.pool_of(set_index).gpus_per_node,
-        gen=gen,
-        kv_seqs=kv_seqs,
-        tail_left=tail_left,
-        training_devices=set_index == plan.set_of(role),
-    )
+    """`role`'s call costs on set `set_index`'s devices, priced with `cm`; where its
+    training layout interleaves two groupings of the ranks (`callcosts.interleaves_groups`)
+    its forwards and updates with `cm.coupled()` (the shared view's partner wait of such
+    collectives), its generation, in the rollout layout's own groups, with `cm`."""
+    par = plan.parallelism[role]
+
+    def priced(view: CostModel, gen: GenLayout | None) -> dict[Phase, callcosts.CallCost]:
+        # (the actor's generator set apart is not its training set: no offload_params reload)
+        return role_call_costs(
+            plan.workload,
+            role,
+            par,
+            view,
+            first_device=plan.sets[set_index].first_device,
+            gpus_per_node=plan.pool_of(set_index).gpus_per_node,
+            gen=gen,
+            kv_seqs=kv_seqs,
+            tail_left=tail_left,
+            training_devices=set_index == plan.set_of(role),
+        )
+
+    costs = priced(cm, gen)
+    if callcosts.interleaves_groups(par) and cm.coupled() is not cm:
+        costs |= priced(cm.coupled(), None)  # gen None: every call but the generation
+    return costs
 
 
 def _role_costs_on(

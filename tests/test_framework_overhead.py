@@ -600,6 +600,7 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     )  # fmt: skip
     monkeypatch.setattr(profiler, "measure_framework", noisy)
     monkeypatch.setattr(profiler, "measure_shared_collective", lambda: shared)
+    monkeypatch.setattr(profiler, "measure_coupled_collective", noisy)
     monkeypatch.setattr(profiler, "measure_shared_compute", list)
     monkeypatch.setattr(profiler, "measure_shared_call", noisy)
     monkeypatch.setattr(profiler, "measure_empty_call", noisy)
@@ -625,6 +626,8 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     assert "paired collective not measured" in text
     assert "placeflow.profiles.shared_cores --kinds paired_collective --add-to PROFILE" in text
     assert "Ray background not measured" in text
+    assert "coupled collective not measured" in text
+    assert "placeflow.profiles.shared_cores --kinds coupled_collective --add-to PROFILE" in text
     assert "placeflow.profiles.shared_cores --kinds ray_background --add-to PROFILE" in text
     # A measurement error that reaches the CLI is one line and exit 1, not a traceback.
 

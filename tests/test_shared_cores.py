@@ -166,6 +166,7 @@ def test_the_note_is_kept_and_replaced() -> None:
             FrameworkKind.COLD_WEIGHTS.value,
             FrameworkKind.PAIRED_COLLECTIVE.value,
             FrameworkKind.RAY_BACKGROUND.value,
+            FrameworkKind.COUPLED_COLLECTIVE.value,
         )
     ]
     for kind in (
