@@ -12,13 +12,16 @@ argument in the object store (five int64 tensors of 32 x 22, about what a forwar
 of the Safe-RLHF plan carries) and launches two calls of `--forwards` reference forwards
 on pair A back to back, then waits for both. Each rank stamps its calls' start and end
 on the host's monotonic clock. The hand-over is the second call's start less the first
-call's end on the same rank. A round does this with pair B idle and with pair B
-running a long call meanwhile (the other set's forwards beside them), alternated.
+call's end on the same rank; the return is the moment the driver holds the first
+call's results (its `ray.get` back) less that call's last rank's end. A round does
+this with pair B idle and with pair B running a long call meanwhile (the other set's
+forwards beside them), alternated.
 
     python benchmarks/queued_calls.py [--rounds 16] [--forwards 2 4]
 
 Writes benchmarks/results/queued_calls.json (the command, the date, the load, and per
-case and forwards the medians of the hand-over and of both calls' lengths).
+case and forwards the medians of the hand-over, of both calls' lengths and of the
+return).
 """
 
 from __future__ import annotations
@@ -55,16 +58,21 @@ class TimedRank(CallRank):
 
 def _round(
     pair_a: list[Any], pair_b: list[Any], forwards: int, busy: bool, payload: Any
-) -> list[tuple[float, float, float]]:
-    """(hand-over, first call, second call) seconds on each rank of pair A."""
+) -> list[tuple[float, float, float, float]]:
+    """(hand-over, first call, second call, return) seconds on each rank of pair A; the
+    return is the first call's results in the driver's hands (its `ray.get` back) less
+    its last rank's end, the same for every rank of the round."""
     beside = [w.timed.remote(forwards * 6) for w in pair_b] if busy else []
     time.sleep(0.005)  # pair B computing before A's calls arrive
     ref = ray.put(payload)
     first = [w.timed.remote(forwards, ref) for w in pair_a]
     second = [w.timed.remote(forwards, ref) for w in pair_a]
+    got_first = ray.get(first)
+    seen = time.perf_counter()
+    back = seen - max(e for _, e in got_first)
     out = []
-    for (s1, e1), (s2, e2) in zip(ray.get(first), ray.get(second), strict=True):
-        out.append((s2 - e1, e1 - s1, e2 - s2))
+    for (s1, e1), (s2, e2) in zip(got_first, ray.get(second), strict=True):
+        out.append((s2 - e1, e1 - s1, e2 - s2, back))
     ray.get(beside)
     return out
 
@@ -81,7 +89,7 @@ def main() -> None:
         for i in range(PAYLOAD_TENSORS)
     }
     load_before = os.getloadavg()[0]
-    samples: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    samples: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
     with _ray_actors(TimedRank) as (_, actor):
         port_a, port_b = free_port(), free_port()
         pair_a = [actor.remote(r, 2, port_a) for r in range(2)]
@@ -98,6 +106,7 @@ def main() -> None:
             "handover_s": statistics.median(s[0] for s in v),
             "first_call_s": statistics.median(s[1] for s in v),
             "second_call_s": statistics.median(s[2] for s in v),
+            "return_s": statistics.median(s[3] for s in v),
             "samples": len(v),
         }
         for (case, n), v in sorted(samples.items())
@@ -112,11 +121,11 @@ def main() -> None:
         "cases": cases,
     }
     OUT.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"{'case':24s} {'hand-over':>10s} {'first':>8s} {'second':>8s}  (ms)")
+    print(f"{'case':24s} {'hand-over':>10s} {'first':>8s} {'second':>8s} {'return':>8s}  (ms)")
     for name, c in cases.items():
         print(
             f"{name:24s} {c['handover_s'] * 1e3:10.2f} {c['first_call_s'] * 1e3:8.1f} "
-            f"{c['second_call_s'] * 1e3:8.1f}"
+            f"{c['second_call_s'] * 1e3:8.1f} {c['return_s'] * 1e3:8.2f}"
         )
     print(f"wrote {OUT.relative_to(ROOT)}")
 
