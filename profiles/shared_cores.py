@@ -348,15 +348,9 @@ def measure_shared_collective(
 ) -> Entry:
     """The `shared_collective` entry, measured with SHARED_RANKS_PER_CORE ranks per core of this
     host (`cores`: os.cpu_count()); see the module docstring."""
-    cores = cores or os.cpu_count() or 1
-    job = SharedJob(
-        world_size=SHARED_RANKS_PER_CORE * cores,
-        port=free_port(),
-        iterations=iterations,
-        repeats=repeats,
+    return _crowded_collective(
+        FrameworkKind.SHARED_COLLECTIVE, False, cores, iterations, repeats, stall_timeout_s
     )
-    extra = _paired_loops(job, stall_timeout_s)[0][CHUNK_MATMULS]
-    return framework_entry(FrameworkKind.SHARED_COLLECTIVE, 1, extra)
 
 
 def measure_coupled_collective(
@@ -370,16 +364,31 @@ def measure_coupled_collective(
     all-reduces alternating between its pair and a second pair of other ranks
     (`pairings`), SHARED_RANKS_PER_CORE ranks per core of this host (`cores`:
     os.cpu_count(); see the module docstring)."""
+    return _crowded_collective(
+        FrameworkKind.COUPLED_COLLECTIVE, True, cores, iterations, repeats, stall_timeout_s
+    )
+
+
+def _crowded_collective(
+    kind: FrameworkKind,
+    coupled: bool,
+    cores: int | None,
+    iterations: int,
+    repeats: int,
+    stall_timeout_s: float,
+) -> Entry:
+    """The probe's entry of `kind` at SHARED_RANKS_PER_CORE ranks per core of this host,
+    its pairs fixed or `coupled` (`pairings`), at the one chunk of CHUNK_MATMULS."""
     cores = cores or os.cpu_count() or 1
     job = SharedJob(
         world_size=SHARED_RANKS_PER_CORE * cores,
         port=free_port(),
         iterations=iterations,
         repeats=repeats,
-        coupled=True,
+        coupled=coupled,
     )
     extra = _paired_loops(job, stall_timeout_s)[0][CHUNK_MATMULS]
-    return framework_entry(FrameworkKind.COUPLED_COLLECTIVE, 1, extra)
+    return framework_entry(kind, 1, extra)
 
 
 def measure_paired_collective(
