@@ -57,7 +57,10 @@ an earlier results file (each phase's and each step's median as that run
 recorded it), writing benchmarks/results/fidelity_cpu_resimulated.json (with
 `--host-speed`: the profile at the speed that run recorded, each plan's own where
 it has one). This
-separates a change of the model from the load of the day.
+separates a change of the model from the load of the day. With `--gemm-speed-only`
+as well, only the GEMMs' speed is brought over and the engine's pieces keep the
+profile's times: where the pieces' checks move between minutes more than the run
+does, this tells which of the two the score hangs on.
 """
 
 from __future__ import annotations
@@ -247,11 +250,25 @@ def main() -> None:
         action="store_true",
         help="simulate with the profile's times scaled by the host check's ratio",
     )
+    parser.add_argument(
+        "--gemm-speed-only",
+        action="store_true",
+        help="with --resimulate and --host-speed: bring the GEMMs' recorded speed only, "
+        "the engine's pieces at the profile's times",
+    )
     args = parser.parse_args()
+    if args.gemm_speed_only and (args.resimulate is None or not args.host_speed):
+        parser.error("--gemm-speed-only goes with --resimulate and --host-speed")
     if args.rounds < 1:
         parser.error(f"--rounds is how many runs of each plan: 1 or more, got {args.rounds}")
     if args.resimulate is not None:
-        resimulate(args.resimulate, args.profile, args.host_speed, args.out)
+        resimulate(
+            args.resimulate,
+            args.profile,
+            args.host_speed,
+            args.out,
+            work_speed=not args.gemm_speed_only,
+        )
         return
     # The profile must time this host's kernels as they run here, or every prediction
     # is off by the ratio and the comparison says nothing of the model (hostcheck).
@@ -554,9 +571,15 @@ def host_speeds(profile: Profile, *, engine: bool = True) -> HostSpeeds:
 
 
 def resimulate(
-    results: Path, profile: str, host_speed: bool = False, out: Path | None = None
+    results: Path,
+    profile: str,
+    host_speed: bool = False,
+    out: Path | None = None,
+    *,
+    work_speed: bool = True,
 ) -> None:
-    """The current model against an earlier run's measured figures (module docstring)."""
+    """The current model against an earlier run's measured figures (module docstring);
+    `work_speed` False leaves the engine's pieces at the profile's times."""
     earlier = json.loads(results.read_text())
     speed = None
     if host_speed:
@@ -568,7 +591,10 @@ def resimulate(
         None
         if loaded is None
         else cost_models_at(
-            loaded, speed, f"the run of {results.name}", earlier.get("host_work_speed")
+            loaded,
+            speed,
+            f"the run of {results.name}",
+            earlier.get("host_work_speed") if work_speed else None,
         )
     )
     measured = {r["plan"]: r for r in earlier["rows"]}
@@ -585,7 +611,8 @@ def resimulate(
                 loaded,
                 row_speed,
                 f"{plan.name}'s run in {results.name}",
-                old.get("host_work_speed"),  # runs since 2026-11-29 05:30 UTC
+                # (recorded by runs since 2026-11-29 05:30 UTC)
+                old.get("host_work_speed") if work_speed else None,
             )
         estimate = simulate(plan, cms or cost_models_for(plan, profile))
         predicted = estimate.phase_totals_s()

@@ -6,6 +6,9 @@ runs, so every figure of the row and of the round summary is computed by hand.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from fidelity_cpu import _round_summary, _score, make_plan  # benchmarks/ is on the test path
 
@@ -129,3 +132,45 @@ def test_host_speeds_are_medians_of_the_checks_that_read(monkeypatch: pytest.Mon
     monkeypatch.setattr(fidelity_cpu, "check_host", lambda profile: Check(None))
     none = fidelity_cpu.host_speeds(load_profile("cpu"))
     assert (none.speed, none.work_checks, none.work_speed) == (None, (), None)
+
+
+def test_a_resimulation_at_the_gemm_speed_only_leaves_the_engine_s_pieces_alone(
+    tmp_path: Path,
+) -> None:
+    # An earlier run of one plan that recorded GEMM speed 1.0 and the engine's pieces at
+    # 0.5: re-simulated with its speeds it predicts the step at (1.0, 0.5), and with
+    # work_speed False at the GEMMs' 1.0 alone, the profile's own times here, which is
+    # more (the pieces at half their time make the step shorter).
+    import fidelity_cpu
+    from fidelity_cpu import cost_models_at
+
+    plan = as_run(make_plan("split", "tiny-llama", 8))
+    profile = load_profile("cpu")
+    est = simulate(plan, cost_models_for(plan, "cpu"))
+    phases = [
+        {"phase": k, "measured_s": v, "predicted_s": v, "rel_error": 0.0}
+        for k, v in est.phase_totals_s().items()
+        if v > 0
+    ]
+    row = {
+        "plan": plan.name,
+        "host_speed": 1.0,
+        "host_work_speed": 0.5,
+        "phases": phases,
+        "step": {"measured_s": est.iteration_s, "predicted_s": est.iteration_s},
+    }
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(
+        json.dumps({"date": "now", "load_1min_median": 0.0, "host_speed": 1.0, "rows": [row]})
+    )
+    with_work, without = tmp_path / "with.json", tmp_path / "without.json"
+    fidelity_cpu.resimulate(earlier, "cpu", True, with_work)
+    fidelity_cpu.resimulate(earlier, "cpu", True, without, work_speed=False)
+    step = {
+        p: json.loads(p.read_text())["rows"][0]["step"]["predicted_s"] for p in (with_work, without)
+    }
+    at_work = simulate(plan, cost_models_at(profile, 1.0, "now", 0.5)).iteration_s
+    at_gemms = simulate(plan, cost_models_at(profile, 1.0, "now", None)).iteration_s
+    assert step[with_work] == pytest.approx(at_work)
+    assert step[without] == pytest.approx(at_gemms)
+    assert step[with_work] < step[without] * (1 - 1e-3)
