@@ -17,7 +17,7 @@ of at least `--long-ms` milliseconds, whose noise is not a scheduler slice.
 
     python benchmarks/repeatability.py FIRST.json SECOND.json [--long-ms 10]
 
-Writes benchmarks/results/repeatability_cpu.json (with the command, both runs'
+Writes benchmarks/results/repeatability_cpu.json (or `--out PATH`; with the command, both runs'
 dates, profiles and commands).
 
 `--rounds FILE` takes one results file of `fidelity_cpu.py --rounds N` instead,
@@ -43,7 +43,7 @@ lower bound.
 `--model` scores the model from a `fidelity_cpu.py --resimulate` of the same runs
 (whose rows do not keep the runs) instead of the rounds file's own errors.
 
-Writes benchmarks/results/repeatability_rounds_cpu.json (with the command and the
+Writes benchmarks/results/repeatability_rounds_cpu.json (or `--out PATH`; with the command and the
 file's date, profile and command).
 
 `--across FILE FILE FILE...` takes three or more results files of the same plans made
@@ -59,7 +59,7 @@ not see.
 
     python benchmarks/repeatability.py --across A.json B.json C.json [D.json ...]
 
-Writes benchmarks/results/repeatability_across_cpu.json (with the command and each
+Writes benchmarks/results/repeatability_across_cpu.json (or `--out PATH`; with the command and each
 file's date, profile and command).
 """
 
@@ -368,7 +368,7 @@ def across_report(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def main_across(paths: Sequence[Path], given: Sequence[str]) -> int:
+def main_across(paths: Sequence[Path], given: Sequence[str], out_path: Path | None = None) -> int:
     reports = [_read(p) for p in paths]
     try:
         report = across_report(reports)
@@ -394,7 +394,9 @@ def main_across(paths: Sequence[Path], given: Sequence[str]) -> int:
         "bounds": {"median": MEDIAN_BOUND, "worst": WORST_BOUND},
         "report": report,
     }
-    (RESULTS / "repeatability_across_cpu.json").write_text(json.dumps(out, indent=1) + "\n")
+    (out_path or RESULTS / "repeatability_across_cpu.json").write_text(
+        json.dumps(out, indent=1) + "\n"
+    )
     return 0
 
 
@@ -409,7 +411,12 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def main_rounds(
-    path: Path, model_path: Path | None, draws: int, seed: int, given: Sequence[str]
+    path: Path,
+    model_path: Path | None,
+    draws: int,
+    seed: int,
+    given: Sequence[str],
+    out_path: Path | None = None,
 ) -> int:
     source = _read(path)
     model = None if model_path is None else _read(model_path)
@@ -433,7 +440,9 @@ def main_rounds(
         "run": {k: source.get(k) for k in ("date", "command", "profile", "rounds", "total_s")},
         "report": report,
     }
-    (RESULTS / "repeatability_rounds_cpu.json").write_text(json.dumps(out, indent=1) + "\n")
+    (out_path or RESULTS / "repeatability_rounds_cpu.json").write_text(
+        json.dumps(out, indent=1) + "\n"
+    )
     return 0
 
 
@@ -463,18 +472,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write the report (default benchmarks/results/repeatability_cpu.json, "
+        "repeatability_rounds_cpu.json with --rounds, repeatability_across_cpu.json with "
+        "--across)",
+    )
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
     if args.across is not None:
         if args.first is not None or args.rounds is not None:
             parser.error("--across takes its files itself; give no other files")
-        return main_across(args.across, given)
+        return main_across(args.across, given, args.out)
     if args.rounds is not None:
         if args.first is not None:
             parser.error("--rounds takes one file; give either it or two results files")
         if args.draws < 1:
             parser.error(f"--draws is how many draws of the runs: 1 or more, got {args.draws}")
-        return main_rounds(args.rounds, args.model, args.draws, args.seed, given)
+        return main_rounds(args.rounds, args.model, args.draws, args.seed, given, args.out)
     if args.first is None or args.second is None:
         parser.error("give two results files of fidelity_cpu.py, or --rounds FILE")
     first, second = _read(args.first), _read(args.second)
@@ -492,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "long_ms": args.long_ms,
         "report": report,
     }
-    (RESULTS / "repeatability_cpu.json").write_text(json.dumps(out, indent=1) + "\n")
+    (args.out or RESULTS / "repeatability_cpu.json").write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

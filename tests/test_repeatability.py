@@ -77,6 +77,17 @@ def test_command_line_writes_its_results(tmp_path: Path, monkeypatch: pytest.Mon
     assert out["report"]["run vs run"]["all"]["worst_phase"] == ["p", "reshard"]
 
 
+def test_out_names_where_the_report_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_report(FIRST, None, 0.0)))
+    b.write_text(json.dumps(_report(SECOND, None, 0.0)))
+    monkeypatch.setattr(repeatability, "RESULTS", tmp_path)
+    target = tmp_path / "elsewhere.json"
+    assert repeatability.main([str(a), str(b), "--out", str(target)]) == 0
+    assert json.loads(target.read_text())["runs"][0]["file"] == "a.json"
+    assert not (tmp_path / "repeatability_cpu.json").exists()
+
+
 def test_a_file_that_is_not_a_results_file_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
