@@ -186,14 +186,13 @@ def _around(driver: list[dict[str, Any]], ranks: dict[str, list[dict[str, Any]]]
     }
 
 
-def run_calls(
-    plan: Any, steps: int, warmup: int, *, overlap: bool = True
-) -> tuple[dict[str, Any], dict[str, float], dict[str, Any]]:
-    """Per call kind the medians of the scored steps' calls (every rank's), the
-    driver's phases (medians of the scored steps), and where the driver's interval of
-    each phase goes around its ranks' work (`_around`). `overlap` False: the executor's
-    calls one at a time (`RunConfig.overlap`), so that each is timed with no other set's
-    ranks on the host."""
+def timed_run(
+    plan: Any, steps: int, *, overlap: bool = True
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """A run of `plan` for `steps` steps with every worker method timed (`timing_hook`)
+    and the driver's calls kept (`_driver_calls`): the driver's calls, each worker
+    process's records in call order (by its file's stem, calls-<pid>), and the run's
+    metrics.jsonl records. `overlap` False: the executor's calls one at a time."""
     driver, undo = _driver_calls()
     with tempfile.TemporaryDirectory() as tmp:
         ray.init(
@@ -209,18 +208,33 @@ def run_calls(
         finally:
             ray.shutdown()
             undo()
-        per_call: dict[str, list[dict[str, Any]]] = {}
         files = sorted(Path(tmp).glob("calls-*.jsonl"))
         if not files:
             raise SystemExit("no worker timed a call: the setup hook did not run")
-        for path in files:
-            by_kind: dict[str, list[dict[str, Any]]] = {}
-            for line in path.read_text().splitlines():
-                rec = json.loads(line)
-                by_kind.setdefault(rec["call"], []).append(rec)
-            for kind, recs in by_kind.items():
-                # One call a step per rank: the steps after the warm-up.
-                per_call.setdefault(kind, []).extend(recs[len(recs) * warmup // steps :])
+        processes = {
+            path.stem: [json.loads(line) for line in path.read_text().splitlines()]
+            for path in files
+        }
+    return driver, processes, metrics
+
+
+def run_calls(
+    plan: Any, steps: int, warmup: int, *, overlap: bool = True
+) -> tuple[dict[str, Any], dict[str, float], dict[str, Any]]:
+    """Per call kind the medians of the scored steps' calls (every rank's), the
+    driver's phases (medians of the scored steps), and where the driver's interval of
+    each phase goes around its ranks' work (`_around`). `overlap` False: the executor's
+    calls one at a time (`RunConfig.overlap`), so that each is timed with no other set's
+    ranks on the host."""
+    driver, processes, metrics = timed_run(plan, steps, overlap=overlap)
+    per_call: dict[str, list[dict[str, Any]]] = {}
+    for records in processes.values():
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for rec in records:
+            by_kind.setdefault(rec["call"], []).append(rec)
+        for kind, recs in by_kind.items():
+            # One call a step per rank: the steps after the warm-up.
+            per_call.setdefault(kind, []).extend(recs[len(recs) * warmup // steps :])
     calls = {
         kind: {
             "run_cpu_s": statistics.median(r["cpu_s"] for r in recs),

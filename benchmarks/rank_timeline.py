@@ -20,9 +20,9 @@ scored steps into the parts a cost model has to price:
   own steadiness (a VM whose neighbours load its physical cores runs the same call at
   different speeds without any steal time).
 
-The ranks are timed by `inrun_calls.timing_hook` (a Ray `worker_process_setup_hook`;
-the executor's code is unchanged) and the driver's calls by wrapping
-`StepClock._record` (`inrun_calls._driver_calls`).
+The run is `inrun_calls.timed_run`'s: the ranks timed by `inrun_calls.timing_hook` (a
+Ray `worker_process_setup_hook`; the executor's code is unchanged) and the driver's
+calls kept by wrapping `StepClock._record` (`inrun_calls._driver_calls`).
 
     python benchmarks/rank_timeline.py [--plan safe-rlhf-tiny-cpu4-split]
         [--steps 16] [--warmup 8]
@@ -38,19 +38,14 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import ray
-
-from placeflow.executor.run import RunConfig, run_plan
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity_cpu import plans
-from inrun_calls import PHASE, _driver_calls, timing_hook
+from inrun_calls import PHASE, timed_run
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "rank_timeline.json"
@@ -129,26 +124,10 @@ def split_calls(
 
 
 def run_ranks(plan: Any, steps: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The driver's calls and every rank's method calls of a run of `plan`."""
-    driver, undo = _driver_calls()
-    with tempfile.TemporaryDirectory() as tmp:
-        ray.init(
-            num_cpus=4,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"worker_process_setup_hook": timing_hook(tmp)},
-        )
-        try:
-            run_plan(plan, Path(tmp) / "run", RunConfig(steps=steps, progress=False))
-        finally:
-            ray.shutdown()
-            undo()
-        ranks = []
-        for path in sorted(Path(tmp).glob("calls-*.jsonl")):
-            for line in path.read_text().splitlines():
-                ranks.append({**json.loads(line), "pid": path.stem})
-    if not ranks:
-        raise SystemExit("no worker timed a call: the setup hook did not run")
+    """The driver's calls and every rank's method calls of a run of `plan`, each rank
+    call with its process's `pid` (`inrun_calls.timed_run`)."""
+    driver, processes, _ = timed_run(plan, steps)
+    ranks = [{**rec, "pid": pid} for pid, records in processes.items() for rec in records]
     return driver, ranks
 
 
