@@ -17,6 +17,7 @@ are in `benchmarks/reshard_worlds.py`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -99,10 +100,13 @@ def reshard_colocated(
     group: Any,
     meter: MemoryMeter,
     expert_group: Any = None,
+    *,
+    gather: Callable[..., Any] = all_gather,
 ) -> tuple[Params, int]:
     """Build `rank`'s generation weights by the plan's micro-DP all-gathers, then its expert
     all-gathers over `expert_group` (the process group of `plan.expert_group_of(rank)`);
-    (weights, bytes in)."""
+    (weights, bytes in). `gather(output, input, group=...)` runs each all-gather (the
+    profiler passes a timed one, `placeflow.profiles.reshard_host`)."""
     model, gen = plan.model, plan.gen
     out: Params = {}
     for p in model.params():
@@ -121,11 +125,15 @@ def reshard_colocated(
     transfer = plan.group_of(rank)
     received = 0
     for slot in transfer.slots:
-        received += _gather_slot(plan, transfer.ranks, slot, rank, shards, out, group, meter)
+        received += _gather_slot(
+            plan, transfer.ranks, slot, rank, shards, out, group, meter, gather
+        )
     experts = plan.expert_group_of(rank)
     for slot in experts.slots if experts is not None else ():
         assert experts is not None
-        received += _gather_slot(plan, experts.ranks, slot, rank, shards, out, expert_group, meter)
+        received += _gather_slot(
+            plan, experts.ranks, slot, rank, shards, out, expert_group, meter, gather
+        )
     return out, received
 
 
@@ -138,6 +146,7 @@ def _gather_slot(
     out: Params,
     group: Any,
     meter: MemoryMeter,
+    gather: Callable[..., Any],
 ) -> int:
     model, gen, me, padded = plan.model, plan.gen, ranks.index(rank), slot.padded_numel
     piece = slot.pieces[me]
@@ -150,7 +159,7 @@ def _gather_slot(
         if own is not None:
             send[: own.numel()] = own
     buf = meter.hold(send.new_empty(len(ranks) * padded))
-    all_gather(buf, send, group=group)
+    gather(buf, send, group=group)
     for k, (p, numel) in enumerate(zip(slot.pieces, slot.numels, strict=True)):
         if k == me or p is None:
             continue

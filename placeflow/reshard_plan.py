@@ -605,6 +605,46 @@ def plan_reshard(model: TinyLlama, gen: GenLayout) -> ReshardPlan:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class RankWork:
+    """A rank's host work in its colocated reshard beyond the all-gathers, counted as
+    `executor.reshard.reshard_colocated` runs it: `pieces` copies into its generation
+    tensors (its own training shard's part of each tensor that it does not hand over
+    as is, then every other member's piece of each slot), `slots` all-gathers (each
+    with its send and receive buffers to allocate), and the bytes those copies move."""
+
+    pieces: int
+    slots: int
+    placed_bytes: int
+
+
+def rank_work(plan: ReshardPlan, rank: int) -> RankWork:
+    """`rank`'s `RankWork` in `plan` (its dense group, then its expert group)."""
+    model, gen = plan.model, plan.gen
+    b = model.dtype_bytes
+    pieces = placed = 0
+    for p in model.params():
+        ranges = gen_shard(model, p, gen, rank)
+        own = train_shard(model, p, gen.train, rank)
+        if ranges is None or own is None or own == ranges:
+            continue  # nothing of its own to copy in (no tensor, or handed over as is)
+        pieces += 1
+        placed += p.numel_of(own) * b
+    groups = [plan.group_of(rank), plan.expert_group_of(rank)]
+    slots = 0
+    for group in groups:
+        if group is None:
+            continue
+        me = group.ranks.index(rank)
+        slots += len(group.slots)
+        for slot in group.slots:
+            for k, (piece, numel) in enumerate(zip(slot.pieces, slot.numels, strict=True)):
+                if k != me and piece is not None:
+                    pieces += 1
+                    placed += numel * b
+    return RankWork(pieces=pieces, slots=slots, placed_bytes=placed)
+
+
 # --- the disjoint transfer plan ---------------------------------------------
 #
 # Trainer and generator on different devices: nothing is gathered in place, each

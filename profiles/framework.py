@@ -82,6 +82,7 @@ import torch
 from placeflow.cliargs import add_kinds_option
 from placeflow.errors import MeasurementError
 from placeflow.profiles.controller_work import CONTROLLER_KINDS
+from placeflow.profiles.reshard_host import RESHARD_KINDS
 from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
@@ -139,7 +140,9 @@ LAYER_KINDS = (
 # The kinds this module measures (the shared-cores kinds are `shared_cores`'), and
 # the timed pieces each is computed from.
 ENGINE_KINDS = tuple(
-    k for k in FrameworkKind if k not in SHARED_KINDS and k not in CONTROLLER_KINDS
+    k
+    for k in FrameworkKind
+    if k not in SHARED_KINDS and k not in CONTROLLER_KINDS and k not in RESHARD_KINDS
 )
 _PIECES_OF: dict[FrameworkKind, tuple[str, ...]] = {
     FrameworkKind.LAYER_FORWARD: ("forward",),
@@ -552,6 +555,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" Kinds {kept}: kept from before, measured by "
             "`python -m placeflow.profiles.controller_work`."
         )
+    # (and so are the reshard's host entries)
+    resharding = {k.value for k in RESHARD_KINDS}
+    reshard = [
+        e for e in profile.entries if e.op is Op.FRAMEWORK and e.params["kind"] in resharding
+    ]
+    if reshard:
+        note += (
+            f" Kinds {', '.join(sorted(resharding))}: kept from before, measured by "
+            "`python -m placeflow.profiles.reshard_host`."
+        )
+    driver = [*driver, *reshard]
     # (so are the shared-cores entries: kept, their note with them, last: it runs to the
     # note's end, `shared_collective_note`)
     shared = [e for e in profile.entries if is_shared_entry(e)]

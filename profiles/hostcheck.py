@@ -309,7 +309,8 @@ def at_host_speed(
     the profile brought to the speed this host runs at now. With `host_work_ratio`
     (`check_framework`), the engine's pieces (`framework.ENGINE_KINDS`: the entries
     whose like that check re-times, the engine's Python beyond its kernels) and the
-    controller's (`controller_work.CONTROLLER_KINDS`) are scaled by that instead; the
+    controller's (`controller_work.CONTROLLER_KINDS`) and the reshard's host work
+    (`reshard_host.RESHARD_KINDS`) are scaled by that instead; the
     rest (kernels, copies, collectives, Ray's calls, the shared-cores probes) by
     `ratio`.
 
@@ -327,9 +328,11 @@ def at_host_speed(
 
     from placeflow.profiles.controller_work import CONTROLLER_KINDS
     from placeflow.profiles.framework import ENGINE_KINDS
+    from placeflow.profiles.reshard_host import RESHARD_KINDS
 
-    # The controller's work between calls is Python on the driver like the engine's.
-    engine = {k.value for k in (*ENGINE_KINDS, *CONTROLLER_KINDS)}
+    # The controller's work between calls is Python on the driver like the engine's, and
+    # so is the reshard's beside its gathers.
+    engine = {k.value for k in (*ENGINE_KINDS, *CONTROLLER_KINDS, *RESHARD_KINDS)}
 
     def scaled(e: Entry) -> Entry:
         own = e.op is Op.FRAMEWORK and e.params["kind"] in engine

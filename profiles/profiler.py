@@ -41,7 +41,8 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   time; and what a collective adds when two busy ranks share each core, and the
   engine's forward with one and with two busy ranks per core, a call to
   such ranks, a forward after its thread slept, and a pass over weights past a core's
-  own cache (`placeflow.profiles.shared_cores`);
+  own cache (`placeflow.profiles.shared_cores`); the colocated reshard's host work
+  beyond its all-gathers, per piece and per slot (`placeflow.profiles.reshard_host`);
   and the controller's own work between the calls, the rule-based reward's scoring
   and each algorithm's advantages (`placeflow.profiles.controller_work`).
 
@@ -97,6 +98,7 @@ from placeflow.profiles.framework import measure_framework
 from placeflow.profiles.grid import CPU_COPY_BYTES, DTYPE_BYTES, GridPoint, ProfilerGrid
 from placeflow.profiles.hostcheck import cpuinfo_fields, host_identity
 from placeflow.profiles.ray_roundtrip import dispatch_points, measure_dispatch
+from placeflow.profiles.reshard_host import measure_reshard_host
 from placeflow.profiles.schema import (
     CopyDirection,
     DispatchKind,
@@ -620,6 +622,7 @@ def _host_overhead() -> list[Entry]:
             measure_ray_background,
             "placeflow.profiles.shared_cores --kinds ray_background",
         ),
+        ("reshard host work", measure_reshard_host, "placeflow.profiles.reshard_host"),
         (
             "controller work",
             lambda: [*measure_rule_reward(), *measure_advantages()],

@@ -198,6 +198,11 @@ class FrameworkKind(StrEnum):
     # workers and the driver, the kernel's) while num_units Ray actor ranks compute in a
     # call, in CPU seconds per second; measured by `shared_cores`.
     RAY_BACKGROUND = "ray_background"
+    # A colocated reshard's host work beyond its all-gathers, per piece copied into the
+    # generation tensors and per slot (its buffers), as `executor.reshard` runs it on two
+    # gloo ranks (measured by `placeflow.profiles.reshard_host`).
+    RESHARD_PIECE = "reshard_piece"
+    RESHARD_SLOT = "reshard_slot"
     # Not the engine's either: the controller's own serial work of a step on the driver,
     # through the executor's own functions (measured by `placeflow.profiles.controller_work`).
     # The rule-based reward: num_units responses of CONTROLLER_RESPONSE_LEN tokens decoded

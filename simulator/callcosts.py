@@ -63,9 +63,11 @@ from placeflow.profiles.schema import CollectiveKind, ElementwiseKind, Framework
 from placeflow.reshard_plan import (
     WEIGHT_SYNC_BUCKET_BYTES,
     GeneratorLayout,
+    RankWork,
     TinyLlama,
     plan_disjoint,
     plan_reshard,
+    rank_work,
     train_shard,
 )
 from placeflow.simulator import compute, memory
@@ -795,6 +797,9 @@ class ColocatedTransfer:
     group_size: int
     slots: tuple[tuple[int, int], ...]
     peak_extra_bytes: int  # generation shard + largest slot buffer, largest over ranks
+    # Each distinct rank's host work beyond the gathers (`reshard_plan.rank_work`: pieces
+    # copied in, slots, bytes those copies move), for `reshard_host_s`.
+    work: tuple[RankWork, ...] = ()
 
 
 @functools.cache
@@ -826,7 +831,24 @@ def colocated_transfer(
         group_size=gen.dg,
         slots=slots,
         peak_extra_bytes=max(r.peak_extra_bytes for r in plan.ranks),
+        work=tuple(sorted({rank_work(plan, r) for r in range(gen.train.world_size)}, key=str)),
     )
+
+
+def reshard_host_s(cm: CostModel, work: RankWork) -> float:
+    """One rank's host work in a gathering reshard beyond its all-gathers, as
+    `executor.reshard.reshard_colocated` runs it: the profile's `reshard_piece` per piece
+    copied into the generation tensors and `reshard_slot` per slot (its send and receive
+    buffers), measured on a model whose copies are negligible
+    (`placeflow.profiles.reshard_host`), plus the copies' own bytes read and written
+    (`device_copy_s`: weights a phase cold). 0 where the profile has no such entries (GPU
+    profiles, CPU profiles made before them): the host work is then left out, as it was
+    before they were measured."""
+    piece = cm.framework_s(FrameworkKind.RESHARD_PIECE)
+    slot = cm.framework_s(FrameworkKind.RESHARD_SLOT)
+    if piece is None or slot is None:
+        return 0.0
+    return work.pieces * piece + work.slots * slot + device_copy_s(cm, work.placed_bytes)
 
 
 def device_copy_s(cm: CostModel, num_bytes: float) -> float:
@@ -927,10 +949,15 @@ def reshard_cost(
             )
             for size, n in transfer.slots
         )
+        # The slowest rank's host work beside its gathers (every rank gathers every slot
+        # of its group, so the gathers end together and the host work adds to them).
+        host_s = max((reshard_host_s(cm, w) for w in transfer.work), default=0.0)
+        time_s += host_s
         detail = {
             "bytes_received_per_gpu": transfer.bytes_received_per_gpu,
             "buckets": sum(n for _, n in transfer.slots),
             "peak_extra_bytes_per_gpu": transfer.peak_extra_bytes,
+            "host_s": host_s,
         }
     replicas = lay.num_weight_replicas
     if train_zero == 3 and replicas > 1:

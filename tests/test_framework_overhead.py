@@ -26,6 +26,7 @@ from placeflow.profiles.controller_work import (
 )
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.registry import fitted_cost_model, load_profile
+from placeflow.profiles.reshard_host import RESHARD_KINDS
 from placeflow.profiles.schema import (
     CollectiveKind,
     ElementwiseKind,
@@ -318,7 +319,7 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def expected_kinds() -> set[FrameworkKind]:
-    return set(FrameworkKind) - set(SHARED_KINDS) - set(CONTROLLER_KINDS)
+    return set(FrameworkKind) - set(SHARED_KINDS) - set(CONTROLLER_KINDS) - set(RESHARD_KINDS)
 
 
 def test_the_timers_run_the_engine() -> None:
@@ -365,7 +366,10 @@ def test_the_fsdp_piece_runs_the_model_the_engine_shards() -> None:
 
 def test_the_cpu_profile_carries_measured_framework_entries_and_gpu_profiles_none() -> None:
     entries = load_profile("cpu").entries_for(Op.FRAMEWORK)
-    assert {FrameworkKind(e.params["kind"]) for e in entries} == set(FrameworkKind)
+    # The shipped profile's VM was gone before the reshard's host entries were measured
+    # (profiles.reshard_host): it has none, and the simulator prices that work at 0 there.
+    expected = set(FrameworkKind) - set(RESHARD_KINDS)
+    assert {FrameworkKind(e.params["kind"]) for e in entries} == expected
     assert {e.source for e in entries} == {Source.MEASURED}
     cm = fitted_cost_model("cpu")
     for e in entries:  # the fitted model answers each entry exactly
@@ -608,6 +612,7 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     monkeypatch.setattr(profiler, "measure_cold_weights", noisy)
     monkeypatch.setattr(profiler, "measure_paired_collective", noisy)
     monkeypatch.setattr(profiler, "measure_ray_background", noisy)
+    monkeypatch.setattr(profiler, "measure_reshard_host", noisy)
     monkeypatch.setattr(profiler, "measure_rule_reward", noisy)
     monkeypatch.setattr(profiler, "measure_advantages", list)
     with caplog.at_level("WARNING"):
@@ -629,6 +634,8 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     assert "coupled collective not measured" in text
     assert "placeflow.profiles.shared_cores --kinds coupled_collective --add-to PROFILE" in text
     assert "placeflow.profiles.shared_cores --kinds ray_background --add-to PROFILE" in text
+    assert "reshard host work not measured" in text
+    assert "placeflow.profiles.reshard_host --add-to PROFILE" in text
     # A measurement error that reaches the CLI is one line and exit 1, not a traceback.
 
     def fails(*args: Any, **kwargs: Any) -> Any:
