@@ -6,6 +6,7 @@ simulator's price of them (`reshard_plan.rank_work`, `profiles.reshard_host`,
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +148,42 @@ def test_a_gathering_reshard_adds_its_slowest_ranks_host_work() -> None:
     assert base.detail["host_s"] == 0.0
     assert got.time_s - base.time_s == pytest.approx(host)
     assert got.busy_s == got.time_s
+
+
+def test_its_entries_go_into_a_profile_and_survive_a_framework_remeasure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--add-to` puts the two entries and a note into the file, the rest kept; a full
+    `profiles.framework` re-measure afterwards keeps them and says so."""
+    from placeflow.profiles import framework, profiler
+    from placeflow.profiles.schema import load_profile_file
+
+    source = Path(framework.__file__).parent / "data" / "cpu.json"
+    path = tmp_path / "cpu.json"
+    path.write_text(source.read_text())
+    before = load_profile_file(path)
+    measured = reshard_host.entries_of(_samples(60e-6, 140e-6))
+    monkeypatch.setattr(reshard_host, "measure_reshard_host", lambda: measured)
+    assert reshard_host.main(["--add-to", str(path)]) == 0
+    added = load_profile_file(path)
+    assert len(added.entries) == len(before.entries) + 2
+    assert "placeflow.profiles.reshard_host --add-to" in added.provenance.notes
+    names = {k.value for k in reshard_host.RESHARD_KINDS}
+    engine = [
+        e
+        for e in added.entries_for(Op.FRAMEWORK)
+        if FrameworkKind(e.params["kind"]) in framework.ENGINE_KINDS
+    ]
+    monkeypatch.setattr(framework, "measure_framework", lambda **_: engine)
+    monkeypatch.setattr(profiler, "cpu_busy_fraction", lambda: 0.0)
+    assert framework.main(["--add-to", str(path)]) == 0
+    after = load_profile_file(path)
+    kept = [e for e in after.entries_for(Op.FRAMEWORK) if e.params["kind"] in names]
+    assert sorted(kept, key=str) == sorted(measured, key=str)
+    assert "placeflow.profiles.reshard_host" in after.provenance.notes
+
+
+def test_a_missing_profile_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        reshard_host.main(["--add-to", str(tmp_path / "nope.json")])
+    assert exc.value.code == 2
