@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from placeflow.procs import free_port, report_rank, run_ranks
+from placeflow.procs import free_port, join_gloo_world, report_rank, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "p2p_rendezvous.json"
@@ -56,10 +56,7 @@ def _rank(rank: int, job: tuple[int, int], results: Any) -> None:
     port, trials = job
 
     def body() -> None:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2
-        )
-        torch.set_num_threads(1)
+        join_gloo_world(rank, 2, port)
         rows = []
         for num_bytes in SIZES:
             buf = torch.ones(num_bytes // 4)

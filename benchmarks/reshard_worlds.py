@@ -28,7 +28,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from enum import StrEnum
 from functools import partial
 from typing import Any
@@ -37,10 +36,19 @@ import torch
 import torch.distributed as dist
 
 from placeflow.executor.errors import ExecutorError
-from placeflow.executor.reshard import MemoryMeter, Params, all_gather, place, reshard_colocated
+from placeflow.executor.reshard import (
+    MemoryMeter,
+    Params,
+    all_gather,
+    full_params,
+    place,
+    reshard_colocated,
+    take,
+    train_params,
+)
 from placeflow.executor.weight_sync import generator_shard_ranges, shard_rows, sync_disjoint
 from placeflow.layout import GenLayout, TrainLayout
-from placeflow.procs import report_rank, run_ranks
+from placeflow.procs import join_gloo_world, report_rank, run_ranks
 from placeflow.reshard_plan import (
     GeneratorLayout,
     ParamSpec,
@@ -82,25 +90,8 @@ class WorldLink:
 # --- tensors ------------------------------------------------------------------
 
 
-def full_params(model: TinyLlama, seed: int) -> Params:
-    """The whole model, filled in canonical order from one seeded generator."""
-    gen = torch.Generator().manual_seed(seed)
-    return {p.name: torch.randn(p.shape, generator=gen) for p in model.params()}
-
-
-def take(full: torch.Tensor, param: ParamSpec, ranges: tuple[Range, ...]) -> torch.Tensor:
-    """The shard of `full` made of `ranges` along the split dim, contiguous."""
-    return torch.cat([full.narrow(param.dim, r.start, r.length) for r in ranges], param.dim)
-
-
-def train_params(model: TinyLlama, train: TrainLayout, rank: int, full: Params) -> Params:
-    """Training shards of `rank`, cut from the full weights."""
-    out = {}
-    for p in model.params():
-        ranges = train_shard(model, p, train, rank)
-        if ranges is not None:
-            out[p.name] = take(full[p.name], p, ranges)
-    return out
+# The full weights and a rank's training shards cut from them: `executor.reshard`'s
+# (`full_params`, `take`, `train_params`), which the profiler's reshard probe uses too.
 
 
 def _owners(model: TinyLlama, param: ParamSpec, train: TrainLayout) -> list[int]:
@@ -251,17 +242,6 @@ def _idle(meter: MemoryMeter) -> tuple[Params, int]:
     return {}, 0
 
 
-def _init_world(rank: int, world_size: int, port: int, timeout_s: float) -> None:
-    torch.set_num_threads(1)  # W ranks on a small machine: no intra-op oversubscription
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
-
-
 def _spawn(
     worker: Callable[[int, Any, Any], None],
     job: Any,
@@ -321,7 +301,7 @@ def reshard_worker(rank: int, job: ReshardJob, results: Any) -> None:
     """Entry point of one rank: every case, every method; each result goes to the parent."""
 
     def body() -> None:
-        _init_world(rank, job.world_size, job.port, job.init_timeout_s)
+        join_gloo_world(rank, job.world_size, job.port, timeout_s=job.init_timeout_s)
         full = full_params(job.model, job.seed)
         for case, gen in enumerate(job.cases):
             group = _my_group(gen, rank)
@@ -377,7 +357,7 @@ def sync_worker(rank: int, job: SyncJob, results: Any) -> None:
     results go to the parent (a generator layout smaller than the world leaves ranks idle)."""
 
     def body() -> None:
-        _init_world(rank, job.world_size, job.port, 60.0)
+        join_gloo_world(rank, job.world_size, job.port, timeout_s=60.0)
         full = full_params(job.model, job.seed)
         num_train = job.train.world_size
         shards = train_params(job.model, job.train, rank, full) if rank < num_train else None

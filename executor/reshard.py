@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from placeflow.layout import GenLayout
+from placeflow.layout import GenLayout, TrainLayout
 from placeflow.reshard_plan import (
     ParamSpec,
     Range,
@@ -74,6 +74,27 @@ def place(
         dst.narrow(param.dim, pl.dst_start, pl.length).copy_(
             piece.narrow(param.dim, pl.src_start, pl.length)
         )
+
+
+def full_params(model: TinyLlama, seed: int) -> Params:
+    """The whole model, filled in canonical order from one seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    return {p.name: torch.randn(p.shape, generator=gen) for p in model.params()}
+
+
+def take(full: torch.Tensor, param: ParamSpec, ranges: tuple[Range, ...]) -> torch.Tensor:
+    """The shard of `full` made of `ranges` along the split dim, contiguous."""
+    return torch.cat([full.narrow(param.dim, r.start, r.length) for r in ranges], param.dim)
+
+
+def train_params(model: TinyLlama, train: TrainLayout, rank: int, full: Params) -> Params:
+    """Training shards of `rank`, cut from the full weights."""
+    out = {}
+    for p in model.params():
+        ranges = train_shard(model, p, train, rank)
+        if ranges is not None:
+            out[p.name] = take(full[p.name], p, ranges)
+    return out
 
 
 # --- the reshard ---------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Worlds of spawned processes: start ranks, gather their messages, never hang.
 
 The profiler's collectives and the resharding executor both run a small
-torch.distributed world in processes spawned here. A rank function receives
+torch.distributed world in processes spawned here; a gloo rank joins its world with
+`join_gloo_world`. A rank function receives
 `(rank, job, results)` and reports through the `results` queue:
 
 - `("error", rank, traceback_text)` when it fails (then exits non-zero),
@@ -21,8 +22,11 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 RankFn = Callable[[int, Any, Any], None]
@@ -33,6 +37,22 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def join_gloo_world(
+    rank: int, world_size: int, port: int, *, timeout_s: float | None = None
+) -> None:
+    """This spawned rank in a gloo world of `world_size` met at 127.0.0.1:`port`, with one
+    torch thread (W ranks on a small machine: no intra-op oversubscription); `timeout_s`
+    None keeps torch.distributed's default."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=None if timeout_s is None else timedelta(seconds=timeout_s),
+    )
 
 
 def report_rank(rank: int, results: Any, body: Callable[[], None]) -> None:

@@ -565,14 +565,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" Kinds {', '.join(sorted(resharding))}: kept from before, measured by "
             "`python -m placeflow.profiles.reshard_host`."
         )
-    driver = [*driver, *reshard]
     # (so are the shared-cores entries: kept, their note with them, last: it runs to the
     # note's end, `shared_collective_note`)
     shared = [e for e in profile.entries if is_shared_entry(e)]
     if shared:
         note += shared_collective_note(profile)
     save_profile(
-        with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared, *driver], note), args.add_to
+        with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared, *driver, *reshard], note),
+        args.add_to,
     )
     _print(entries)
     return 0

@@ -38,7 +38,6 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +46,25 @@ import torch
 import torch.distributed as dist
 
 from placeflow.errors import MeasurementError, ProfileSchemaError
-from placeflow.executor.reshard import MemoryMeter, all_gather, reshard_colocated
+from placeflow.executor.reshard import (
+    MemoryMeter,
+    all_gather,
+    full_params,
+    reshard_colocated,
+    train_params,
+)
 from placeflow.layout import GenLayout, TrainLayout
-from placeflow.procs import free_port, report_rank, run_ranks
+from placeflow.procs import free_port, join_gloo_world, report_rank, run_ranks
 from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
     Op,
-    Source,
     load_profile_file,
     save_profile,
     with_some_kinds,
 )
-from placeflow.reshard_plan import TinyLlama, plan_reshard, rank_work, train_shard
+from placeflow.profiles.shared_cores import framework_entry
+from placeflow.reshard_plan import TinyLlama, plan_reshard, rank_work
 
 PROBE_MODEL = TinyLlama(num_layers=2, hidden=64, num_heads=4, num_kv_heads=2, ffn=128, vocab=64)
 PROBE_LAYOUTS = (
@@ -85,32 +90,14 @@ class _Job:
     init_timeout_s: float = 60.0
 
 
-def _train_params(gen: GenLayout, rank: int, seed: int) -> dict[str, torch.Tensor]:
-    """`rank`'s training shards of PROBE_MODEL in `gen.train`, cut from seeded weights."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for p in PROBE_MODEL.params():
-        full = torch.randn(p.shape, generator=g)
-        ranges = train_shard(PROBE_MODEL, p, gen.train, rank)
-        if ranges is not None:
-            out[p.name] = torch.cat([full.narrow(p.dim, r.start, r.length) for r in ranges], p.dim)
-    return out
-
-
 def _rank(rank: int, job: _Job, results: Any) -> None:
     def body() -> None:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{job.port}",
-            rank=rank,
-            world_size=WORLD_SIZE,
-            timeout=timedelta(seconds=job.init_timeout_s),
-        )
+        join_gloo_world(rank, WORLD_SIZE, job.port, timeout_s=job.init_timeout_s)
+        full = full_params(PROBE_MODEL, seed=0)
         plans = [plan_reshard(PROBE_MODEL, gen) for gen in PROBE_LAYOUTS]
-        shards = [_train_params(gen, rank, seed=0) for gen in PROBE_LAYOUTS]
+        shards = [train_params(PROBE_MODEL, gen.train, rank, full) for gen in PROBE_LAYOUTS]
         walk_plan = plan_reshard(PROBE_MODEL, GenLayout(train=TrainLayout()))
-        walk_shards = _train_params(walk_plan.gen, 0, seed=0)
+        walk_shards = train_params(PROBE_MODEL, walk_plan.gen.train, 0, full)
         inside = [0.0]
 
         def timed_gather(output: torch.Tensor, tensor: torch.Tensor, group: Any = None) -> Any:
@@ -172,18 +159,7 @@ def entries_of(samples: dict[int, dict[tuple[int, int], float]]) -> list[Entry]:
                 "0): the host was too busy to tell pieces from slots; measure again on a quiet "
                 "host (`python -m placeflow.profiles.reshard_host --add-to PROFILE`)"
             )
-        qs = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else values
-        entries.append(
-            Entry(
-                op=Op.FRAMEWORK,
-                params={"kind": kind.value, "num_units": 1},
-                median_s=median,
-                p10_s=min(max(qs[0], 1e-9), median),
-                p90_s=max(qs[-1], median),
-                repeats=len(values),
-                source=Source.MEASURED,
-            )
-        )
+        entries.append(framework_entry(kind, 1, values, p10_floor_s=1e-9))
     return entries
 
 

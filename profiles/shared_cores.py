@@ -163,7 +163,6 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +171,7 @@ import torch.distributed as dist
 
 from placeflow.cliargs import add_kinds_option
 from placeflow.errors import MeasurementError
-from placeflow.procs import free_port, report_rank, run_ranks
+from placeflow.procs import free_port, join_gloo_world, report_rank, run_ranks
 from placeflow.profiles.grid import COLD_MODEL, SHARED_PROBE_BYTES, SHARED_RANKS_PER_CORE
 from placeflow.profiles.schema import (
     Entry,
@@ -286,14 +285,7 @@ def _loop_s(
 
 def _init_rank(rank: int, job: SharedJob) -> None:
     """One torch thread, and this rank in the job's gloo world."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{job.port}",
-        rank=rank,
-        world_size=job.world_size,
-        timeout=timedelta(seconds=job.init_timeout_s),
-    )
+    join_gloo_world(rank, job.world_size, job.port, timeout_s=job.init_timeout_s)
 
 
 def pairings(world_size: int, coupled: bool) -> list[list[list[int]]]:

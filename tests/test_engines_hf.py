@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from placeflow.executor.engines.transformer import (
     shard_full,
 )
 from placeflow.models import ModelSpec, model_from_hf_config
-from placeflow.procs import free_port, report_rank, run_ranks
+from placeflow.procs import free_port, join_gloo_world, report_rank, run_ranks
 from placeflow.reshard_plan import TinyLlama
 
 
@@ -237,14 +236,7 @@ def tp_rank(rank: int, job: TPJob, results: Any) -> None:
     import torch.distributed as dist
 
     def body() -> None:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{job.port}",
-            rank=rank,
-            world_size=2,
-            timeout=timedelta(seconds=60),
-        )
+        join_gloo_world(rank, 2, job.port, timeout_s=60)
         for key in job.cases:
             case, impl = key.split("|")  # native or megatron-core TP layers
             tp = TPGroup(group=dist.group.WORLD, size=2, rank=rank, impl=TPImpl(impl))
