@@ -49,7 +49,10 @@ from placeflow.profiles.grid import (
     SHARED_PROBE_BYTES,
     SHARED_PROBE_WORLD,
     SHARED_RANKS_PER_CORE,
+    WAKE_KINDS,
+    WAKE_KINDS_OF,
     cold_model_bytes,
+    wake_model_bytes,
 )
 from placeflow.profiles.schema import (
     DISPATCH_ENTRY_TENSORS,
@@ -662,14 +665,39 @@ class CostModel:
         points = self._framework_points(FrameworkKind.WAKE_CALL, 1000)  # ms -> s
         if not points:
             return ()
+        return self.remember(("wake curve",), lambda: _rising(points))
+
+    def call_wake_curve(self, call: str, weight_bytes: float) -> WakeCurve:
+        """What a model call of kind `call` (a dataflow `CallKind` value: "generate",
+        "forward" or "train") costs more after its rank ran another call and then idled,
+        by how long it idled, for a rank holding `weight_bytes` of its model's weights:
+        the profile's entries of that call's kinds (`grid.WAKE_KINDS_OF`, measured by
+        `profiles.wake_calls` on the reference model and on `grid.COLD_MODEL`) as points
+        (seconds idle, extra seconds). Each model's points are a curve from (0, 0), each
+        point at least the one before it; the two are mixed linearly by the weight bytes
+        between the two models' (`grid.wake_model_bytes`), held at either model beyond
+        them; and the mix's first point is held back to 0 idle, since every measured call
+        followed another call and its shortest pause is a scheduler tick: a call right
+        after another pays the switch. A profile that measured the calls' wake-up but
+        holds no entry of a kind or a pause measured no cost there (0). A profile without
+        any of these entries (GPU profiles, older CPU ones) gives `wake_curve`, the
+        reference forward after itself, for each call instead."""
+        if not any(self.framework_units(k) for k in WAKE_KINDS):
+            return self.wake_curve()
+        small_kind, large_kind = WAKE_KINDS_OF[call]
+        small_bytes, large_bytes = wake_model_bytes()
+        share = min(1.0, max(0.0, (weight_bytes - small_bytes) / (large_bytes - small_bytes)))
 
         def curve() -> WakeCurve:
-            out = [(0.0, 0.0)]
-            for asleep_s, extra in points:
-                out.append((asleep_s, max(out[-1][1], extra)))
-            return tuple(out)
+            lo = _rising(self._framework_points(small_kind, 1000))  # ms -> s
+            hi = _rising(self._framework_points(large_kind, 1000))
+            idle = sorted({x for x, _ in (*lo, *hi)} - {0.0})
+            if not idle:
+                return ()
+            mix = [woken(x, lo) * (1 - share) + woken(x, hi) * share for x in idle]
+            return ((0.0, mix[0]), *zip(idle, mix, strict=True))
 
-        return self.remember(("wake curve",), curve)
+        return self.remember(("call wake curve", call, share), curve)
 
     def cold_weights_s(self, weight_bytes: float, rows: int) -> float:
         """What one pass of GEMMs of `rows` rows over `weight_bytes` of weights costs
@@ -1026,6 +1054,18 @@ SliceCurve = tuple[tuple[float, float], ...]
 # Measured extra seconds of a call by the seconds its rank slept before it
 # (`CostModel.wake_curve`).
 WakeCurve = tuple[tuple[float, float], ...]
+
+
+def _rising(points: tuple[tuple[float, float], ...]) -> WakeCurve:
+    """Measured wake-up `points` (seconds asleep, extra seconds; ascending) as a curve
+    from (0, 0), each point at least the one before it: a longer sleep leaves no warmer
+    cache, and the entries are differences of noisy times. () without points."""
+    if not points:
+        return ()
+    out = [(0.0, 0.0)]
+    for asleep_s, extra in points:
+        out.append((asleep_s, max(out[-1][1], extra)))
+    return tuple(out)
 
 
 def woken(idle_s: float, curve: WakeCurve = ()) -> float:

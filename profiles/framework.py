@@ -82,6 +82,7 @@ import torch
 from placeflow.cliargs import add_kinds_option
 from placeflow.errors import MeasurementError
 from placeflow.profiles.controller_work import CONTROLLER_KINDS
+from placeflow.profiles.grid import REFERENCE_MODEL, WAKE_KINDS
 from placeflow.profiles.reshard_host import RESHARD_KINDS
 from placeflow.profiles.schema import (
     Entry,
@@ -100,7 +101,6 @@ from placeflow.profiles.timing import summarize
 
 log = logging.getLogger(__name__)
 
-REFERENCE_MODEL = "tiny-llama"
 # The sizes the pieces are timed at, keyed by an entry's num_units (its size in units of
 # the smallest): (batch, tokens per sequence) of the forward and backward pieces, and the
 # sequences of a decode step. The per-layer and per-call kinds are timed at each; the
@@ -142,7 +142,10 @@ LAYER_KINDS = (
 ENGINE_KINDS = tuple(
     k
     for k in FrameworkKind
-    if k not in SHARED_KINDS and k not in CONTROLLER_KINDS and k not in RESHARD_KINDS
+    if k not in SHARED_KINDS
+    and k not in CONTROLLER_KINDS
+    and k not in RESHARD_KINDS
+    and k not in WAKE_KINDS
 )
 _PIECES_OF: dict[FrameworkKind, tuple[str, ...]] = {
     FrameworkKind.LAYER_FORWARD: ("forward",),
@@ -565,13 +568,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" Kinds {', '.join(sorted(resharding))}: kept from before, measured by "
             "`python -m placeflow.profiles.reshard_host`."
         )
+    # (and so are the calls' wake-up entries)
+    waking = {k.value for k in WAKE_KINDS}
+    woken = [e for e in profile.entries if e.op is Op.FRAMEWORK and e.params["kind"] in waking]
+    if woken:
+        note += (
+            f" Kinds {', '.join(sorted({str(e.params['kind']) for e in woken}))}: kept from "
+            "before, measured by "
+            "`python -m placeflow.profiles.wake_calls`."
+        )
     # (so are the shared-cores entries: kept, their note with them, last: it runs to the
     # note's end, `shared_collective_note`)
     shared = [e for e in profile.entries if is_shared_entry(e)]
     if shared:
         note += shared_collective_note(profile)
     save_profile(
-        with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared, *driver, *reshard], note),
+        with_op_entries(
+            profile, Op.FRAMEWORK, [*entries, *shared, *driver, *reshard, *woken], note
+        ),
         args.add_to,
     )
     _print(entries)

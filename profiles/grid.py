@@ -48,6 +48,7 @@ from placeflow.profiles.schema import (
     CollectiveKind,
     CopyDirection,
     ElementwiseKind,
+    FrameworkKind,
     Op,
 )
 
@@ -372,6 +373,9 @@ DISPATCH_TENSOR_BYTES = 64
 SHARED_PROBE_BYTES = 4096
 SHARED_PROBE_WORLD = 2
 SHARED_RANKS_PER_CORE = 2  # the most oversubscription the shared entries are measured at
+# The framework profiler's reference model (`profiles.framework`: the engine's pieces
+# are timed through it, and the shared-cores probes and the calls' wake-up run it).
+REFERENCE_MODEL = "tiny-llama"
 # The `cold_weights` entries' model (`profiles.shared_cores`): the GEMM weights a pass
 # reads, 12.3 MB, past a core's own cache and within the last-level cache here.
 COLD_MODEL = "tiny-llama-m"
@@ -381,6 +385,24 @@ def cold_model_bytes() -> int:
     """The weights of `COLD_MODEL` (`CostModel.cold_weights_s` scales its entries by
     bytes over these)."""
     return CATALOGUE[COLD_MODEL].num_bytes()
+
+
+# A model call's kind (the dataflow's `CallKind` values, in an actor rank's order) -> the
+# kinds of its wake-up entries on `REFERENCE_MODEL` and on `COLD_MODEL`
+# (`profiles.wake_calls` measures them, `CostModel.call_wake_curve` reads them).
+WAKE_KINDS_OF: Mapping[str, tuple[FrameworkKind, FrameworkKind]] = {
+    "generate": (FrameworkKind.WAKE_GENERATE, FrameworkKind.WAKE_GENERATE_LARGE),
+    "forward": (FrameworkKind.WAKE_FORWARD, FrameworkKind.WAKE_FORWARD_LARGE),
+    "train": (FrameworkKind.WAKE_UPDATE, FrameworkKind.WAKE_UPDATE_LARGE),
+}
+WAKE_KINDS = tuple(k for pair in WAKE_KINDS_OF.values() for k in pair)
+
+
+def wake_model_bytes() -> tuple[int, int]:
+    """The weights of the two models the calls' wake-up entries are measured on
+    (`profiles.wake_calls`): `REFERENCE_MODEL`'s and `COLD_MODEL`'s
+    (`CostModel.call_wake_curve` interpolates between them by a rank's weight bytes)."""
+    return CATALOGUE[REFERENCE_MODEL].num_bytes(), cold_model_bytes()
 
 
 def _quick_recipe(device: str, num_gpus: int) -> _Recipe:

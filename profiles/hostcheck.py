@@ -310,9 +310,9 @@ def at_host_speed(
     (`check_framework`), the engine's pieces (`framework.ENGINE_KINDS`: the entries
     whose like that check re-times, the engine's Python beyond its kernels) and the
     controller's (`controller_work.CONTROLLER_KINDS`) and the reshard's host work
-    (`reshard_host.RESHARD_KINDS`) are scaled by that instead; the
-    rest (kernels, copies, collectives, Ray's calls, the shared-cores probes) by
-    `ratio`.
+    (`reshard_host.RESHARD_KINDS`) are scaled by that instead; the rest (kernels,
+    copies, collectives, Ray's calls, the shared-cores probes, the calls' wake-up
+    entries of `profiles.wake_calls`) by `ratio`.
 
     A VM's speed moves by tens of percent from one hour to the next, and every CPU
     entry is the host's own work (kernels, the engine's Python, Ray's calls, copies),

@@ -43,6 +43,8 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   such ranks, a forward after its thread slept, and a pass over weights past a core's
   own cache (`placeflow.profiles.shared_cores`); the colocated reshard's host work
   beyond its all-gathers, per piece and per slot (`placeflow.profiles.reshard_host`);
+  what the engine's generation, forward and update each cost more after the rank's
+  other calls and a pause (`placeflow.profiles.wake_calls`);
   and the controller's own work between the calls, the rule-based reward's scoring
   and each algorithm's advantages (`placeflow.profiles.controller_work`).
 
@@ -123,6 +125,7 @@ from placeflow.profiles.shared_cores import (
     measure_wake_call,
 )
 from placeflow.profiles.timing import Clock, Timing, make_clock, time_fn
+from placeflow.profiles.wake_calls import measure_wake_calls
 
 log = logging.getLogger(__name__)
 
@@ -623,6 +626,7 @@ def _host_overhead() -> list[Entry]:
             "placeflow.profiles.shared_cores --kinds ray_background",
         ),
         ("reshard host work", measure_reshard_host, "placeflow.profiles.reshard_host"),
+        ("calls' wake-up", measure_wake_calls, "placeflow.profiles.wake_calls"),
         (
             "controller work",
             lambda: [*measure_rule_reward(), *measure_advantages()],

@@ -203,6 +203,17 @@ class FrameworkKind(StrEnum):
     # gloo ranks (measured by `placeflow.profiles.reshard_host`).
     RESHARD_PIECE = "reshard_piece"
     RESHARD_SLOT = "reshard_slot"
+    # Not the engine's pieces but its whole calls: what each of a rank's calls (a
+    # forward, an update, a generation) costs beyond the same call back to back when the
+    # rank ran its other calls in turn, sleeping num_units ms before each, as an actor
+    # rank of a run does; on the framework profiler's reference model and, `_large`, on
+    # `grid.COLD_MODEL` (measured by `placeflow.profiles.wake_calls`).
+    WAKE_FORWARD = "wake_forward"
+    WAKE_UPDATE = "wake_update"
+    WAKE_GENERATE = "wake_generate"
+    WAKE_FORWARD_LARGE = "wake_forward_large"
+    WAKE_UPDATE_LARGE = "wake_update_large"
+    WAKE_GENERATE_LARGE = "wake_generate_large"
     # Not the engine's either: the controller's own serial work of a step on the driver,
     # through the executor's own functions (measured by `placeflow.profiles.controller_work`).
     # The rule-based reward: num_units responses of CONTROLLER_RESPONSE_LEN tokens decoded

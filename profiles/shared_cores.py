@@ -457,7 +457,7 @@ def reference_model(rank: int) -> tuple[torch.nn.Module, Callable[[], torch.Tens
     gradients are on)."""
     from placeflow.catalogue import get_model
     from placeflow.executor.engines.transformer import Arch, Transformer, random_full
-    from placeflow.profiles.framework import REFERENCE_MODEL
+    from placeflow.profiles.grid import REFERENCE_MODEL
 
     spec = get_model(REFERENCE_MODEL)
     model = Transformer(Arch.of(spec))
@@ -778,10 +778,10 @@ def wake_entries(samples: Mapping[int, Sequence[float]]) -> list[Entry]:
     """The `wake_call` entries of `wake_samples`' differences (num_units: the sleep in
     ms): their median, p10 (at least `WAKE_FLOOR_S`) and p90. A sleep whose median is
     not above 0 cost nothing measurable: no entry (the cost model reads 0 there)."""
-    return _extra_entries(FrameworkKind.WAKE_CALL, samples)
+    return extra_entries(FrameworkKind.WAKE_CALL, samples)
 
 
-def _extra_entries(kind: FrameworkKind, samples: Mapping[int, Sequence[float]]) -> list[Entry]:
+def extra_entries(kind: FrameworkKind, samples: Mapping[int, Sequence[float]]) -> list[Entry]:
     """Entries of `kind` from paired differences by num_units (what a piece costs more
     than the same piece hot): their median, p10 (at least `WAKE_FLOOR_S`, entries' times
     being positive) and p90; none where the median is not above 0."""
@@ -866,7 +866,7 @@ def measure_cold_weights(*, pairs: int = COLD_PAIRS) -> list[Entry]:
         samples = {rows: cold_samples(weights, rows, pairs=pairs) for rows in COLD_ROWS}
     finally:
         torch.set_num_threads(threads)
-    return _extra_entries(FrameworkKind.COLD_WEIGHTS, samples)
+    return extra_entries(FrameworkKind.COLD_WEIGHTS, samples)
 
 
 def with_shared_entries(profile: Profile, entries: Sequence[Entry], note: str) -> Profile:

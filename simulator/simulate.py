@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from placeflow.dataflow import FORWARD_PHASES, CallKind, dataflow_calls
-from placeflow.layout import GenLayout, gen_shard_bytes
+from placeflow.layout import GenLayout, gen_shard_bytes, generation_shard_bytes
 from placeflow.phases import Phase
 from placeflow.plan import Plan
 from placeflow.profiles.costmodel import CostModel, SliceCurve, WakeCurve, sliced
@@ -326,7 +326,7 @@ def _cost_calls(
                 driver=driver,
                 collectives=collectives.get(call.phase, 0.0),
                 latency_s=latency.get(call.phase, 0.0),
-                wake=_wake(plan, cms, set_index, cost),
+                wake=_wake(plan, cms, set_index, cost, call.kind, call.role),
             )
         )
     return _with_transitions(plan, cms, out), [problem] if problem else []
@@ -469,11 +469,22 @@ def _contended(
     )
 
 
-def _wake(plan: Plan, cms: CostModels, set_index: int, cost: callcosts.CallCost) -> WakeCurve:
-    """What a model call on set `set_index` costs more by how long its ranks slept before
-    it: its pool's measured `CostModel.wake_curve` (the reference forward's), stretched
-    as the call is on a crowded host (`_stretch`: the refill is the ranks' own work). ()
-    on pools that do not declare their cores (GPU pools: their profiles hold none).
+def _wake(
+    plan: Plan,
+    cms: CostModels,
+    set_index: int,
+    cost: callcosts.CallCost,
+    kind: CallKind,
+    role: Role,
+) -> WakeCurve:
+    """What a model call of `kind` by `role` on set `set_index` costs more by how long
+    its ranks slept before it: its pool's measured `CostModel.call_wake_curve` for that
+    kind of call at a rank's weight bytes of the role's model (its t·p model-parallel
+    shard, `memory.weight_bytes_per_gpu`, or its generation shard), stretched as the
+    call is on a crowded host (`_stretch`: the refill is the ranks' own work). A profile
+    without the calls' entries gives the reference forward's `wake_curve` for every
+    call. () on pools that do not declare their cores (GPU pools: their profiles hold
+    none).
 
     Model calls only: a forward, backward or generation walks the engine's whole code
     path and its layers' weights, as the reference forward does. A transition (reshard,
@@ -483,7 +494,16 @@ def _wake(plan: Plan, cms: CostModels, set_index: int, cost: callcosts.CallCost)
     phases of `benchmarks/fidelity_cpu.py` 21-144 % over their measured times."""
     if plan.pool_of(set_index).cores_per_node is None:
         return ()
-    curve = _cm(plan, cms, set_index).wake_curve()
+    model = plan.workload.models[role]
+    if kind == CallKind.GENERATE:
+        copy = memory.generation_weight_bytes(model, plan.workload.generation_precision)
+        weight_bytes = generation_shard_bytes(int(copy), _gen_layout(plan))
+    else:
+        lay = plan.parallelism[role].train
+        weight_bytes = memory.weight_bytes_per_gpu(
+            model, lay.t, lay.p, value_head=role.has_value_head, e=lay.e
+        )
+    curve = _cm(plan, cms, set_index).call_wake_curve(kind.value, weight_bytes)
     if not curve:
         return ()
     factor = _stretch(plan, cms, set_index, busy_fraction(cost))

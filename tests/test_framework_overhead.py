@@ -25,6 +25,7 @@ from placeflow.profiles.controller_work import (
     REWARD_RESPONSES,
 )
 from placeflow.profiles.costmodel import CostModel
+from placeflow.profiles.grid import WAKE_KINDS
 from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.reshard_host import RESHARD_KINDS
 from placeflow.profiles.schema import (
@@ -319,7 +320,8 @@ def test_slopes_and_intercepts_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def expected_kinds() -> set[FrameworkKind]:
-    return set(FrameworkKind) - set(SHARED_KINDS) - set(CONTROLLER_KINDS) - set(RESHARD_KINDS)
+    others = (*SHARED_KINDS, *CONTROLLER_KINDS, *RESHARD_KINDS, *WAKE_KINDS)
+    return set(FrameworkKind) - set(others)
 
 
 def test_the_timers_run_the_engine() -> None:
@@ -367,8 +369,10 @@ def test_the_fsdp_piece_runs_the_model_the_engine_shards() -> None:
 def test_the_cpu_profile_carries_measured_framework_entries_and_gpu_profiles_none() -> None:
     entries = load_profile("cpu").entries_for(Op.FRAMEWORK)
     # The shipped profile's VM was gone before the reshard's host entries were measured
-    # (profiles.reshard_host): it has none, and the simulator prices that work at 0 there.
-    expected = set(FrameworkKind) - set(RESHARD_KINDS)
+    # (profiles.reshard_host): it has none, and the simulator prices that work at 0 there;
+    # nor the calls' wake-up entries (profiles.wake_calls): its calls pay the reference
+    # forward's wake_call curve.
+    expected = set(FrameworkKind) - set(RESHARD_KINDS) - set(WAKE_KINDS)
     assert {FrameworkKind(e.params["kind"]) for e in entries} == expected
     assert {e.source for e in entries} == {Source.MEASURED}
     cm = fitted_cost_model("cpu")
@@ -613,6 +617,7 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     monkeypatch.setattr(profiler, "measure_paired_collective", noisy)
     monkeypatch.setattr(profiler, "measure_ray_background", noisy)
     monkeypatch.setattr(profiler, "measure_reshard_host", noisy)
+    monkeypatch.setattr(profiler, "measure_wake_calls", noisy)
     monkeypatch.setattr(profiler, "measure_rule_reward", noisy)
     monkeypatch.setattr(profiler, "measure_advantages", list)
     with caplog.at_level("WARNING"):
@@ -631,6 +636,8 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     assert "paired collective not measured" in text
     assert "placeflow.profiles.shared_cores --kinds paired_collective --add-to PROFILE" in text
     assert "Ray background not measured" in text
+    assert "calls' wake-up not measured" in text
+    assert "python -m placeflow.profiles.wake_calls --add-to PROFILE" in text
     assert "coupled collective not measured" in text
     assert "placeflow.profiles.shared_cores --kinds coupled_collective --add-to PROFILE" in text
     assert "placeflow.profiles.shared_cores --kinds ray_background --add-to PROFILE" in text
