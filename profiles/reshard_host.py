@@ -32,8 +32,6 @@ adds them to a CPU profile; `placeflow profile --device cpu` measures them too.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import statistics
 import time
 from collections.abc import Sequence
@@ -45,7 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from placeflow.errors import MeasurementError, ProfileSchemaError
+from placeflow.errors import MeasurementError
 from placeflow.executor.reshard import (
     MemoryMeter,
     all_gather,
@@ -58,10 +56,7 @@ from placeflow.procs import free_port, join_gloo_world, report_rank, run_ranks
 from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
-    Op,
-    load_profile_file,
-    save_profile,
-    with_some_kinds,
+    add_kinds_command,
 )
 from placeflow.profiles.shared_cores import framework_entry
 from placeflow.reshard_plan import TinyLlama, plan_reshard, rank_work
@@ -199,21 +194,9 @@ def note_text(date: str, path: Path | str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--add-to", type=Path, required=True, help="a CPU profile JSON file")
-    args = parser.parse_args(argv)
-    try:
-        profile = load_profile_file(args.add_to)
-    except ProfileSchemaError as exc:
-        parser.error(str(exc))
-    if profile.device_kind != "cpu":
-        parser.error(f"{args.add_to} is a {profile.device_kind} profile; this measures a CPU host")
-    entries = measure_reshard_host()
-    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    names = [k.value for k in RESHARD_KINDS]
-    save_profile(
-        with_some_kinds(profile, Op.FRAMEWORK, entries, names, note_text(date, args.add_to)),
-        args.add_to,
+    # (a lambda: the module's `measure_*` looked up when the command runs)
+    entries = add_kinds_command(
+        argv, __doc__.split("\n")[0], RESHARD_KINDS, lambda: measure_reshard_host(), note_text
     )
     for e in entries:
         print(

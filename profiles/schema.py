@@ -30,10 +30,12 @@ each op are listed in `OP_PARAMS`; their meaning is in `placeflow.profiles.ops`.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import datetime
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -443,6 +445,37 @@ def with_some_kinds(
         else:
             note += f" Kept from before (op {op.value}{said}"
     return with_op_entries(profile, op, [*kept, *entries], note)
+
+
+def add_kinds_command(
+    argv: Sequence[str] | None,
+    description: str,
+    kinds: Sequence[FrameworkKind],
+    measure: Callable[[], list[Entry]],
+    note_text: Callable[[str, Path], str],
+) -> list[Entry]:
+    """The `--add-to PROFILE` command of a module that measures framework `kinds` of a
+    CPU host: parses `argv`, refuses a missing, malformed or non-CPU profile with a usage
+    error, runs `measure` and replaces the file's entries of those kinds by its entries
+    (the others kept, `with_some_kinds`), described by `note_text(date, path)`. Returns
+    the entries, for the module to print."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--add-to", type=Path, required=True, help="a CPU profile JSON file")
+    args = parser.parse_args(argv)
+    try:
+        profile = load_profile_file(args.add_to)
+    except ProfileSchemaError as exc:
+        parser.error(str(exc))
+    if profile.device_kind != "cpu":
+        parser.error(f"{args.add_to} is a {profile.device_kind} profile; this measures a CPU host")
+    entries = measure()
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    names = [k.value for k in kinds]
+    save_profile(
+        with_some_kinds(profile, Op.FRAMEWORK, entries, names, note_text(date, args.add_to)),
+        args.add_to,
+    )
+    return entries
 
 
 def with_op_entries(profile: Profile, op: Op, entries: Sequence[Entry], note: str) -> Profile:

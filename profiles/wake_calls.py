@@ -38,22 +38,16 @@ adds them to a CPU profile; `placeflow profile --device cpu` measures them too.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
-from placeflow.errors import ProfileSchemaError
 from placeflow.profiles.grid import COLD_MODEL, REFERENCE_MODEL, WAKE_KINDS, WAKE_KINDS_OF
 from placeflow.profiles.schema import (
     Entry,
-    Op,
-    load_profile_file,
-    save_profile,
-    with_some_kinds,
+    add_kinds_command,
 )
 from placeflow.profiles.shared_cores import SHARED_COMPUTE_SHAPE, extra_entries
 
@@ -183,21 +177,9 @@ def note_text(date: str, path: Path | str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--add-to", type=Path, required=True, help="a CPU profile JSON file")
-    args = parser.parse_args(argv)
-    try:
-        profile = load_profile_file(args.add_to)
-    except ProfileSchemaError as exc:
-        parser.error(str(exc))
-    if profile.device_kind != "cpu":
-        parser.error(f"{args.add_to} is a {profile.device_kind} profile; this measures a CPU host")
-    entries = measure_wake_calls()
-    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    names = [k.value for k in WAKE_KINDS]
-    save_profile(
-        with_some_kinds(profile, Op.FRAMEWORK, entries, names, note_text(date, args.add_to)),
-        args.add_to,
+    # (a lambda: the module's `measure_*` looked up when the command runs)
+    entries = add_kinds_command(
+        argv, __doc__.split("\n")[0], WAKE_KINDS, lambda: measure_wake_calls(), note_text
     )
     for e in entries:
         print(
