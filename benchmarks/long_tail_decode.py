@@ -48,7 +48,7 @@ import torch
 
 from placeflow.catalogue import get_model
 from placeflow.executor.engines.sampler import DecodeMode, Sampler, SamplingParams
-from placeflow.executor.engines.transformer import Arch, KVCache, Transformer, random_full
+from placeflow.executor.engines.transformer import KVCache, random_model
 from placeflow.layout import GenLayout, TrainLayout
 from placeflow.profiles.registry import fitted_cost_model
 from placeflow.simulator import callcosts
@@ -77,8 +77,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     spec = get_model(args.model)
-    model = Transformer(Arch.of(spec)).eval()
-    model.load_shards(random_full(model.arch, seed=0))
+    model = random_model(spec).eval()
     sampler = Sampler(model, pad_id=0, decode=DecodeMode.DYNAMIC)
     stops = tuple(range(args.stop_every - 1, spec.vocab_size, args.stop_every))
     params = SamplingParams(temperature=1.0, max_tokens=args.tokens, stop_ids=stops)

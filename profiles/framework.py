@@ -137,15 +137,19 @@ LAYER_KINDS = (
     FrameworkKind.FSDP_LAYER_FORWARD,
     FrameworkKind.FSDP_LAYER_BACKWARD,
 )
-# The kinds this module measures (the shared-cores kinds are `shared_cores`'), and
-# the timed pieces each is computed from.
+# The framework kinds other modules measure (besides `shared_cores`', whose note runs
+# to the framework note's end), by the module that measures them: a re-measure of this
+# module's kinds keeps theirs.
+OTHER_MODULES_KINDS: tuple[tuple[str, tuple[FrameworkKind, ...]], ...] = (
+    ("placeflow.profiles.controller_work", tuple(CONTROLLER_KINDS)),
+    ("placeflow.profiles.reshard_host", tuple(RESHARD_KINDS)),
+    ("placeflow.profiles.wake_calls", tuple(WAKE_KINDS)),
+)
+# The kinds this module measures, and the timed pieces each is computed from.
 ENGINE_KINDS = tuple(
     k
     for k in FrameworkKind
-    if k not in SHARED_KINDS
-    and k not in CONTROLLER_KINDS
-    and k not in RESHARD_KINDS
-    and k not in WAKE_KINDS
+    if k not in SHARED_KINDS and not any(k in kinds for _, kinds in OTHER_MODULES_KINDS)
 )
 _PIECES_OF: dict[FrameworkKind, tuple[str, ...]] = {
     FrameworkKind.LAYER_FORWARD: ("forward",),
@@ -229,7 +233,7 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
     from placeflow.executor.engines.sampler import Sampler as Decoder
     from placeflow.executor.engines.sampler import SamplingParams
     from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
-    from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+    from placeflow.executor.engines.transformer import Arch, Transformer, random_model
     from placeflow.executor.reshard import MemoryMeter, reshard_colocated
     from placeflow.executor.weight_sync import sync_disjoint
     from placeflow.layout import GenLayout, TrainLayout
@@ -242,8 +246,7 @@ def _pieces(num_layers: int, size: int, names: frozenset[str]) -> dict[str, Call
     )
 
     spec = dataclasses.replace(get_model(REFERENCE_MODEL), num_layers=num_layers)
-    model = Transformer(Arch.of(spec))
-    model.load_shards(random_full(model.arch, seed=0))
+    model = random_model(spec)
     sharded = _fsdp_model(spec) if names & _FSDP_PIECES else None
     trainer = TrainEngine(model, optim=OptimConfig(lr=1e-9))
     forward_units, decode_units = _TIMED_UNITS[size]
@@ -327,15 +330,14 @@ def _fsdp_model(spec: Any) -> Any:
     import torch.distributed as dist
 
     from placeflow.executor.engines.trainer import fsdp_shard
-    from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+    from placeflow.executor.engines.transformer import random_model
 
     if not dist.is_initialized() or dist.get_world_size() != 1:
         raise MeasurementError(
             "framework overhead: the FSDP pieces need a process group of this one process "
             "(`framework.one_rank_group()`)"
         )
-    model = Transformer(Arch.of(spec))
-    model.load_shards(random_full(model.arch, seed=0))
+    model = random_model(spec)
     fsdp_shard(model, dist.group.WORLD)
     return model
 
@@ -549,43 +551,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"1 torch thread; CPU busy with other work before: "
         f"{'?' if busy is None else f'{busy:.0%}'}).",
     )
-    # (the controller's entries are another module's measurement: kept, said to be)
-    controller = {k.value for k in CONTROLLER_KINDS}
-    driver = [e for e in profile.entries if e.op is Op.FRAMEWORK and e.params["kind"] in controller]
-    if driver:
-        kept = ", ".join(sorted({str(e.params["kind"]) for e in driver}))
-        note += (
-            f" Kinds {kept}: kept from before, measured by "
-            "`python -m placeflow.profiles.controller_work`."
-        )
-    # (and so are the reshard's host entries)
-    resharding = {k.value for k in RESHARD_KINDS}
-    reshard = [
-        e for e in profile.entries if e.op is Op.FRAMEWORK and e.params["kind"] in resharding
-    ]
-    if reshard:
-        note += (
-            f" Kinds {', '.join(sorted(resharding))}: kept from before, measured by "
-            "`python -m placeflow.profiles.reshard_host`."
-        )
-    # (and so are the calls' wake-up entries)
-    waking = {k.value for k in WAKE_KINDS}
-    woken = [e for e in profile.entries if e.op is Op.FRAMEWORK and e.params["kind"] in waking]
-    if woken:
-        note += (
-            f" Kinds {', '.join(sorted({str(e.params['kind']) for e in woken}))}: kept from "
-            "before, measured by "
-            "`python -m placeflow.profiles.wake_calls`."
-        )
+    # Other modules' kinds are their own measurements: kept, and said to be.
+    kept: list[Entry] = []
+    for module, kinds_of in OTHER_MODULES_KINDS:
+        values = {k.value for k in kinds_of}
+        theirs = [e for e in profile.entries if e.op is Op.FRAMEWORK and e.params["kind"] in values]
+        if theirs:
+            found = ", ".join(sorted({str(e.params["kind"]) for e in theirs}))
+            note += f" Kinds {found}: kept from before, measured by `python -m {module}`."
+            kept.extend(theirs)
     # (so are the shared-cores entries: kept, their note with them, last: it runs to the
     # note's end, `shared_collective_note`)
     shared = [e for e in profile.entries if is_shared_entry(e)]
     if shared:
         note += shared_collective_note(profile)
     save_profile(
-        with_op_entries(
-            profile, Op.FRAMEWORK, [*entries, *shared, *driver, *reshard, *woken], note
-        ),
+        with_op_entries(profile, Op.FRAMEWORK, [*entries, *shared, *kept], note),
         args.add_to,
     )
     _print(entries)

@@ -456,12 +456,11 @@ def reference_model(rank: int) -> tuple[torch.nn.Module, Callable[[], torch.Tens
     one forward of it at SHARED_COMPUTE_SHAPE as a call (the caller chooses whether
     gradients are on)."""
     from placeflow.catalogue import get_model
-    from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+    from placeflow.executor.engines.transformer import random_model
     from placeflow.profiles.grid import REFERENCE_MODEL
 
     spec = get_model(REFERENCE_MODEL)
-    model = Transformer(Arch.of(spec))
-    model.load_shards(random_full(model.arch, seed=rank))
+    model = random_model(spec, seed=rank)
     ids = torch.randint(0, spec.vocab_size, SHARED_COMPUTE_SHAPE)
     mask = torch.ones_like(ids, dtype=torch.bool)
 
@@ -813,10 +812,9 @@ def gemm_weights(model_name: str) -> list[torch.Tensor]:
     """The matrices a forward of `model_name` multiplies by (random weights; every 2-D
     parameter but the embedding table, which is gathered, not multiplied)."""
     from placeflow.catalogue import get_model
-    from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+    from placeflow.executor.engines.transformer import random_model
 
-    model = Transformer(Arch.of(get_model(model_name)))
-    model.load_shards(random_full(model.arch, seed=0))
+    model = random_model(get_model(model_name))
     return [p.detach() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n]
 
 

@@ -73,11 +73,10 @@ def engine_calls(model_name: str) -> list[Call]:
     from placeflow.catalogue import get_model
     from placeflow.executor.engines.sampler import Sampler, SamplingParams
     from placeflow.executor.engines.trainer import OptimConfig, TrainEngine
-    from placeflow.executor.engines.transformer import Arch, Transformer, random_full
+    from placeflow.executor.engines.transformer import random_model
 
     spec = get_model(model_name)
-    model = Transformer(Arch.of(spec))
-    model.load_shards(random_full(model.arch, seed=0))
+    model = random_model(spec)
     trainer = TrainEngine(model, optim=OptimConfig(lr=1e-9))
     sampler = Sampler(model, pad_id=0)
     ids = torch.randint(0, spec.vocab_size, SHARED_COMPUTE_SHAPE)

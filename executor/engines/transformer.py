@@ -531,6 +531,14 @@ def random_full(
     return out
 
 
+def random_model(spec: ModelSpec, seed: int = 0) -> Transformer:
+    """The whole (unsharded) `spec` with `random_full` weights of `seed`: what the
+    profilers time the engine's own code on."""
+    model = Transformer(Arch.of(spec))
+    model.load_shards(random_full(model.arch, seed=seed))
+    return model
+
+
 def shard_full(full: dict[str, torch.Tensor], arch: Arch, tp: TPGroup) -> dict[str, torch.Tensor]:
     """This TP rank's shards of full weights (names outside the plan, e.g. value_head, whole)."""
     specs = {p.name: p for p in arch.weights.params()}
