@@ -24,7 +24,16 @@ per forward: `framework` entries of kind `shared_compute` whose num_units is W,
 the busy ranks on the host (its cores: the profile's provenance). Each over the
 first (one rank alone) is the stretch at W / c busy ranks per core
 (`CostModel.slicing`), which the simulator applies to every call on a host whose
-cores it shares (`simulator.schedule`).
+cores it shares (`simulator.schedule`). The stretch is a ratio, and this VM's speed
+moves by tens of per cent within seconds: measured W after W, each world in a block of
+its own, three measurements of the curve a minute apart on the Intel VM of 2026-12-02
+read 1.57, 1.03 and 1.53 at W = 2 and 2.89, 2.37 and 3.04 at W = 4, the one rank
+alone 3.9-6.1 ms. So one world of 2·c ranks runs every W in turn within each round
+(the first W ranks compute while the others wait in a barrier, asleep; the order of
+the W reversed every other round, so that a drift of the host falls on both sides),
+and each W's sample is its round's ratio to that round's one-rank time, scaled by
+the median one-rank time: the entries' medians over the first one's are the median
+of the paired ratios.
 
 `measure_shared_collective` measures the collective's wait as the executor meets it: 2·c ranks on
 the c cores of this host (one torch thread each, gloo), in pairs, each rank
@@ -197,6 +206,8 @@ PROBE_MATMUL = 64
 PAIRED_CHUNKS = (10, 40, 160, 640)
 PAIRED_WORK = 4000
 SHARED_COMPUTE_SHAPE = (8, 32)  # (sequences, tokens) of the timed forward: a CPU micro-batch
+# `measure_shared_compute`'s rounds, every busy-rank count in each (about 30 s here).
+SHARED_COMPUTE_ROUNDS = 15
 CALL_FORWARDS = 8  # forwards per rank of the long call of `measure_shared_call`'s pairs
 # `measure_empty_call`: the calls timed at each rank count, and the driver's pause before
 # each (its ranks idle), about a phase's collection and launches on this 2-core VM.
@@ -473,23 +484,37 @@ def _reference_forward(rank: int) -> Callable[[], object]:
 
 
 def _compute_rank(rank: int, job: SharedJob, results: Any) -> None:
-    """A rank of `measure_shared_compute`: `job.iterations` forwards a sample."""
+    """A rank of `measure_shared_compute`: in each of `job.repeats` rounds, for every W in
+    turn (reversed every other round), `job.iterations` forwards on the first W ranks
+    while the others wait in the world's barrier; rank 0 reports (round, W, the slowest
+    busy rank's seconds per forward)."""
 
     def body() -> None:
         _init_rank(rank, job)
         forward = _reference_forward(rank)
+        world = job.world_size
+        # Every rank creates every group, in the same order (torch.distributed).
+        busy_groups = {w: dist.new_group(list(range(w))) for w in range(1, world + 1)}
         with torch.no_grad():
             for _ in range(3):  # warm-up
                 forward()
-            for _ in range(job.repeats):
-                dist.barrier()  # every rank busy from the same moment
-                t0 = time.perf_counter()
-                for _ in range(job.iterations):
-                    forward()
-                per = torch.tensor([(time.perf_counter() - t0) / job.iterations])
-                dist.all_reduce(per, op=dist.ReduceOp.MAX)
-                if rank == 0:
-                    results.put(("sample", float(per.item())))
+            for round_ in range(job.repeats):
+                counts = range(1, world + 1) if round_ % 2 == 0 else range(world, 0, -1)
+                for busy in counts:
+                    dist.barrier()  # the others idle, asleep, from here
+                    if rank >= busy:
+                        continue
+                    group = busy_groups[busy]
+                    forward()  # refills what the wait let go cold
+                    dist.barrier(group=group)  # every busy rank from the same moment
+                    t0 = time.perf_counter()
+                    for _ in range(job.iterations):
+                        forward()
+                    per = torch.tensor([(time.perf_counter() - t0) / job.iterations])
+                    dist.all_reduce(per, op=dist.ReduceOp.MAX, group=group)
+                    if rank == 0:
+                        results.put(("sample", round_, busy, float(per.item())))
+            dist.barrier()
         dist.destroy_process_group()
 
     report_rank(rank, results, body)
@@ -499,32 +524,49 @@ def measure_shared_compute(
     *,
     cores: int | None = None,
     forwards: int = 40,
-    repeats: int = 7,
+    repeats: int = SHARED_COMPUTE_ROUNDS,
     stall_timeout_s: float = 180.0,
 ) -> list[Entry]:
     """The `shared_compute` entries (module docstring): the slowest rank's seconds per
     reference forward with W = 1 ... SHARED_RANKS_PER_CORE · cores busy ranks on this host
-    (`cores`: os.cpu_count())."""
+    (`cores`: os.cpu_count()), every W in each of `repeats` rounds of one world, each
+    W's samples its rounds' ratios to the one rank alone (`paired_stretch_samples`)."""
     cores = cores or os.cpu_count() or 1
-    entries = []
-    for ranks in range(1, SHARED_RANKS_PER_CORE * cores + 1):
-        job = SharedJob(world_size=ranks, port=free_port(), iterations=forwards, repeats=repeats)
-        samples: list[float] = []
+    world = SHARED_RANKS_PER_CORE * cores
+    job = SharedJob(world_size=world, port=free_port(), iterations=forwards, repeats=repeats)
+    rounds: dict[int, dict[int, float]] = {}
 
-        def on_message(msg: tuple[Any, ...], samples: list[float] = samples) -> None:
-            samples.append(msg[1])
+    def on_message(msg: tuple[Any, ...]) -> None:
+        _, round_, busy, per = msg
+        rounds.setdefault(round_, {})[busy] = per
 
-        run_ranks(
-            _compute_rank,
-            job,
-            job.world_size,
-            label="shared-compute rank",
-            error=SharedCoresError,
-            on_message=on_message,
-            stall_timeout_s=stall_timeout_s,
-        )
-        entries.append(framework_entry(FrameworkKind.SHARED_COMPUTE, ranks, samples))
-    return entries
+    run_ranks(
+        _compute_rank,
+        job,
+        world,
+        label="shared-compute rank",
+        error=SharedCoresError,
+        on_message=on_message,
+        stall_timeout_s=stall_timeout_s,
+    )
+    samples = paired_stretch_samples([rounds[r] for r in sorted(rounds)])
+    return [framework_entry(FrameworkKind.SHARED_COMPUTE, w, samples[w]) for w in sorted(samples)]
+
+
+def paired_stretch_samples(rounds: Sequence[Mapping[int, float]]) -> dict[int, list[float]]:
+    """Per busy-rank count W, its samples from `rounds` (each: W -> seconds per forward,
+    measured in the same round, W = 1 among them): W = 1's times as they are, every
+    other W's its round's time over that round's one-rank time, times the median
+    one-rank time, so that a W's median over the one rank's median is the median of
+    its paired ratios."""
+    if not rounds or any(1 not in r or r[1] <= 0 for r in rounds):
+        raise SharedCoresError("shared_compute: every round needs its one-rank-alone time")
+    alone = statistics.median(r[1] for r in rounds)
+    out: dict[int, list[float]] = {}
+    for r in rounds:
+        for busy, per in r.items():
+            out.setdefault(busy, []).append(per if busy == 1 else per / r[1] * alone)
+    return out
 
 
 class CallRank:
@@ -883,7 +925,13 @@ def with_shared_entries(profile: Profile, entries: Sequence[Entry], note: str) -
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--add-to", type=Path, required=True, help="a CPU profile JSON file")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"samples of the collective probes (default 7) and rounds of shared_compute "
+        f"(default {SHARED_COMPUTE_ROUNDS})",
+    )
     add_kinds_option(parser, [k.value for k in SHARED_KINDS])
     args = parser.parse_args(argv)
     kinds = [FrameworkKind(k) for k in args.kinds]
@@ -901,17 +949,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     busy = cpu_busy_fraction()
     l2 = level2_cache_bytes()
+    repeats = args.repeats or 7
     measure: dict[FrameworkKind, Callable[[], list[Entry]]] = {
-        FrameworkKind.SHARED_COLLECTIVE: lambda: [measure_shared_collective(repeats=args.repeats)],
-        FrameworkKind.COUPLED_COLLECTIVE: lambda: [
-            measure_coupled_collective(repeats=args.repeats)
-        ],
-        FrameworkKind.SHARED_COMPUTE: lambda: measure_shared_compute(repeats=args.repeats),
+        FrameworkKind.SHARED_COLLECTIVE: lambda: [measure_shared_collective(repeats=repeats)],
+        FrameworkKind.COUPLED_COLLECTIVE: lambda: [measure_coupled_collective(repeats=repeats)],
+        FrameworkKind.SHARED_COMPUTE: lambda: measure_shared_compute(
+            repeats=args.repeats or SHARED_COMPUTE_ROUNDS
+        ),
         FrameworkKind.SHARED_CALL: measure_shared_call,
         FrameworkKind.EMPTY_CALL: measure_empty_call,
         FrameworkKind.WAKE_CALL: measure_wake_call,
         FrameworkKind.COLD_WEIGHTS: measure_cold_weights,
-        FrameworkKind.PAIRED_COLLECTIVE: lambda: measure_paired_collective(repeats=args.repeats),
+        FrameworkKind.PAIRED_COLLECTIVE: lambda: measure_paired_collective(repeats=repeats),
         FrameworkKind.RAY_BACKGROUND: measure_ray_background,
     }
     entries = [e for kind in kinds for e in measure[kind]()]
@@ -932,7 +981,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         FrameworkKind.SHARED_COMPUTE: (
             f"shared_compute: the engine's forward of the reference model at {batch}x"
             f"{tokens} tokens on 1 to {SHARED_RANKS_PER_CORE * cores} ranks (num_units) of the "
-            f"{cores} cores, the slowest rank's wall time per forward"
+            f"{cores} cores, the slowest rank's wall time per forward, every count in turn "
+            "in each round of one world, each count's samples its rounds' ratios to the "
+            "one rank alone times that one's median time"
         ),
         FrameworkKind.SHARED_CALL: (
             f"shared_call: a call to 1 to {SHARED_RANKS_PER_CORE * cores} Ray actor ranks "

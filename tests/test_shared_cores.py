@@ -33,8 +33,10 @@ from placeflow.profiles.registry import fitted_cost_model, load_profile
 from placeflow.profiles.schema import CollectiveKind, Entry, FrameworkKind, Op, Scope, Source
 from placeflow.profiles.shared_cores import (
     SENTENCE,
+    SharedCoresError,
     measure_shared_collective,
     measure_shared_compute,
+    paired_stretch_samples,
     shared_collective_note,
     with_shared_entries,
 )
@@ -649,3 +651,15 @@ def test_measure_shared_call_times_calls_to_one_and_two_ranks(ray_session: None)
     # A pair giving a fixed time below 0 (noise) is left out: at most one of the three.
     assert [e.params["num_units"] for e in entries] == [1, 2]
     assert all(e.repeats >= 2 and 0 < e.p10_s <= e.median_s for e in entries)
+
+
+def test_paired_stretch_samples_score_each_round_against_its_own_rank_alone() -> None:
+    """Hand oracle: the host twice as slow in the second round; each W's samples are its
+    round's ratio times the median one-rank time (3 ms), so the stretch is the ratio."""
+    rounds = [{1: 2e-3, 2: 2.4e-3, 4: 5e-3}, {1: 4e-3, 2: 4.8e-3, 4: 10e-3}]
+    samples = paired_stretch_samples(rounds)
+    assert samples[1] == [2e-3, 4e-3]
+    assert samples[2] == pytest.approx([3.6e-3, 3.6e-3])
+    assert samples[4] == pytest.approx([7.5e-3, 7.5e-3])
+    with pytest.raises(SharedCoresError, match="one-rank-alone"):
+        paired_stretch_samples([{2: 1e-3}])
