@@ -929,8 +929,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--repeats",
         type=int,
         default=None,
-        help=f"samples of the collective probes (default 7) and rounds of shared_compute "
-        f"(default {SHARED_COMPUTE_ROUNDS})",
+        help="samples of the collective probes and rounds of shared_compute (default: "
+        f"each probe's own, {SHARED_COMPUTE_ROUNDS} rounds for shared_compute)",
     )
     add_kinds_option(parser, [k.value for k in SHARED_KINDS])
     args = parser.parse_args(argv)
@@ -949,18 +949,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     busy = cpu_busy_fraction()
     l2 = level2_cache_bytes()
-    repeats = args.repeats or 7
+    # (no --repeats: each probe's own default)
+    given = {} if args.repeats is None else {"repeats": args.repeats}
     measure: dict[FrameworkKind, Callable[[], list[Entry]]] = {
-        FrameworkKind.SHARED_COLLECTIVE: lambda: [measure_shared_collective(repeats=repeats)],
-        FrameworkKind.COUPLED_COLLECTIVE: lambda: [measure_coupled_collective(repeats=repeats)],
-        FrameworkKind.SHARED_COMPUTE: lambda: measure_shared_compute(
-            repeats=args.repeats or SHARED_COMPUTE_ROUNDS
-        ),
+        FrameworkKind.SHARED_COLLECTIVE: lambda: [measure_shared_collective(**given)],
+        FrameworkKind.COUPLED_COLLECTIVE: lambda: [measure_coupled_collective(**given)],
+        FrameworkKind.SHARED_COMPUTE: lambda: measure_shared_compute(**given),
         FrameworkKind.SHARED_CALL: measure_shared_call,
         FrameworkKind.EMPTY_CALL: measure_empty_call,
         FrameworkKind.WAKE_CALL: measure_wake_call,
         FrameworkKind.COLD_WEIGHTS: measure_cold_weights,
-        FrameworkKind.PAIRED_COLLECTIVE: lambda: measure_paired_collective(repeats=repeats),
+        FrameworkKind.PAIRED_COLLECTIVE: lambda: measure_paired_collective(**given),
         FrameworkKind.RAY_BACKGROUND: measure_ray_background,
     }
     entries = [e for kind in kinds for e in measure[kind]()]
