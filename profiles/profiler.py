@@ -42,7 +42,8 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   engine's forward with one and with two busy ranks per core, a call to
   such ranks, a forward after its thread slept, and a pass over weights past a core's
   own cache (`placeflow.profiles.shared_cores`); the colocated reshard's host work
-  beyond its all-gathers, per piece and per slot (`placeflow.profiles.reshard_host`);
+  beyond its all-gathers, per piece and per slot, and a ZeRO-3 rank's gather of each
+  of its FSDP2 parameters beyond the plain all-gather (`placeflow.profiles.reshard_host`);
   what the engine's generation, forward and update each cost more after the rank's
   other calls and a pause (`placeflow.profiles.wake_calls`);
   and the controller's own work between the calls, the rule-based reward's scoring

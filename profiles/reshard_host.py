@@ -1,4 +1,5 @@
-"""The colocated reshard's host work beyond its all-gathers: per piece and per slot.
+"""The colocated reshard's host work beyond its all-gathers: per piece, per slot, and per
+tensor a ZeRO-3 rank gathers first.
 
 A colocated actor whose generation layout gathers (dg > 1) runs
 `executor.reshard.reshard_colocated`: it allocates its generation tensors, copies
@@ -25,6 +26,24 @@ equations, time = pieces · a + slots · b, solved by least squares for (a, b):
 a few KB a piece), so that the copies themselves are under a microsecond each: the
 simulator prices the bytes the real copies move apart (`simulator.callcosts`).
 
+A ZeRO-3 actor (FSDP2, `executor.engines.trainer.fsdp_shard`) first gathers each of its
+parameters over its data-parallel group (`TrainEngine.tp_shards`: `DTensor.full_tensor`,
+one tensor at a time), before a colocated reshard and before a weight sync to a
+generator set. Each such gather costs more than the all-gather of the same shard that
+the collective entries time: DTensor's dispatch and redistribution, the output's
+allocation, the padding taken off. In a run of `ppo-tiny-cpu4-colocate` (ad hoc,
+2026-12-02 23:00 UTC, four ranks on the 2-core VM) the actor's 15 gathers took 28-64 ms
+of wall and 10-19 ms of thread CPU a rank, where its whole reshard was priced at 30 ms
+and measured at 68-75 ms; on two ranks with a core each, `full_tensor` took 0.60 ms of
+thread CPU a tensor of tiny-llama against 0.17 ms for the plain all-gather of its shard.
+The same two ranks here wrap the framework profiler's reference model in FSDP2 over
+their world and, in each sample, gather every parameter with `full_tensor` and then
+all-gather each one's local shard into a buffer made beforehand (the collective
+entries' call); a sample is the mean over `CALLS_PER_SAMPLE` such passes of their
+difference in thread CPU per tensor, the slower rank's: `framework` entries of kind
+`zero3_gather`, num_units 1, the median and spread over the samples. The simulator adds
+it to each tensor a ZeRO-3 rank gathers (`callcosts.zero3_gather_s`).
+
     python -m placeflow.profiles.reshard_host --add-to PROFILE
 
 adds them to a CPU profile; `placeflow profile --device cpu` measures them too.
@@ -34,7 +53,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +89,9 @@ WORLD_SIZE = 2
 SAMPLES = 15
 CALLS_PER_SAMPLE = 10
 WARMUP_CALLS = 3
-RESHARD_KINDS = (FrameworkKind.RESHARD_PIECE, FrameworkKind.RESHARD_SLOT)
+# The two kinds solved from the reshard's calls, and with them the ZeRO-3 gather's.
+SOLVED_KINDS = (FrameworkKind.RESHARD_PIECE, FrameworkKind.RESHARD_SLOT)
+RESHARD_KINDS = (*SOLVED_KINDS, FrameworkKind.ZERO3_GATHER)
 
 
 class ReshardHostError(MeasurementError):
@@ -120,9 +141,52 @@ def _rank(rank: int, job: _Job, results: Any) -> None:
                 dist.barrier()
                 got = [reshard_s(i) - walk_s() for _ in range(job.calls)]
                 results.put(("sample", sample, i, rank, statistics.fmean(got)))
+        gather_s = _zero3_probe()
+        for _ in range(WARMUP_CALLS):
+            gather_s()
+        for sample in range(job.samples):
+            dist.barrier()
+            got = [gather_s() for _ in range(job.calls)]
+            results.put(("zero3", sample, rank, statistics.fmean(got)))
         dist.destroy_process_group()
 
     report_rank(rank, results, body)
+
+
+def _zero3_probe() -> Callable[[], float]:
+    """A pass of the `zero3_gather` probe on this rank (module docstring), as a call
+    returning its thread CPU per tensor beyond the plain all-gathers: the reference
+    model wrapped in FSDP2 over the world, each parameter gathered by `full_tensor`,
+    then each one's shard all-gathered into a buffer made beforehand."""
+    from torch.distributed.tensor import DTensor
+
+    from placeflow.catalogue import get_model
+    from placeflow.executor.engines.trainer import fsdp_shard
+    from placeflow.executor.engines.transformer import random_model
+    from placeflow.profiles.grid import REFERENCE_MODEL
+
+    model = random_model(get_model(REFERENCE_MODEL), seed=0)
+    fsdp_shard(model, dist.group.WORLD)
+    params = [p for p in model.parameters() if isinstance(p, DTensor)]
+    if not params:
+        raise ReshardHostError("zero3_gather: FSDP2 left no parameter sharded")
+    parts = []
+    for p in params:
+        # (FSDP2 pads dim 0 to a multiple of the world: the gather moves equal parts)
+        rows = -(-p.shape[0] // WORLD_SIZE)
+        part = torch.zeros((rows, *p.shape[1:]), dtype=p.dtype)
+        parts.append((part, part.new_empty((rows * WORLD_SIZE, *p.shape[1:]))))
+
+    def pass_s() -> float:
+        c0 = time.thread_time()
+        for p in params:
+            p.full_tensor()
+        c1 = time.thread_time()
+        for part, full in parts:
+            all_gather(full, part)
+        return (2 * c1 - c0 - time.thread_time()) / len(params)
+
+    return pass_s
 
 
 def solve(rows: Sequence[tuple[int, int, float]]) -> tuple[float, float]:
@@ -134,9 +198,13 @@ def solve(rows: Sequence[tuple[int, int, float]]) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def entries_of(samples: dict[int, dict[tuple[int, int], float]]) -> list[Entry]:
-    """The two entries from every sample's calls (sample -> (layout, rank) -> seconds).
-    Raises MeasurementError where the median of either is not above 0 (a busy host)."""
+def entries_of(
+    samples: dict[int, dict[tuple[int, int], float]], gathers: dict[int, dict[int, float]]
+) -> list[Entry]:
+    """The three entries: `reshard_piece` and `reshard_slot` from every sample's calls
+    (sample -> (layout, rank) -> seconds), `zero3_gather` from every sample's gathers
+    (sample -> rank -> seconds per tensor), the slower rank's. Raises MeasurementError
+    where the median of any is not above 0 (a busy host)."""
     works = [
         [rank_work(plan_reshard(PROBE_MODEL, g), r) for r in range(WORLD_SIZE)]
         for g in PROBE_LAYOUTS
@@ -146,7 +214,7 @@ def entries_of(samples: dict[int, dict[tuple[int, int], float]]) -> list[Entry]:
         rows = [(works[i][r].pieces, works[i][r].slots, t) for (i, r), t in calls.items()]
         solved.append(solve(rows))
     entries = []
-    for kind, values in zip(RESHARD_KINDS, zip(*solved, strict=True), strict=True):
+    for kind, values in zip(SOLVED_KINDS, zip(*solved, strict=True), strict=True):
         median = statistics.median(values)
         if median <= 0:
             raise MeasurementError(
@@ -155,16 +223,29 @@ def entries_of(samples: dict[int, dict[tuple[int, int], float]]) -> list[Entry]:
                 "host (`python -m placeflow.profiles.reshard_host --add-to PROFILE`)"
             )
         entries.append(framework_entry(kind, 1, values, p10_floor_s=1e-9))
+    slowest = [max(g.values()) for g in gathers.values()]
+    if not slowest or statistics.median(slowest) <= 0:
+        raise MeasurementError(
+            "reshard host work: zero3_gather is not above the plain all-gather's thread CPU "
+            "(or was not measured): the host was too busy to tell them apart; measure again "
+            "on a quiet host (`python -m placeflow.profiles.reshard_host --add-to PROFILE`)"
+        )
+    entries.append(framework_entry(FrameworkKind.ZERO3_GATHER, 1, slowest, p10_floor_s=1e-9))
     return entries
 
 
 def measure_reshard_host(
     *, samples: int = SAMPLES, calls: int = CALLS_PER_SAMPLE, stall_timeout_s: float = 120.0
 ) -> list[Entry]:
-    """The `reshard_piece` and `reshard_slot` entries (module docstring)."""
+    """The `reshard_piece`, `reshard_slot` and `zero3_gather` entries (module docstring)."""
     got: dict[int, dict[tuple[int, int], float]] = {}
+    gathers: dict[int, dict[int, float]] = {}
 
     def on_message(msg: tuple[Any, ...]) -> None:
+        if msg[0] == "zero3":
+            _, sample, rank, seconds = msg
+            gathers.setdefault(sample, {})[rank] = seconds
+            return
         _, sample, layout, rank, seconds = msg
         got.setdefault(sample, {})[layout, rank] = seconds
 
@@ -179,7 +260,8 @@ def measure_reshard_host(
         stall_timeout_s=stall_timeout_s,
     )
     complete = {s: c for s, c in got.items() if len(c) == WORLD_SIZE * len(PROBE_LAYOUTS)}
-    return entries_of(complete)
+    both = {s: g for s, g in gathers.items() if len(g) == WORLD_SIZE}
+    return entries_of(complete, both)
 
 
 def note_text(date: str, path: Path | str) -> str:
@@ -189,7 +271,9 @@ def note_text(date: str, path: Path | str) -> str:
         f"{PROBE_MODEL.num_layers}-layer hidden-{PROBE_MODEL.hidden} model for TP 2 to 1 and "
         f"PP 2 to 1 in turn, thread CPU less the all-gathers' and less the walk where "
         f"nothing is gathered, {SAMPLES} samples of {CALLS_PER_SAMPLE} calls, per piece "
-        "and per slot by least squares)."
+        "and per slot by least squares; FSDP2's `full_tensor` of each parameter of the "
+        "framework profiler's reference model less the plain all-gather of its shard, thread "
+        "CPU per tensor, the slower rank's)."
     )
 
 

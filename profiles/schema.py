@@ -205,6 +205,12 @@ class FrameworkKind(StrEnum):
     # gloo ranks (measured by `placeflow.profiles.reshard_host`).
     RESHARD_PIECE = "reshard_piece"
     RESHARD_SLOT = "reshard_slot"
+    # A ZeRO-3 rank's gather of one of its FSDP2 parameters over its data-parallel group
+    # before a reshard or a weight sync (`DTensor.full_tensor`, `TrainEngine.tp_shards`)
+    # beyond the all-gather of the same shard the collective entries time: DTensor's
+    # dispatch, the buffers' allocation, the unpadding; per tensor, on two gloo ranks
+    # (measured by `placeflow.profiles.reshard_host`).
+    ZERO3_GATHER = "zero3_gather"
     # Not the engine's pieces but its whole calls: what each of a rank's calls (a
     # forward, an update, a generation) costs beyond the same call back to back when the
     # rank ran its other calls in turn, sleeping num_units ms before each, as an actor

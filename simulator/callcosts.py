@@ -859,6 +859,26 @@ def reshard_host_s(cm: CostModel, work: RankWork) -> float:
     return work.pieces * piece + work.slots * slot + device_copy_s(cm, work.placed_bytes)
 
 
+def zero3_gather_s(cm: CostModel, model: ModelSpec, lay: TrainLayout, scope: Scope) -> float:
+    """A ZeRO-3 training rank's gather of its weights over its data-parallel group before
+    a reshard or a weight sync, as `TrainEngine.tp_shards` runs it: one all-gather over
+    the d replicas per tensor of its tensor-parallel shard (`zero3_tensor_bytes`), each
+    with the profile's `zero3_gather` host work beyond the all-gather (FSDP2's
+    `DTensor.full_tensor`, measured by `placeflow.profiles.reshard_host`; 0 where the
+    profile has no such entry). One tensor of the whole shard where the transfer plan
+    cannot describe the model. 0 with one replica (nothing to gather)."""
+    replicas = lay.num_weight_replicas
+    if replicas <= 1:
+        return 0.0
+    train_bytes = memory.weight_bytes_per_gpu(model, lay.t, lay.p, value_head=False, e=lay.e)
+    tensors = zero3_tensor_bytes(model, lay) or ((int(train_bytes), 1),)
+    host_s = cm.framework_s(FrameworkKind.ZERO3_GATHER) or 0.0
+    return sum(
+        n * (cm.collective_s(CollectiveKind.ALL_GATHER, size, replicas, scope) + host_s)
+        for size, n in tensors
+    )
+
+
 def device_copy_s(cm: CostModel, num_bytes: float) -> float:
     """A copy of `num_bytes` in the device's memory whose buffers were last touched a
     phase ago (weights): the bytes read and written once.
@@ -970,14 +990,9 @@ def reshard_cost(
             "peak_extra_bytes_per_gpu": transfer.peak_extra_bytes,
             "host_s": host_s,
         }
-    replicas = lay.num_weight_replicas
-    if train_zero == 3 and replicas > 1:
-        # `TrainEngine.tp_shards` gathers the rank's weights over d one tensor at a time.
-        tensors = zero3_tensor_bytes(model, lay) or ((int(train_bytes), 1),)
-        time_s += sum(
-            n * cm.collective_s(CollectiveKind.ALL_GATHER, size, replicas, scope)
-            for size, n in tensors
-        )
+    gather_s = zero3_gather_s(cm, model, lay, scope) if train_zero == 3 else 0.0
+    time_s += gather_s
+    detail["zero3_gather_s"] = gather_s
     # The rank's own training weights become part of its generation shard.
     extra = memory.colocated_gen_extra_bytes(model, gen, train_zero)
     return CallCost(time_s=time_s, transient_bytes=extra, busy_s=time_s, detail=detail)
@@ -1013,6 +1028,8 @@ def weight_sync_cost(
     *,
     train: TrainLayout | None = None,
     lora: LoRASpec | None = None,
+    train_zero: int = 1,
+    gather_scope: Scope = Scope.INTRA,
 ) -> CallCost:
     """Trainer -> generator on other devices: each generator rank receives its shard in buckets.
 
@@ -1027,7 +1044,8 @@ def weight_sync_cost(
     rows into its shard (each a `device_copy_s` of the bytes), both with the host work
     per slice the profile measured (`sync_host_s`), and the generator then loads the
     full shard into its rollout engine (`rollout_load_s`; adapters are not loaded that
-    way).
+    way). A ZeRO-3 trainer (`train_zero` 3) first gathers its shard over its replicas
+    (`zero3_gather_s` in `gather_scope`, its replicas' scope), before any message leaves.
     """
     buckets: tuple[int, ...] | None = None
     slices_ratio = 1.0
@@ -1055,7 +1073,12 @@ def weight_sync_cost(
     # (adapters: their own few tensors a layer, host work not measured for them)
     host_s = sync_host_s(cm, model, pg, slices_ratio) if lora is None else 0.0
     load_s = rollout_load_s(cm, model, tg, pg) if lora is None else 0.0
-    time_s = messages_s + copies_s + host_s + load_s
+    gather_s = (
+        zero3_gather_s(cm, model, train, gather_scope)
+        if train is not None and train_zero == 3 and lora is None
+        else 0.0
+    )
+    time_s = gather_s + messages_s + copies_s + host_s + load_s
     return CallCost(
         time_s=time_s,
         transient_bytes=0.0,
@@ -1067,5 +1090,6 @@ def weight_sync_cost(
             "copies_s": copies_s,
             "host_s": host_s,
             "load_s": load_s,
+            "zero3_gather_s": gather_s,
         },
     )

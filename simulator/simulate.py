@@ -534,6 +534,14 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
             scope,
             train=par.train,
             lora=plan.workload.lora_of(Role.ACTOR),
+            train_zero=par.zero,
+            # (a set within one node gathers within it; one across nodes, its data-
+            # parallel replicas spread over them, across)
+            gather_scope=(
+                Scope.INTRA
+                if plan.sets[actor_set].num_devices <= plan.pool_of(actor_set).gpus_per_node
+                else Scope.INTER
+            ),
         )
         # An offloaded actor's trainer reloads its shard to send it (rolecosts).
         weights, _ = memory.offloaded_param_bytes(

@@ -16,7 +16,7 @@ from placeflow.layout import GenLayout, TrainLayout
 from placeflow.profiles import reshard_host
 from placeflow.profiles.costmodel import CostModel
 from placeflow.profiles.registry import fitted_cost_model, load_profile
-from placeflow.profiles.schema import Entry, FrameworkKind, Op, Scope, Source
+from placeflow.profiles.schema import CollectiveKind, Entry, FrameworkKind, Op, Scope, Source
 from placeflow.reshard_plan import RankWork, TinyLlama, plan_reshard, rank_work
 from placeflow.simulator import callcosts
 
@@ -81,12 +81,20 @@ def _samples(a: float, b: float, n: int = 5) -> dict[int, dict[tuple[int, int], 
     }
 
 
+def _gathers(seconds: float, n: int = 5) -> dict[int, dict[int, float]]:
+    """Rank 1 the slower by 0.1 ms in every sample, the samples scaled 1.00 ... 1.04."""
+    return {s: {0: (1 + 0.01 * s) * seconds, 1: (1 + 0.01 * s) * seconds + 1e-4} for s in range(n)}
+
+
 def test_the_entries_are_the_solves_median_and_spread() -> None:
-    entries = reshard_host.entries_of(_samples(60e-6, 140e-6))
+    entries = reshard_host.entries_of(_samples(60e-6, 140e-6), _gathers(600e-6))
     by_kind = {FrameworkKind(e.params["kind"]): e for e in entries}
+    assert set(by_kind) == set(reshard_host.RESHARD_KINDS)
     # Samples scaled 1.00 ... 1.04: the solve scales with them, the median is 1.02's.
     assert by_kind[FrameworkKind.RESHARD_PIECE].median_s == pytest.approx(1.02 * 60e-6)
     assert by_kind[FrameworkKind.RESHARD_SLOT].median_s == pytest.approx(1.02 * 140e-6)
+    # The gather's: the slower rank's of each sample, their median.
+    assert by_kind[FrameworkKind.ZERO3_GATHER].median_s == pytest.approx(1.02 * 600e-6 + 1e-4)
     for e in entries:
         assert e.op is Op.FRAMEWORK and e.source is Source.MEASURED and e.repeats == 5
         assert e.p10_s <= e.median_s <= e.p90_s
@@ -94,7 +102,14 @@ def test_the_entries_are_the_solves_median_and_spread() -> None:
 
 def test_a_host_too_busy_to_tell_them_apart_is_refused() -> None:
     with pytest.raises(MeasurementError, match="reshard_slot"):
-        reshard_host.entries_of(_samples(60e-6, -10e-6))
+        reshard_host.entries_of(_samples(60e-6, -10e-6), _gathers(600e-6))
+
+
+def test_a_gather_no_dearer_than_the_plain_all_gather_is_refused() -> None:
+    with pytest.raises(MeasurementError, match="zero3_gather"):
+        reshard_host.entries_of(_samples(60e-6, 140e-6), _gathers(-300e-6))
+    with pytest.raises(MeasurementError, match="zero3_gather"):
+        reshard_host.entries_of(_samples(60e-6, 140e-6), {})
 
 
 def test_the_probe_runs_the_executors_reshard_on_two_ranks() -> None:
@@ -103,7 +118,7 @@ def test_the_probe_runs_the_executors_reshard_on_two_ranks() -> None:
     assert all(e.median_s > 0 and e.repeats == 3 for e in entries)
 
 
-def _with_entries(piece_s: float, slot_s: float) -> CostModel:
+def _with_entries(piece_s: float, slot_s: float, gather_s: float | None = None) -> CostModel:
     profile = load_profile("cpu")
     extra = [
         Entry(
@@ -118,7 +133,9 @@ def _with_entries(piece_s: float, slot_s: float) -> CostModel:
         for kind, t in (
             (FrameworkKind.RESHARD_PIECE, piece_s),
             (FrameworkKind.RESHARD_SLOT, slot_s),
+            (FrameworkKind.ZERO3_GATHER, gather_s),
         )
+        if t is not None
     ]
     return CostModel.fit(dataclasses.replace(profile, entries=(*profile.entries, *extra)))
 
@@ -162,11 +179,11 @@ def test_its_entries_go_into_a_profile_and_survive_a_framework_remeasure(
     path = tmp_path / "cpu.json"
     path.write_text(source.read_text())
     before = load_profile_file(path)
-    measured = reshard_host.entries_of(_samples(60e-6, 140e-6))
+    measured = reshard_host.entries_of(_samples(60e-6, 140e-6), _gathers(600e-6))
     monkeypatch.setattr(reshard_host, "measure_reshard_host", lambda: measured)
     assert reshard_host.main(["--add-to", str(path)]) == 0
     added = load_profile_file(path)
-    assert len(added.entries) == len(before.entries) + 2
+    assert len(added.entries) == len(before.entries) + 3
     assert "placeflow.profiles.reshard_host --add-to" in added.provenance.notes
     names = {k.value for k in reshard_host.RESHARD_KINDS}
     engine = [
@@ -187,3 +204,53 @@ def test_a_missing_profile_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         reshard_host.main(["--add-to", str(tmp_path / "nope.json")])
     assert exc.value.code == 2
+
+
+# tiny-llama's tensors on one rank of TP 2 (hidden 128, 4 heads of 32, 2 KV heads, ffn
+# 352, vocab 256, fp32), by hand: a layer's qkv (128 + 64 + 64 rows of 128) and gate_up
+# (2 x 352 rows) split by rows, o and down by columns, its two norms whole; outside the
+# layers the embedding and the head split (256 x 128 each), the final norm whole.
+TP2_TENSORS = {
+    128 * 128 * 4: 2 + 2,  # qkv's half a layer; the embedding's and the head's halves
+    128 * 64 * 4: 2,  # o's half a layer
+    352 * 128 * 4: 2,  # gate_up's half a layer
+    128 * 176 * 4: 2,  # down's half a layer
+    128 * 4: 2 * 2 + 1,  # the norms
+}
+
+
+def test_a_zero3_rank_gathers_each_tensor_of_its_tp_shard_with_its_host_work() -> None:
+    """ZeRO-3 over d = 2 with TP 2: 15 tensors, each one all-gather over the 2 replicas
+    plus the measured host work beyond it; nothing to gather with one replica."""
+    model = get_model("tiny-llama")
+    lay = TrainLayout(t=2, d=2)
+    assert dict(callcosts.zero3_tensor_bytes(model, lay)) == TP2_TENSORS
+    cm, without = _with_entries(50e-6, 100e-6, 700e-6), fitted_cost_model("cpu")
+    gathers = sum(
+        n * without.collective_s(CollectiveKind.ALL_GATHER, size, 2, Scope.INTRA)
+        for size, n in TP2_TENSORS.items()
+    )
+    assert callcosts.zero3_gather_s(without, model, lay, Scope.INTRA) == pytest.approx(gathers)
+    assert callcosts.zero3_gather_s(cm, model, lay, Scope.INTRA) == pytest.approx(
+        gathers + 15 * 700e-6
+    )
+    assert callcosts.zero3_gather_s(cm, model, TrainLayout(t=2), Scope.INTRA) == 0.0
+
+
+def test_a_zero3_actor_pays_its_gather_before_a_reshard_and_a_weight_sync() -> None:
+    """The colocated reshard (TP 2 to 1 over d = 2) and the weight sync to a generator set
+    each cost one `zero3_gather_s` more under ZeRO-3 than under ZeRO-1, no more."""
+    model = get_model("tiny-llama")
+    lay = TrainLayout(t=2, d=2)
+    cm = _with_entries(50e-6, 100e-6, 700e-6)
+    gather = callcosts.zero3_gather_s(cm, model, lay, Scope.INTRA)
+    gen = GenLayout(train=lay, tg=1)
+    z3 = callcosts.reshard_cost(cm, model, gen, Scope.INTRA, train_zero=3)
+    z1 = callcosts.reshard_cost(cm, model, gen, Scope.INTRA, train_zero=1)
+    assert z3.time_s - z1.time_s == pytest.approx(gather)
+    assert z3.detail["zero3_gather_s"] == pytest.approx(gather)
+    assert z1.detail["zero3_gather_s"] == 0.0
+    s3 = callcosts.weight_sync_cost(cm, model, 1, 1, Scope.INTRA, train=lay, train_zero=3)
+    s1 = callcosts.weight_sync_cost(cm, model, 1, 1, Scope.INTRA, train=lay, train_zero=1)
+    assert s3.time_s - s1.time_s == pytest.approx(gather)
+    assert s3.detail["zero3_gather_s"] == pytest.approx(gather)
