@@ -602,19 +602,23 @@ class CostModel:
         cores = self.profile_cores
         return () if cores is None else self._framework_points(kind, cores)
 
-    def slicing(self) -> SliceCurve:
-        """How much longer a rank's compute takes as the host's busy ranks grow: the
-        profile's `shared_compute` entries (`profiles.shared_cores`), the slowest rank's
-        wall time per reference forward with W busy ranks on the profiling host over that
-        with one, as points (W / cores, stretch) in busy ranks per core. It holds the
-        share of a core each rank gets, the time slices' cost beyond it (cache refills,
-        switches), the slowest rank's bad luck where ranks do not divide evenly among
-        the cores, and what ranks on cores of their own cost one another (memory and the
-        shared cache). () where the profile has no such entries, none for one rank alone,
-        or does not record its cores (GPU profiles, older CPU ones): `sliced` is then the
-        share alone."""
-        points = self._per_core_points(FrameworkKind.SHARED_COMPUTE)
-        if not points or self.framework_units(FrameworkKind.SHARED_COMPUTE)[0] != 1:
+    def slicing(self, kind: FrameworkKind = FrameworkKind.SHARED_COMPUTE) -> SliceCurve:
+        """How much longer a rank's work takes as the host's busy ranks grow: the
+        profile's entries of stretch probe `kind` (`profiles.shared_cores`:
+        `shared_compute`, a reference forward; `shared_decode`, a reference decode;
+        `shared_train`, a reference training step), the slowest rank's wall time per
+        piece with W busy ranks on the profiling host over that with one, as points
+        (W / cores, stretch) in busy ranks per core. It holds the share of a core each
+        rank gets, the time slices' cost beyond it (cache refills, switches), the slowest
+        rank's bad luck where ranks do not divide evenly among the cores, and what ranks
+        on cores of their own cost one another (memory and the shared cache). A profile
+        without entries of `kind` gives the forward's curve (profiles before 2026-12-03);
+        () where it has no forward's either, none for one rank alone, or does not record
+        its cores (GPU profiles, older CPU ones): `sliced` is then the share alone."""
+        if kind is not FrameworkKind.SHARED_COMPUTE and not self._per_core_points(kind):
+            kind = FrameworkKind.SHARED_COMPUTE
+        points = self._per_core_points(kind)
+        if not points or self.framework_units(kind)[0] != 1:
             return ()
 
         def curve() -> SliceCurve:
@@ -622,7 +626,7 @@ class CostModel:
             assert alone > 0
             return tuple((x, max(1.0, t / alone)) for x, t in points)
 
-        return self.remember(("slicing",), curve)
+        return self.remember(("slicing", kind), curve)
 
     def shared_calls(self) -> tuple[tuple[float, float], ...]:
         """The measured fixed time of a driver's call to W Ray actor ranks on the

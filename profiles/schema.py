@@ -173,6 +173,12 @@ class FrameworkKind(StrEnum):
     # Not the engine's either: the slowest rank's wall time of one reference forward with
     # num_units busy ranks on the profiling host (`shared_cores`; its cores: provenance).
     SHARED_COMPUTE = "shared_compute"
+    # Not the engine's either: the same with one reference decode (the engine's sampler
+    # generating a few tokens for a few sequences) and with one reference training step
+    # (forward and backward) in place of the forward: a generation's and an update's
+    # ranks pay time slices by their own work's cache and dispatch pattern (`shared_cores`).
+    SHARED_DECODE = "shared_decode"
+    SHARED_TRAIN = "shared_train"
     # Not the engine's either: the fixed time of a driver's call to num_units Ray actor
     # ranks on the profiling host, beyond their forwards (`shared_cores`).
     SHARED_CALL = "shared_call"

@@ -35,6 +35,17 @@ and each W's sample is its round's ratio to that round's one-rank time, scaled b
 the median one-rank time: the entries' medians over the first one's are the median
 of the paired ratios.
 
+The stretch depends on the work. `measure_shared_compute` also times, in the same
+way, a decode of SHARED_DECODE_SHAPE by the engine's sampler (`shared_decode`) and a
+training step of the reference model (`shared_train`: the forward and its backward),
+because a call's ranks pay the slices by their own work's pattern: a decode's many
+small steps refill their caches and wait to be scheduled far more often for each
+millisecond of work than a forward's larger kernels do. Measured back to back on the
+Intel VM of 2026-12-03 (06:18-06:25 UTC, two measurements), the decode read 1.32 and
+1.42 at W = 2, 2.76 and 3.19 at W = 4, the forward 1.04 and 1.05, 2.32 and 2.31, the
+training step 1.07 and 1.26, 2.41 and 2.56. The simulator stretches a generation by the
+decode's curve and an update by the training step's (`simulator.simulate.stretch_probe`).
+
 `measure_shared_collective` measures the collective's wait as the executor meets it: 2·c ranks on
 the c cores of this host (one torch thread each, gloo), in pairs, each rank
 running the same fixed compute chunk (small matmuls, about a millisecond of one
@@ -167,6 +178,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import functools
 import os
 import statistics
 import time
@@ -206,6 +218,21 @@ PROBE_MATMUL = 64
 PAIRED_CHUNKS = (10, 40, 160, 640)
 PAIRED_WORK = 4000
 SHARED_COMPUTE_SHAPE = (8, 32)  # (sequences, tokens) of the timed forward: a CPU micro-batch
+# The timed decode of `shared_decode`: (sequences, prompt tokens, generated tokens), a CPU
+# rollout rank's batch; the training step of `shared_train` runs at SHARED_COMPUTE_SHAPE.
+SHARED_DECODE_SHAPE = (8, 6, 16)
+# The stretch probes: the forward, the decode and the training step, and how many of each
+# a rank runs per sample (each sample about 0.2 s of one core alone here).
+STRETCH_KINDS = (
+    FrameworkKind.SHARED_COMPUTE,
+    FrameworkKind.SHARED_DECODE,
+    FrameworkKind.SHARED_TRAIN,
+)
+STRETCH_ITERATIONS = {
+    FrameworkKind.SHARED_COMPUTE: 40,
+    FrameworkKind.SHARED_DECODE: 8,
+    FrameworkKind.SHARED_TRAIN: 14,
+}
 # `measure_shared_compute`'s rounds, every busy-rank count in each (about 30 s here).
 SHARED_COMPUTE_ROUNDS = 15
 CALL_FORWARDS = 8  # forwards per rank of the long call of `measure_shared_call`'s pairs
@@ -216,7 +243,7 @@ EMPTY_CALL_PAUSE_S = 0.003
 SHARED_KINDS = (
     FrameworkKind.SHARED_COLLECTIVE,
     FrameworkKind.COUPLED_COLLECTIVE,
-    FrameworkKind.SHARED_COMPUTE,
+    *STRETCH_KINDS,
     FrameworkKind.SHARED_CALL,
     FrameworkKind.EMPTY_CALL,
     FrameworkKind.WAKE_CALL,
@@ -262,6 +289,8 @@ class SharedJob:
     # Each rank's all-reduces alternate between its pair and a second pair of other ranks
     # (`measure_coupled_collective`); fixed pairs otherwise.
     coupled: bool = False
+    # `measure_shared_compute`'s work: one of STRETCH_KINDS.
+    work: FrameworkKind = FrameworkKind.SHARED_COMPUTE
 
     def iterations_at(self, matmuls: int) -> int:
         if len(self.chunks) == 1:
@@ -483,6 +512,36 @@ def _reference_forward(rank: int) -> Callable[[], object]:
     return reference_model(rank)[1]
 
 
+def stretch_work(rank: int, kind: FrameworkKind) -> Callable[[], object]:
+    """One piece of the reference model's work of stretch probe `kind` (STRETCH_KINDS) as
+    a call, under the caller's `torch.no_grad`: its forward at SHARED_COMPUTE_SHAPE, a
+    decode of SHARED_DECODE_SHAPE by the engine's sampler, or a training step (the
+    forward and its backward, gradients on inside)."""
+    if kind is FrameworkKind.SHARED_COMPUTE:
+        return _reference_forward(rank)
+    model, forward = reference_model(rank)
+    if kind is FrameworkKind.SHARED_TRAIN:
+
+        def train() -> None:
+            with torch.enable_grad():
+                model.zero_grad(set_to_none=True)
+                model_out = forward()
+                model_out.float().logsumexp(-1).mean().backward()
+
+        return train
+    if kind is not FrameworkKind.SHARED_DECODE:
+        raise ValueError(f"not a stretch probe: {kind.value} (one of {STRETCH_KINDS})")
+    from placeflow.executor.engines.sampler import Sampler, SamplingParams
+    from placeflow.executor.engines.transformer import Transformer
+
+    assert isinstance(model, Transformer)  # (`random_model` builds the engine's own)
+    sampler = Sampler(model, pad_id=0)
+    seqs, prompt, tokens = SHARED_DECODE_SHAPE
+    prompts = [[1] * prompt] * seqs
+    params = SamplingParams(max_tokens=tokens, ignore_stop=True)
+    return lambda: sampler.generate(prompts, params, rank)
+
+
 def _compute_rank(rank: int, job: SharedJob, results: Any) -> None:
     """A rank of `measure_shared_compute`: in each of `job.repeats` rounds, for every W in
     turn (reversed every other round), `job.iterations` forwards on the first W ranks
@@ -491,7 +550,7 @@ def _compute_rank(rank: int, job: SharedJob, results: Any) -> None:
 
     def body() -> None:
         _init_rank(rank, job)
-        forward = _reference_forward(rank)
+        forward = stretch_work(rank, job.work)
         world = job.world_size
         # Every rank creates every group, in the same order (torch.distributed).
         busy_groups = {w: dist.new_group(list(range(w))) for w in range(1, world + 1)}
@@ -523,17 +582,28 @@ def _compute_rank(rank: int, job: SharedJob, results: Any) -> None:
 def measure_shared_compute(
     *,
     cores: int | None = None,
-    forwards: int = 40,
+    forwards: int | None = None,
     repeats: int = SHARED_COMPUTE_ROUNDS,
     stall_timeout_s: float = 180.0,
+    kind: FrameworkKind = FrameworkKind.SHARED_COMPUTE,
 ) -> list[Entry]:
-    """The `shared_compute` entries (module docstring): the slowest rank's seconds per
-    reference forward with W = 1 ... SHARED_RANKS_PER_CORE · cores busy ranks on this host
-    (`cores`: os.cpu_count()), every W in each of `repeats` rounds of one world, each
-    W's samples its rounds' ratios to the one rank alone (`paired_stretch_samples`)."""
+    """The entries of stretch probe `kind` (STRETCH_KINDS; module docstring): the slowest
+    rank's seconds per piece of its work (`stretch_work`; `forwards` pieces a sample,
+    STRETCH_ITERATIONS' by default) with W = 1 ... SHARED_RANKS_PER_CORE · cores busy
+    ranks on this host (`cores`: os.cpu_count()), every W in each of `repeats` rounds of
+    one world, each W's samples its rounds' ratios to the one rank alone
+    (`paired_stretch_samples`)."""
+    if kind not in STRETCH_KINDS:
+        raise ValueError(f"not a stretch probe: {kind.value} (one of {STRETCH_KINDS})")
     cores = cores or os.cpu_count() or 1
     world = SHARED_RANKS_PER_CORE * cores
-    job = SharedJob(world_size=world, port=free_port(), iterations=forwards, repeats=repeats)
+    job = SharedJob(
+        world_size=world,
+        port=free_port(),
+        iterations=forwards or STRETCH_ITERATIONS[kind],
+        repeats=repeats,
+        work=kind,
+    )
     rounds: dict[int, dict[int, float]] = {}
 
     def on_message(msg: tuple[Any, ...]) -> None:
@@ -550,7 +620,7 @@ def measure_shared_compute(
         stall_timeout_s=stall_timeout_s,
     )
     samples = paired_stretch_samples([rounds[r] for r in sorted(rounds)])
-    return [framework_entry(FrameworkKind.SHARED_COMPUTE, w, samples[w]) for w in sorted(samples)]
+    return [framework_entry(kind, w, samples[w]) for w in sorted(samples)]
 
 
 def paired_stretch_samples(rounds: Sequence[Mapping[int, float]]) -> dict[int, list[float]]:
@@ -954,7 +1024,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure: dict[FrameworkKind, Callable[[], list[Entry]]] = {
         FrameworkKind.SHARED_COLLECTIVE: lambda: [measure_shared_collective(**given)],
         FrameworkKind.COUPLED_COLLECTIVE: lambda: [measure_coupled_collective(**given)],
-        FrameworkKind.SHARED_COMPUTE: lambda: measure_shared_compute(**given),
+        **{k: functools.partial(measure_shared_compute, kind=k, **given) for k in STRETCH_KINDS},
         FrameworkKind.SHARED_CALL: measure_shared_call,
         FrameworkKind.EMPTY_CALL: measure_empty_call,
         FrameworkKind.WAKE_CALL: measure_wake_call,
@@ -983,6 +1053,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{cores} cores, the slowest rank's wall time per forward, every count in turn "
             "in each round of one world, each count's samples its rounds' ratios to the "
             "one rank alone times that one's median time"
+        ),
+        FrameworkKind.SHARED_DECODE: (
+            f"shared_decode: the same with the engine's sampler generating "
+            f"{SHARED_DECODE_SHAPE[2]} tokens for {SHARED_DECODE_SHAPE[0]} sequences of "
+            f"{SHARED_DECODE_SHAPE[1]} prompt tokens in place of the forward"
+        ),
+        FrameworkKind.SHARED_TRAIN: (
+            f"shared_train: the same with a training step (the forward at {batch}x{tokens} "
+            "tokens and its backward) in place of the forward"
         ),
         FrameworkKind.SHARED_CALL: (
             f"shared_call: a call to 1 to {SHARED_RANKS_PER_CORE * cores} Ray actor ranks "
@@ -1038,7 +1117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if set(kinds) == set(SHARED_KINDS):
         note = (
-            f"{SENTENCE}, coupled_collective, shared_compute, shared_call, empty_call, "
+            f"{SENTENCE}, coupled_collective, shared_compute, shared_decode, shared_train, "
+            "shared_call, empty_call, "
             "wake_call, cold_weights, paired_collective and ray_background: measured "
             f"{date} by "
             f"{command}` ({said}"
@@ -1069,10 +1149,15 @@ def _describe(e: Entry, cores: int) -> str:
             f"paired_collective after {units} µs of compute, one rank per core: "
             f"{e.median_s * 1e3:.3f} ms per collective {spread}"
         )
-    if kind is FrameworkKind.SHARED_COMPUTE:
+    if kind in STRETCH_KINDS:
+        piece = {
+            FrameworkKind.SHARED_COMPUTE: "forward",
+            FrameworkKind.SHARED_DECODE: "decode",
+            FrameworkKind.SHARED_TRAIN: "training step",
+        }[kind]
         return (
-            f"shared_compute with {units} busy ranks on {cores} cores: "
-            f"{e.median_s * 1e3:.3f} ms per forward {spread}"
+            f"{kind.value} with {units} busy ranks on {cores} cores: "
+            f"{e.median_s * 1e3:.3f} ms per {piece} {spread}"
         )
     if kind is FrameworkKind.SHARED_CALL:
         return (

@@ -57,7 +57,11 @@ fidelity profile's curve.
 
 S holds what time slicing costs beyond the share of a core (cache refills and
 switches) and the slowest rank's bad luck where busy ranks do not divide evenly
-among the cores, both measured (`profiles.shared_cores`). The driver's own work
+among the cores, both measured (`profiles.shared_cores`). It depends on the work: a
+decode's small steps and a training step's backward pay the slices differently from a
+forward, so a call whose kind has a curve of its own on a host (`Work.curves`: the
+simulator gives generations the measured decode's and updates the training step's)
+runs by that curve, S_own(w/c) / S_own(W/c); the others by the host's. The driver's own work
 (its launches and gets, `Work.sliced` False) is one thread that pickles small
 objects: it has no slowest of several ranks and no model's working set to refill,
 so it runs at the plain share of a core, r = max(1, w/c) / max(1, W/c), while it
@@ -112,6 +116,9 @@ class Work:
     # curve (model calls' ranks) or the plain share of a core (the driver's one thread:
     # module docstring).
     sliced: bool = True
+    # Per host, the stretch curve its ranks follow there in place of the host's (a
+    # generation's or an update's own measured curve: module docstring).
+    curves: tuple[tuple[Hashable, SliceCurve], ...] = ()
     # Whether the host's background load (Ray's and the kernel's own threads) slows it:
     # work priced from entries timed without Ray running, a model call (module docstring).
     background: bool = False
@@ -198,7 +205,7 @@ def _rates(
         for h, w in t.hosts:
             if h in cores:
                 c = cores[h]
-                curve = slicing.get(h, ()) if t.sliced else ()
+                curve = dict(t.curves).get(h, slicing.get(h, ())) if t.sliced else ()
                 with_bg = busy[h] + (background.get(h, 0.0) if t.background else 0.0)
                 r = sliced(w / c, curve) / sliced(with_bg / c, curve)
                 own, crowd = max(1.0, w / c), max(1.0, busy[h] / c)

@@ -59,7 +59,7 @@ from placeflow.layout import GenLayout, gen_shard_bytes, generation_shard_bytes
 from placeflow.phases import Phase
 from placeflow.plan import Plan
 from placeflow.profiles.costmodel import CostModel, SliceCurve, WakeCurve, sliced
-from placeflow.profiles.schema import Scope
+from placeflow.profiles.schema import FrameworkKind, Scope
 from placeflow.simulator import callcosts, memory
 from placeflow.simulator.estimate import PhaseInterval, SetEstimate, StepEstimate
 from placeflow.simulator.lengths import LengthModel, longest_quantiles, tail_left
@@ -111,6 +111,30 @@ class _Call:
     latency_s: float = 0.0  # of its time, blocked in collectives (`schedule.Work`)
     wake: WakeCurve = ()  # its ranks' wake-up by their idle time before it (`_wake`)
     on_driver: bool = False  # the controller's own work (rule-based reward, advantages)
+    # Per shared host, the stretch curve its ranks follow there where it is not the
+    # forward's (`stretch_probe`; `schedule.Work.curves`).
+    curves: tuple[tuple[Hashable, SliceCurve], ...] = ()
+
+
+# The stretch probe whose measured curve a call's ranks follow on a crowded host, by the
+# call's kind of work (`CostModel.slicing`): a generation decodes, an update trains; the
+# forwards and the weight transitions run the forward's.
+_STRETCH_PROBES = {
+    CallKind.GENERATE: FrameworkKind.SHARED_DECODE,
+    CallKind.TRAIN: FrameworkKind.SHARED_TRAIN,
+}
+
+
+def stretch_probe(kind: CallKind | None) -> FrameworkKind:
+    """The stretch probe of a call of `kind` (None: a transition): `_STRETCH_PROBES`."""
+    if kind is None:
+        return FrameworkKind.SHARED_COMPUTE
+    return _STRETCH_PROBES.get(kind, FrameworkKind.SHARED_COMPUTE)
+
+
+def _call_probes(plan: Plan) -> dict[Phase, FrameworkKind]:
+    """Every model call's stretch probe (`stretch_probe`) by its phase."""
+    return {call.phase: stretch_probe(call.kind) for call, _ in dataflow_calls(plan.workload)}
 
 
 def _resident_bytes(plan: Plan, set_index: int) -> float:
@@ -208,9 +232,39 @@ def _role_costs_on(
     kv_seqs: int,
     tail_left: float = 0.5,
 ) -> dict[Phase, tuple[int, callcosts.CallCost]]:
-    """`role`'s call costs on set `set_index`'s devices, priced with its pool's profile."""
-    found = _priced(plan, _set_cm(plan, cms, set_index), role, set_index, gen, kv_seqs, tail_left)
-    return {phase: (set_index, _contended(plan, cms, set_index, c)) for phase, c in found.items()}
+    """`role`'s call costs on set `set_index`'s devices, priced with its pool's profile,
+    each with the set's view and stretch of its own kind of work (`stretch_probe`)."""
+    probes = _call_probes(plan)
+    found = _by_probe(
+        plan,
+        cms,
+        set_index,
+        probes,
+        lambda cm: _priced(plan, cm, role, set_index, gen, kv_seqs, tail_left),
+    )
+    return {
+        phase: (set_index, _contended(plan, cms, set_index, c, probe=probes.get(phase)))
+        for phase, c in found.items()
+    }
+
+
+def _by_probe(
+    plan: Plan,
+    cms: CostModels,
+    set_index: int,
+    probes: Mapping[Phase, FrameworkKind],
+    price: Callable[[CostModel], dict[Phase, _Fact]],
+) -> dict[Phase, _Fact]:
+    """`price` of the set's view (`_set_cm`), each phase's from the view of its own stretch
+    probe (`probes`, the forward's where absent): priced once per view that differs."""
+    base = _set_cm(plan, cms, set_index)
+    out = price(base)
+    for probe in set(probes.values()) - {FrameworkKind.SHARED_COMPUTE}:
+        if _stretch(plan, cms, set_index, probe=probe) == _stretch(plan, cms, set_index):
+            continue  # (the same view: a set on cores of its own, or no curve of its own)
+        view = price(_set_cm(plan, cms, set_index, probe))
+        out.update((phase, v) for phase, v in view.items() if probes.get(phase) is probe)
+    return out
 
 
 def collectives_on(
@@ -240,27 +294,32 @@ def latency_on(
     priced `CostModel.without_blocked_collectives`); times the call's stretch (the
     view divided both by it, `CostModel.collective_s`). Empty where the pool's profile
     has neither (GPU profiles, older CPU ones)."""
+    probes = _call_probes(plan)
     cm = _set_cm(plan, cms, set_index)
-    bare = cm.without_paired()
-    blocks = cm.blocked_collective_share() > 0
-    if bare is cm and not blocks:
+    if cm.without_paired() is cm and not cm.blocked_collective_share() > 0:
         return {}
-    plain = _priced(plan, bare, role, set_index, gen, kv_seqs)
-    # (without paired entries the two are one model: priced once)
-    paired = plain if bare is cm else _priced(plan, cm, role, set_index, gen, kv_seqs)
-    worked = (
-        _priced(plan, bare.without_blocked_collectives(), role, set_index, gen, kv_seqs)
-        if blocks
-        else plain
-    )
-    return {
-        phase: (
-            max(0.0, c.time_s - plain[phase].time_s)
-            + max(0.0, plain[phase].time_s - worked[phase].time_s)
+
+    def blocked(cm: CostModel) -> dict[Phase, float]:
+        bare = cm.without_paired()
+        blocks = cm.blocked_collective_share() > 0
+        plain = _priced(plan, bare, role, set_index, gen, kv_seqs)
+        # (without paired entries the two are one model: priced once)
+        paired = plain if bare is cm else _priced(plan, cm, role, set_index, gen, kv_seqs)
+        worked = (
+            _priced(plan, bare.without_blocked_collectives(), role, set_index, gen, kv_seqs)
+            if blocks
+            else plain
         )
-        * _stretch(plan, cms, set_index, busy_fraction(c))
-        for phase, c in paired.items()
-    }
+        return {
+            phase: (
+                max(0.0, c.time_s - plain[phase].time_s)
+                + max(0.0, plain[phase].time_s - worked[phase].time_s)
+            )
+            * _stretch(plan, cms, set_index, busy_fraction(c), probes.get(phase))
+            for phase, c in paired.items()
+        }
+
+    return _by_probe(plan, cms, set_index, probes, blocked)
 
 
 def _cost_calls(
@@ -327,6 +386,7 @@ def _cost_calls(
                 collectives=collectives.get(call.phase, 0.0),
                 latency_s=latency.get(call.phase, 0.0),
                 wake=_wake(plan, cms, set_index, cost, call.kind, call.role),
+                curves=_own_curves(plan, cms, stretch_probe(call.kind)),
             )
         )
     return _with_transitions(plan, cms, out), [problem] if problem else []
@@ -411,33 +471,49 @@ def busy_fraction(cost: callcosts.CallCost) -> float:
     return min(1.0, cost.busy_s / cost.time_s)
 
 
-def _stretch(plan: Plan, cms: CostModels, set_index: int, busy_fraction: float = 1.0) -> float:
+def _stretch(
+    plan: Plan,
+    cms: CostModels,
+    set_index: int,
+    busy_fraction: float = 1.0,
+    probe: FrameworkKind | None = None,
+) -> float:
     """How much longer a call of the set takes than one rank alone on the host: the
     measured stretch at its busy workers per core of its most crowded node
-    (`costmodel.sliced` on `CostModel.slicing`: the share of a core each gets, the
-    slices' cost, what ranks on cores of their own cost one another); 1 on a pool
-    that does not declare its cores (GPU pools)."""
+    (`costmodel.sliced` on `CostModel.slicing` of the call's stretch probe `probe`,
+    the forward's by default: the share of a core each gets, the slices' cost, what
+    ranks on cores of their own cost one another); 1 on a pool that does not declare
+    its cores (GPU pools)."""
     pool = plan.pool_of(set_index)
     if pool.cores_per_node is None:
         return 1.0
     per_core = _contention(plan, set_index, busy_fraction, clamp=False)
-    return sliced(per_core, _cm(plan, cms, set_index).slicing())
+    curve = _cm(plan, cms, set_index).slicing(probe or FrameworkKind.SHARED_COMPUTE)
+    return sliced(per_core, curve)
 
 
-def _set_cm(plan: Plan, cms: CostModels, set_index: int) -> CostModel:
-    """The cost model of a set's calls: its pool's, with the collectives of ranks that
-    share their cores (`CostModel.shared_cores`) where the set oversubscribes them, or
-    of ranks on cores of their own that the host's curve stretches all the same
-    (`CostModel.own_cores`: their blocked time left as measured)."""
+def _set_cm(
+    plan: Plan, cms: CostModels, set_index: int, probe: FrameworkKind | None = None
+) -> CostModel:
+    """The cost model of a set's calls (of stretch probe `probe`, the forward's by
+    default): its pool's, with the collectives of ranks that share their cores
+    (`CostModel.shared_cores`) where the set oversubscribes them, or of ranks on cores
+    of their own that the host's curve stretches all the same (`CostModel.own_cores`:
+    their blocked time left as measured)."""
     cm = _cm(plan, cms, set_index)
-    stretch = _stretch(plan, cms, set_index)
+    stretch = _stretch(plan, cms, set_index, probe=probe)
     if _contention(plan, set_index) <= 1.0:
         return cm.own_cores(stretch)
     return cm.shared_cores(stretch)
 
 
 def _contended(
-    plan: Plan, cms: CostModels, set_index: int, cost: callcosts.CallCost, wakes: bool = True
+    plan: Plan,
+    cms: CostModels,
+    set_index: int,
+    cost: callcosts.CallCost,
+    wakes: bool = True,
+    probe: FrameworkKind | None = None,
 ) -> callcosts.CallCost:
     """Stretch a call on CPU workers that share fewer cores than the call keeps busy.
 
@@ -452,9 +528,9 @@ def _contended(
     core; `wakes`: whether the call is charged its ranks' wake-up, which a transition
     is not, so that its composition leaves the wake out). Never below 0: the driver's
     launches and gets, scheduled apart, already hold the measured call then. GPU pools
-    are never stretched.
+    are never stretched. `probe`: the call's stretch probe (`stretch_probe`).
     """
-    factor = _stretch(plan, cms, set_index, busy_fraction(cost))
+    factor = _stretch(plan, cms, set_index, busy_fraction(cost), probe)
     extra = 0.0
     if plan.pool_of(set_index).cores_per_node is not None:
         cm, contention = _cm(plan, cms, set_index), _contention(plan, set_index, clamp=False)
@@ -506,7 +582,7 @@ def _wake(
     curve = _cm(plan, cms, set_index).call_wake_curve(kind.value, weight_bytes)
     if not curve:
         return ()
-    factor = _stretch(plan, cms, set_index, busy_fraction(cost))
+    factor = _stretch(plan, cms, set_index, busy_fraction(cost), stretch_probe(kind))
     return tuple((idle, extra * factor) for idle, extra in curve)
 
 
@@ -629,6 +705,18 @@ def _partner_waits(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
 def _slicings(plan: Plan, cms: CostModels) -> dict[Hashable, SliceCurve]:
     """The measured stretch by busy ranks per core (`CostModel.slicing`) per node."""
     return _per_node(plan, cms, CostModel.slicing)
+
+
+def _own_curves(
+    plan: Plan, cms: CostModels, probe: FrameworkKind
+) -> tuple[tuple[Hashable, SliceCurve], ...]:
+    """Per node, the stretch curve of `probe` where it is not the forward's (a call's own,
+    `schedule.Work.curves`); () for the forward's probe."""
+    if probe is FrameworkKind.SHARED_COMPUTE:
+        return ()
+    forward = _slicings(plan, cms)
+    own = _per_node(plan, cms, lambda cm: cm.slicing(probe))
+    return tuple((h, c) for h, c in own.items() if c != forward[h])
 
 
 def _backgrounds(plan: Plan, cms: CostModels) -> dict[Hashable, float]:
@@ -760,6 +848,7 @@ def _tasks(
                     collectives=c.collectives,
                     latency_s=c.latency_s,
                     wake=c.wake,
+                    curves=c.curves,
                     # A model call's time comes from entries timed without Ray running; a
                     # transition's from the measured empty Ray call (`schedule`).
                     background=c.phase not in TRANSITION_PHASES,

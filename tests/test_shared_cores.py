@@ -14,7 +14,9 @@ stretch and a crowded host's rates with it, by hand; the blocked share of a
 collective from where a hand-made `shared_collective` entry lands between its
 probe's entry alone and stretched, by hand, and a collective's blocked time (that share
 of its latency-sized part, the entry at the probe's size) kept out of a shared view's
-stretch, by hand; the measurements spawn real gloo ranks.
+stretch, by hand; a generation's and an update's stretch by their own hand-made curves
+(a decode's, a training step's), and a call with a curve of its own beside another on a
+crowded host, by hand; the measurements spawn real gloo ranks.
 """
 
 from __future__ import annotations
@@ -663,3 +665,110 @@ def test_paired_stretch_samples_score_each_round_against_its_own_rank_alone() ->
     assert samples[4] == pytest.approx([7.5e-3, 7.5e-3])
     with pytest.raises(SharedCoresError, match="one-rank-alone"):
         paired_stretch_samples([{2: 1e-3}])
+
+
+# A decode that pays the slices more than the forward (HAND) does, and a training step
+# that pays them less: 4 ms alone each; at 2 busy ranks per core 3x and 2x.
+DECODE_HAND = {1: 4e-3, 2: 4.4e-3, 3: 8e-3, 4: 12e-3}
+TRAIN_HAND = {1: 4e-3, 2: 4e-3, 3: 6e-3, 4: 8e-3}
+
+
+def _with_kinds(cm: CostModel) -> CostModel:
+    """`_with_slicing(cm, HAND)` with the hand-made decode and training-step curves too."""
+    cm = _with_slicing(cm, HAND)
+    cm = with_framework(cm, FrameworkKind.SHARED_DECODE, DECODE_HAND)
+    return with_framework(cm, FrameworkKind.SHARED_TRAIN, TRAIN_HAND)
+
+
+def test_each_kind_of_work_follows_its_own_measured_curve() -> None:
+    cm = _with_kinds(fitted_cost_model("cpu"))
+    assert [y for _, y in cm.slicing(FrameworkKind.SHARED_DECODE)] == pytest.approx(
+        [1.0, 1.1, 2.0, 3.0]
+    )
+    assert [y for _, y in cm.slicing(FrameworkKind.SHARED_TRAIN)] == pytest.approx(
+        [1.0, 1.0, 1.5, 2.0]
+    )
+    assert cm.slicing() == cm.slicing(FrameworkKind.SHARED_COMPUTE)
+    assert [y for _, y in cm.slicing()] == pytest.approx([1.0, 1.05, 1.75, 2.5])
+    # A profile without a kind's entries (before 2026-12-03): the forward's curve.
+    older = with_framework(cm, FrameworkKind.SHARED_DECODE, None)
+    assert older.slicing(FrameworkKind.SHARED_DECODE) == cm.slicing()
+    assert _with_slicing(cm, None).slicing(FrameworkKind.SHARED_TRAIN) != ()
+
+
+def test_a_generation_and_an_update_are_stretched_by_their_own_curves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The colocated plan, 4 workers on 2 cores (2 busy ranks per core), against the same
+    # profile without the decode's and the training step's entries (every call by the
+    # forward's curve, 2.5x there): the generation is stretched 3 / 2.5 = 1.2 times as
+    # long, the update 2 / 2.5 = 0.8 times, the forwards and the reshard (a transition)
+    # as before; each call's fixed crowd time (`crowded_call_s`) is not stretched. (The
+    # collectives are left out: their partner waits are not stretched, and the engine's
+    # scalar all-reduces are counted elsewhere, tests/test_control_syncs.py.)
+    from placeflow.dataflow import CallKind
+    from placeflow.simulator import callcosts
+    from placeflow.simulator.simulate import _cost_calls, stretch_probe
+
+    monkeypatch.setattr(callcosts, "control_syncs_s", lambda *args, **kwargs: 0.0)
+    monkeypatch.setattr(CostModel, "collective_s", lambda self, *args, **kwargs: 0.0)
+    assert stretch_probe(CallKind.GENERATE) is FrameworkKind.SHARED_DECODE
+    assert stretch_probe(CallKind.TRAIN) is FrameworkKind.SHARED_TRAIN
+    assert stretch_probe(CallKind.FORWARD) is FrameworkKind.SHARED_COMPUTE
+    assert stretch_probe(None) is FrameworkKind.SHARED_COMPUTE
+
+    plan = make_plan("colocate", "tiny-llama", 8)
+    cm = fitted_cost_model("cpu")
+    resident = [0.0] * len(plan.sets)
+
+    def call_s(model: CostModel) -> dict[str, float]:
+        calls, _ = _cost_calls(plan, {"*": model}, resident)
+        return {
+            c.phase.value: c.cost.time_s - c.cost.detail.get("crowded_call_s", 0.0) for c in calls
+        }
+
+    own, forward = call_s(_with_kinds(cm)), call_s(_with_slicing(cm, HAND))
+    assert set(own) >= {"generate", "actor_update", "ref_logprob", "old_logprob", "reshard"}
+    for phase in own:
+        factor = {"generate": 3 / 2.5, "actor_update": 2 / 2.5}.get(phase, 1.0)
+        assert own[phase] == pytest.approx(factor * forward[phase], rel=1e-9), phase
+
+
+def test_a_call_with_its_own_curve_runs_by_it_beside_another() -> None:
+    # Two 2-worker calls of 1 s alone on one 2-core host: B by the host's curve (2x at 2
+    # ranks per core) runs at 1/2 while both run and ends at 2 s, having let A, by its
+    # own curve (3x there), do 2/3 of its work; A alone then at rate 1: ends at 7/3 s.
+    host = ("cpu", 0)
+    curve = ((1.0, 1.0), (2.0, 2.0))
+    own = ((1.0, 1.0), (2.0, 3.0))
+    a = Work(id="a", sets=(0,), duration_s=1.0, hosts=((host, 2.0),), curves=((host, own),))
+    b = Work(id="b", sets=(1,), duration_s=1.0, hosts=((host, 2.0),))
+    spans = schedule([a, b], cores={host: 2}, slicing={host: curve})
+    assert spans["b"].end_s == pytest.approx(2.0)
+    assert spans["a"].end_s == pytest.approx(7 / 3)
+    # Without its own curve both run by the host's: 2 s each.
+    spans = schedule([dataclasses.replace(a, curves=()), b], cores={host: 2}, slicing={host: curve})
+    assert spans["a"].end_s == pytest.approx(2.0) == spans["b"].end_s
+
+
+def test_the_simulator_hands_a_generation_its_own_curve_in_the_schedule() -> None:
+    from placeflow.simulator.simulate import _cost_calls, _tasks
+
+    plan = make_plan("colocate", "tiny-llama", 8)
+    cm = _with_kinds(fitted_cost_model("cpu"))
+    calls, _ = _cost_calls(plan, {"*": cm}, [0.0] * len(plan.sets))
+    tasks = {t.id: t for t in _tasks(plan, calls, 1)}
+    [host] = {h for t in tasks.values() for h, _ in t.hosts}
+    assert tasks[0, Phase.GENERATE].curves == ((host, cm.slicing(FrameworkKind.SHARED_DECODE)),)
+    assert tasks[0, Phase.ACTOR_UPDATE].curves == ((host, cm.slicing(FrameworkKind.SHARED_TRAIN)),)
+    assert tasks[0, Phase.REF_LOGPROB].curves == () == tasks[0, Phase.RESHARD].curves
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [FrameworkKind.SHARED_DECODE, FrameworkKind.SHARED_TRAIN])
+def test_measure_shared_compute_times_a_decode_and_a_training_step(kind: FrameworkKind) -> None:
+    entries = measure_shared_compute(cores=1, forwards=1, repeats=2, kind=kind)
+    _check_one_core_entries(entries, kind.value, 2)
+    assert all(e.p10_s > 0 for e in entries)
+    with pytest.raises(ValueError, match="not a stretch probe"):
+        measure_shared_compute(cores=1, kind=FrameworkKind.SHARED_CALL)
