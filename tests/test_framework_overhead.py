@@ -612,7 +612,7 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     monkeypatch.setattr(profiler, "measure_framework", noisy)
     monkeypatch.setattr(profiler, "measure_shared_collective", lambda: shared)
     monkeypatch.setattr(profiler, "measure_coupled_collective", noisy)
-    monkeypatch.setattr(profiler, "measure_shared_compute", list)
+    monkeypatch.setattr(profiler, "measure_shared_compute", lambda **kind: [])
     monkeypatch.setattr(profiler, "measure_shared_call", noisy)
     monkeypatch.setattr(profiler, "measure_empty_call", noisy)
     monkeypatch.setattr(profiler, "measure_wake_call", noisy)
