@@ -46,6 +46,7 @@ from placeflow.profiles import ops
 from placeflow.profiles.grid import (
     DISPATCH_TENSOR_BYTES,
     DTYPE_BYTES,
+    EMPTY_CALL_PAUSE_S,
     SHARED_PROBE_BYTES,
     SHARED_PROBE_WORLD,
     SHARED_RANKS_PER_CORE,
@@ -641,6 +642,29 @@ class CostModel:
         `empty_call` entries, `profiles.shared_cores`), as points (W / cores in ranks
         per core, seconds); () where the profile has none or does not record its cores."""
         return self._per_core_points(FrameworkKind.EMPTY_CALL)
+
+    def empty_wake_curve(self) -> WakeCurve:
+        """What a call that walks no model (a weight transition's) costs more by how
+        long its ranks idled before it: the profile's `empty_wake` entries
+        (`profiles.shared_cores`: an empty call after num_units ms idle less after the
+        `empty_call` probe's own `grid.EMPTY_CALL_PAUSE_S`) as points (seconds idle,
+        extra seconds), from (EMPTY_CALL_PAUSE_S, 0), where the `empty_call` entries
+        already hold it, each at least the one before it (a longer idle wakes no
+        faster; the entries are differences of noisy times); 0 below that pause
+        (`woken` holds the first point). () where the profile has none (GPU profiles,
+        older CPU ones)."""
+        points = self._framework_points(FrameworkKind.EMPTY_WAKE, 1000)  # ms -> s
+        if not points:
+            return ()
+
+        def curve() -> WakeCurve:
+            out = [(EMPTY_CALL_PAUSE_S, 0.0)]
+            for idle_s, extra in points:
+                if idle_s > EMPTY_CALL_PAUSE_S:
+                    out.append((idle_s, max(out[-1][1], extra)))
+            return tuple(out)
+
+        return self.remember(("empty wake curve",), curve)
 
     def ray_background(self) -> float:
         """The cores of a run's host that Ray's daemons, its threads in the workers and

@@ -373,6 +373,10 @@ DISPATCH_TENSOR_BYTES = 64
 SHARED_PROBE_BYTES = 4096
 SHARED_PROBE_WORLD = 2
 SHARED_RANKS_PER_CORE = 2  # the most oversubscription the shared entries are measured at
+# The driver's pause before each `empty_call` probe's call (its ranks idle; about a
+# phase's collection and launches on the 2-core VM): the `empty_wake` entries' curve
+# starts there (`CostModel.empty_wake_curve`).
+EMPTY_CALL_PAUSE_S = 0.003
 # The framework profiler's reference model (`profiles.framework`: the engine's pieces
 # are timed through it, and the shared-cores probes and the calls' wake-up run it).
 REFERENCE_MODEL = "tiny-llama"

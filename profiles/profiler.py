@@ -40,7 +40,8 @@ and the collectives with `placeflow.profiles.collectives`. How each op is run:
   `sync_disjoint` on a tiny model (`placeflow.profiles.framework`), thread CPU
   time; and what a collective adds when two busy ranks share each core, and the
   engine's forward with one and with two busy ranks per core, a call to
-  such ranks, a forward after its thread slept, and a pass over weights past a core's
+  such ranks, an empty call to them after they idled, a forward after its thread
+  slept, and a pass over weights past a core's
   own cache (`placeflow.profiles.shared_cores`); the colocated reshard's host work
   beyond its all-gathers, per piece and per slot, and a ZeRO-3 rank's gather of each
   of its FSDP2 parameters beyond the plain all-gather (`placeflow.profiles.reshard_host`);
@@ -119,6 +120,7 @@ from placeflow.profiles.shared_cores import (
     measure_cold_weights,
     measure_coupled_collective,
     measure_empty_call,
+    measure_empty_wake,
     measure_paired_collective,
     measure_ray_background,
     measure_shared_call,
@@ -621,6 +623,11 @@ def _host_overhead() -> list[Entry]:
         ),
         ("shared call", measure_shared_call, "placeflow.profiles.shared_cores"),
         ("empty call", measure_empty_call, "placeflow.profiles.shared_cores --kinds empty_call"),
+        (
+            "empty call's wake-up",
+            measure_empty_wake,
+            "placeflow.profiles.shared_cores --kinds empty_wake",
+        ),
         ("wake call", measure_wake_call, "placeflow.profiles.shared_cores --kinds wake_call"),
         (
             "cold weights",

@@ -187,6 +187,11 @@ class FrameworkKind(StrEnum):
     # last result, the ranks idle a few ms before it (a weight transition's call without
     # its copies); measured by `shared_cores`.
     EMPTY_CALL = "empty_call"
+    # Not the engine's either: what the same empty call to one Ray actor rank per core costs
+    # beyond it when its ranks idled num_units ms before it, not the empty call's own few
+    # ms (a transition's ranks sleep through the phases and the driver's work before it:
+    # their wake-up, a call that walks no model); measured by `shared_cores`.
+    EMPTY_WAKE = "empty_wake"
     # Not the engine's either: what one reference forward costs beyond the same forward
     # run back to back when its rank slept num_units milliseconds before it (its core
     # idle or running others' work), the cold caches' refill; measured by `shared_cores`.

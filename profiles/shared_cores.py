@@ -104,6 +104,20 @@ probe's fixed time after its launches was 3.5, 3.8, 9.5 and 6.7 ms (ad hoc,
 2026-11-28). The simulator prices a transition's fixed time with it
 (`rolecosts.crowded_call_s`).
 
+The same empty call costs more after its ranks idled longer than the probe's pause:
+a transition's ranks sleep through the phases of other sets and the driver's work
+before it, and the call that wakes them (the raylet's and the workers' threads, the
+cores out of their idle states) takes longer to come back. `measure_empty_wake` times
+it as `measure_empty_call` does, at one rank per core, after each of
+`EMPTY_WAKE_IDLE_MS` idle against right after `EMPTY_CALL_PAUSE_S` idle, alternated,
+in `EMPTY_WAKE_PAIRS` pairs each, and takes their difference: `framework` entries of
+kind `empty_wake`, num_units the idle ms (an idle with no measurable cost has no
+entry). On an AMD EPYC VM of 2 cores the call to 1-4 ranks took 0.3-0.9 ms more after
+100 ms idle than after 3 ms (1.1-2.1 ms; ad hoc, 25 calls each, 2026-12-03). The
+simulator charges a transition that curve by its sets' idle time before it
+(`CostModel.empty_wake_curve`, `simulator.schedule`), where a model call pays its own
+kind's refill (`wake_calls`).
+
 A rank that slept before a call pays once more: the ranks of a CPU run wait
 between their calls (the other phases, the driver's work) while their core idles
 or runs other ranks, and the call that wakes them finds its caches, TLB and branch
@@ -193,7 +207,12 @@ import torch.distributed as dist
 from placeflow.cliargs import add_kinds_option
 from placeflow.errors import MeasurementError
 from placeflow.procs import free_port, join_gloo_world, report_rank, run_ranks
-from placeflow.profiles.grid import COLD_MODEL, SHARED_PROBE_BYTES, SHARED_RANKS_PER_CORE
+from placeflow.profiles.grid import (
+    COLD_MODEL,
+    EMPTY_CALL_PAUSE_S,
+    SHARED_PROBE_BYTES,
+    SHARED_RANKS_PER_CORE,
+)
 from placeflow.profiles.schema import (
     Entry,
     FrameworkKind,
@@ -239,13 +258,17 @@ CALL_FORWARDS = 8  # forwards per rank of the long call of `measure_shared_call`
 # `measure_empty_call`: the calls timed at each rank count, and the driver's pause before
 # each (its ranks idle), about a phase's collection and launches on this 2-core VM.
 EMPTY_CALL_SAMPLES = 60
-EMPTY_CALL_PAUSE_S = 0.003
+# `measure_empty_wake`: the ranks' idle times before a call (num_units, ms; from a
+# phase's gap to a step's) and the pairs timed at each.
+EMPTY_WAKE_IDLE_MS = (10, 30, 100, 300)
+EMPTY_WAKE_PAIRS = 25
 SHARED_KINDS = (
     FrameworkKind.SHARED_COLLECTIVE,
     FrameworkKind.COUPLED_COLLECTIVE,
     *STRETCH_KINDS,
     FrameworkKind.SHARED_CALL,
     FrameworkKind.EMPTY_CALL,
+    FrameworkKind.EMPTY_WAKE,
     FrameworkKind.WAKE_CALL,
     FrameworkKind.COLD_WEIGHTS,
     FrameworkKind.PAIRED_COLLECTIVE,
@@ -742,6 +765,54 @@ def measure_empty_call(
         return entries
 
 
+def empty_wake_samples(
+    call: Callable[[], float],
+    idle_ms: Sequence[int],
+    *,
+    pairs: int,
+    base_s: float = EMPTY_CALL_PAUSE_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[int, list[float]]:
+    """Per idle time in `idle_ms`: `pairs` paired differences, the seconds `call` reports
+    (its own time) right after `sleep` of that many ms less right after `base_s`. The
+    idle times take turns within each round, so that a slow stretch of the host falls
+    on all of them."""
+    out: dict[int, list[float]] = {ms: [] for ms in idle_ms}
+    for _ in range(pairs):
+        for ms in idle_ms:
+            sleep(base_s)
+            base = call()
+            sleep(ms / 1000)
+            out[ms].append(call() - base)
+    return out
+
+
+def measure_empty_wake(
+    *, cores: int | None = None, pairs: int = EMPTY_WAKE_PAIRS, warmup: int = 3
+) -> list[Entry]:
+    """The `empty_wake` entries (module docstring): the empty call of
+    `measure_empty_call` to one Ray actor rank per core of this host (`cores`:
+    os.cpu_count()) after each of `EMPTY_WAKE_IDLE_MS` idle less right after
+    `EMPTY_CALL_PAUSE_S`. Starts a local Ray instance unless Ray is up (then uses it and
+    leaves it running)."""
+    cores = cores or os.cpu_count() or 1
+    with _ray_actors(EmptyRank) as (ray, actor):
+        world: list[Any] = [actor.remote() for _ in range(cores)]
+
+        def call() -> float:
+            refs = [w.call.remote() for w in world]
+            launched = time.perf_counter()
+            ray.get(refs)
+            return time.perf_counter() - launched
+
+        for _ in range(warmup):
+            call()
+        samples = empty_wake_samples(call, EMPTY_WAKE_IDLE_MS, pairs=pairs)
+        for w in world:
+            ray.kill(w)
+    return extra_entries(FrameworkKind.EMPTY_WAKE, samples)
+
+
 class BackgroundRank(CallRank):
     """A rank of `measure_ray_background`: `CallRank` that names its process."""
 
@@ -1027,6 +1098,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         **{k: functools.partial(measure_shared_compute, kind=k, **given) for k in STRETCH_KINDS},
         FrameworkKind.SHARED_CALL: measure_shared_call,
         FrameworkKind.EMPTY_CALL: measure_empty_call,
+        FrameworkKind.EMPTY_WAKE: measure_empty_wake,
         FrameworkKind.WAKE_CALL: measure_wake_call,
         FrameworkKind.COLD_WEIGHTS: measure_cold_weights,
         FrameworkKind.PAIRED_COLLECTIVE: lambda: measure_paired_collective(**given),
@@ -1073,6 +1145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"actor ranks (num_units), idle {EMPTY_CALL_PAUSE_S * 1e3:g} ms before it, from "
             f"its last launch to its last result, {EMPTY_CALL_SAMPLES} calls each"
         ),
+        FrameworkKind.EMPTY_WAKE: (
+            f"empty_wake: the same call to {cores} ranks after "
+            f"{', '.join(map(str, EMPTY_WAKE_IDLE_MS))} ms idle (num_units; an idle with no "
+            f"measurable cost has no entry) less after {EMPTY_CALL_PAUSE_S * 1e3:g} ms, "
+            f"{EMPTY_WAKE_PAIRS} pairs each, p10 floored at 1 ns"
+        ),
         FrameworkKind.WAKE_CALL: (
             f"wake_call: the engine's forward of the reference model at {batch}x{tokens} "
             "tokens on one torch thread after the thread slept "
@@ -1118,7 +1196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if set(kinds) == set(SHARED_KINDS):
         note = (
             f"{SENTENCE}, coupled_collective, shared_compute, shared_decode, shared_train, "
-            "shared_call, empty_call, "
+            "shared_call, empty_call, empty_wake, "
             "wake_call, cold_weights, paired_collective and ray_background: measured "
             f"{date} by "
             f"{command}` ({said}"
@@ -1168,6 +1246,11 @@ def _describe(e: Entry, cores: int) -> str:
         return (
             f"empty_call with {units} ranks on {cores} cores: {e.median_s * 1e3:.3f} ms "
             f"from its last launch {spread}"
+        )
+    if kind is FrameworkKind.EMPTY_WAKE:
+        return (
+            f"empty_wake after {units} ms idle, {cores} ranks on {cores} cores: "
+            f"{e.median_s * 1e3:.3f} ms more per empty call {spread}"
         )
     if kind is FrameworkKind.COLD_WEIGHTS:
         return (

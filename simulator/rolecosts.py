@@ -610,7 +610,9 @@ def crowded_call_s(cm: CostModel, ranks_per_core: float, wakes: bool = True) -> 
     forward's cold start, which a transition does not pay. Its composition is then the
     round trip stretched and the driver's gets (the launches come before the entries'
     clock, as before a phase's), so that a transition costs the measured empty call
-    plus its own work."""
+    plus its own work (and, after its ranks idled longer than the entries' probe did,
+    the empty call's measured wake-up, `CostModel.empty_wake_curve`, which the schedule
+    charges by that idle time)."""
     empty = cm.empty_calls() if not wakes else ()
     points = empty or cm.shared_calls()
     if not points:

@@ -525,10 +525,11 @@ def _contended(
     also pays the fixed time its ranks' crowd adds to a Ray call beyond the round
     trip and the driver's work, or is credited what that composition prices above
     the measured empty call (`rolecosts.crowded_call_s`, at the set's ranks per
-    core; `wakes`: whether the call is charged its ranks' wake-up, which a transition
-    is not, so that its composition leaves the wake out). Never below 0: the driver's
-    launches and gets, scheduled apart, already hold the measured call then. GPU pools
-    are never stretched. `probe`: the call's stretch probe (`stretch_probe`).
+    core; `wakes`: whether the call is charged its ranks' model-call wake-up, which a
+    transition is not, so that its composition leaves the wake out: it pays the empty
+    call's own beyond the `empty_call` entries' pause, `_transition_wake`). Never below
+    0: the driver's launches and gets, scheduled apart, already hold the measured call
+    then. GPU pools are never stretched. `probe`: the call's stretch probe (`stretch_probe`).
     """
     factor = _stretch(plan, cms, set_index, busy_fraction(cost), probe)
     extra = 0.0
@@ -567,7 +568,8 @@ def _wake(
     weight sync) copies tensors in order, which the prefetcher streams: inside a CPU run
     the actor's `sync_rollout` took the CPU time it takes alone (0.69 ms,
     `benchmarks/inrun_calls.py`), and charging it the forward's refill put the reshard
-    phases of `benchmarks/fidelity_cpu.py` 21-144 % over their measured times."""
+    phases of `benchmarks/fidelity_cpu.py` 21-144 % over their measured times. It pays
+    the empty call's own wake-up instead (`_transition_wake`)."""
     if plan.pool_of(set_index).cores_per_node is None:
         return ()
     model = plan.workload.models[role]
@@ -584,6 +586,17 @@ def _wake(
         return ()
     factor = _stretch(plan, cms, set_index, busy_fraction(cost), stretch_probe(kind))
     return tuple((idle, extra * factor) for idle, extra in curve)
+
+
+def _transition_wake(plan: Plan, cms: CostModels, set_index: int) -> WakeCurve:
+    """What a weight transition on the actor's set `set_index` costs more by how long its
+    sets idled before it: the pool's measured `CostModel.empty_wake_curve` (an empty
+    Ray call after that idle, beyond the `empty_call` entries that price its fixed time,
+    `rolecosts.crowded_call_s`); () on pools that do not declare their cores (GPU
+    pools). Not the model calls' refill (`_wake`): a transition walks no model."""
+    if plan.pool_of(set_index).cores_per_node is None:
+        return ()
+    return _cm(plan, cms, set_index).empty_wake_curve()
 
 
 def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[_Call]:
@@ -650,6 +663,7 @@ def _with_transitions(plan: Plan, cms: CostModels, costed: list[_Call]) -> list[
         cost=cost,
         preds=(),
         driver=driver_work(cm, ranks, NO_PAYLOAD),
+        wake=_transition_wake(plan, cms, actor_set),
     )
     result = [transition]
     for c in costed:

@@ -8,7 +8,10 @@ points, by hand from hand-made entries; the schedule's charge from the idle time
 a call's sets (never-run sets: the last point), by hand on both schedulers; a
 simulated CPU plan's model calls charged the hand-made refill stretched as the call
 is, its reshard not; the fixed time of a crowded call less the probe's own wake-up,
-by hand, and a transition's (which is charged no wake-up) without taking it off.
+by hand, and a transition's (which is charged no wake-up) without taking it off; the
+empty call's wake-up curve from the `empty_call` probe's pause through hand-made
+`empty_wake` entries, by hand, and a CPU plan's reshard charged it at its set's idle
+time read off the simulated timeline (the first step's: the curve's last point).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from placeflow.profiles.shared_cores import (
     wake_samples,
 )
 from placeflow.simulator import simulate
+from placeflow.simulator.estimate import PhaseInterval
 from placeflow.simulator.schedule import Work, schedule
+from placeflow.workload import Role
 
 
 class _FakeHost:
@@ -236,4 +241,106 @@ def test_measure_wake_call_times_real_forwards() -> None:
     # Noise may leave a short sleep without an entry; what is there is well formed.
     for e in entries:
         assert e.params["kind"] == "wake_call" and e.params["num_units"] in (1, 3, 10, 30, 100)
+        assert 0 < e.p10_s <= e.median_s <= e.p90_s < 1.0 and e.repeats == 2
+
+
+# 0.2 ms after 10 ms idle, 0.1 ms (noise: held at 0.2) after 30 ms, 0.6 ms after 100 ms.
+EMPTY_HAND = {10: 0.2e-3, 30: 0.1e-3, 100: 0.6e-3}
+
+
+def test_the_empty_call_s_wake_curve_starts_at_the_probe_s_pause_never_down() -> None:
+    from placeflow.profiles.grid import EMPTY_CALL_PAUSE_S
+
+    cm = with_framework(fitted_cost_model("cpu"), FrameworkKind.EMPTY_WAKE, EMPTY_HAND)
+    curve = cm.empty_wake_curve()
+    assert EMPTY_CALL_PAUSE_S == 3e-3
+    assert [x for x, _ in curve] == pytest.approx([3e-3, 10e-3, 30e-3, 100e-3])
+    assert [y for _, y in curve] == pytest.approx([0.0, 0.2e-3, 0.2e-3, 0.6e-3])
+    # The `empty_call` entries already hold the probe's own 3 ms idle: nothing below it.
+    assert woken(0.0, curve) == 0.0 and woken(3e-3, curve) == 0.0
+    assert woken(6.5e-3, curve) == pytest.approx(0.1e-3)  # half way from 3 ms to 10 ms
+    assert woken(65e-3, curve) == pytest.approx(0.4e-3)  # half way from 30 ms to 100 ms
+    assert woken(math.inf, curve) == pytest.approx(0.6e-3)
+    # No entries, or a GPU profile: no curve.
+    assert fitted_cost_model("cpu").empty_wake_curve() == ()
+    assert fitted_cost_model("h100-sxm").empty_wake_curve() == ()
+
+
+def test_a_cpu_plan_s_transitions_pay_the_empty_call_s_wake_up_by_their_idle_time() -> None:
+    from fidelity_cpu import PLANS, as_run, fixed_lengths, load_plan
+
+    base = fitted_cost_model("cpu")
+    cm = with_framework(base, FrameworkKind.EMPTY_WAKE, EMPTY_HAND)
+    curve = cm.empty_wake_curve()
+    # A colocated plan's one step: its reshard is the set's first call, idle since ever.
+    colocated = make_plan("colocate", "tiny-llama", 8)
+    (reshard,) = [p for p in simulate(colocated, cm).phases if p.name is Phase.RESHARD]
+    assert reshard.detail["wake_s"] == pytest.approx(0.6e-3)
+    # A one-step-off generator set: each weight sync over both sets pays the curve at the
+    # longer of their idle times, read off the simulated timeline by hand.
+    plan = as_run(fixed_lengths(load_plan(PLANS / "grpo-tiny-cpu2-async.toml")))
+    actor_set, gen_set = plan.set_of(Role.ACTOR), plan.generator_set()
+    assert gen_set is not None
+    estimate = simulate(plan, cm)
+    syncs = [p for p in estimate.phases if p.name is Phase.WEIGHT_SYNC]
+    assert len(syncs) >= 3
+
+    def idle_on(s: int, sync: PhaseInterval) -> float:
+        ends = [
+            p.end_s
+            for p in estimate.phases
+            if p is not sync
+            and p.end_s <= sync.start_s + 1e-12
+            and (p.device_set == s or p.name is Phase.WEIGHT_SYNC)
+        ]
+        return sync.start_s - max(ends) if ends else math.inf
+
+    paid = []
+    for sync in syncs:
+        idle = max(idle_on(actor_set, sync), idle_on(gen_set, sync))
+        assert sync.detail.get("wake_s", 0.0) == pytest.approx(woken(idle, curve), abs=1e-12)
+        paid.append(sync.detail.get("wake_s", 0.0))
+    assert min(paid) < max(paid)  # not one charge for all: the idle times differ
+    # The model calls' charges are their own kinds' (`wake_calls`), not this curve:
+    # without the entries only the transitions change.
+    for plan_ in (colocated, plan):
+        with_curve, bare = simulate(plan_, cm), simulate(plan_, base)
+        bare_of = {(q.step, q.name): q for q in bare.phases}
+        assert len(bare_of) == len(with_curve.phases)
+        for p in with_curve.phases:
+            q = bare_of[p.step, p.name]
+            if p.name in (Phase.RESHARD, Phase.WEIGHT_SYNC):
+                assert "wake_s" not in q.detail
+            else:
+                assert p.detail.get("wake_s", 0.0) == pytest.approx(q.detail.get("wake_s", 0.0))
+
+
+def test_empty_wake_samples_are_the_idle_call_less_the_call_after_the_pause_by_hand() -> None:
+    from placeflow.profiles.shared_cores import empty_wake_samples
+
+    slept = [0.0]
+
+    def sleep(seconds: float) -> None:
+        slept[0] = seconds
+
+    def call() -> float:  # its own time: 1 ms, plus 10 µs a ms idle, at most 1 ms more
+        return 1e-3 + min(1e-3, 0.01 * slept[0])
+
+    samples = empty_wake_samples(call, (10, 30, 300), pairs=2, base_s=3e-3, sleep=sleep)
+    # by hand: (1 ms + 10 µs · idle ms) less the same after 3 ms, the cap at 100 ms
+    assert samples == {
+        10: pytest.approx([0.07e-3] * 2),
+        30: pytest.approx([0.27e-3] * 2),
+        300: pytest.approx([0.97e-3] * 2),
+    }
+
+
+@pytest.mark.slow
+def test_measure_empty_wake_times_real_empty_calls(ray_session: None) -> None:
+    from placeflow.profiles.shared_cores import EMPTY_WAKE_IDLE_MS, measure_empty_wake
+
+    entries = measure_empty_wake(cores=1, pairs=2, warmup=1)
+    # Noise may leave an idle time without an entry; what is there is well formed.
+    for e in entries:
+        assert e.params["kind"] == "empty_wake" and e.params["num_units"] in EMPTY_WAKE_IDLE_MS
         assert 0 < e.p10_s <= e.median_s <= e.p90_s < 1.0 and e.repeats == 2
