@@ -372,9 +372,11 @@ def test_the_cpu_profile_carries_measured_framework_entries_and_gpu_profiles_non
     # (profiles.reshard_host): it has none, and the simulator prices that work at 0 there;
     # nor the calls' wake-up entries (profiles.wake_calls): its calls pay the reference
     # forward's wake_call curve; nor the decode's and training step's stretch entries
-    # (profiles.shared_cores, 2026-12-03): its calls follow the forward's curve.
+    # (profiles.shared_cores, 2026-12-03): its calls follow the forward's curve; nor the
+    # empty call's wake-up (`empty_wake`, same date): its transitions pay none.
     own_curves = {FrameworkKind.SHARED_DECODE, FrameworkKind.SHARED_TRAIN}
-    expected = set(FrameworkKind) - set(RESHARD_KINDS) - set(WAKE_KINDS) - own_curves
+    later = {FrameworkKind.EMPTY_WAKE}
+    expected = set(FrameworkKind) - set(RESHARD_KINDS) - set(WAKE_KINDS) - own_curves - later
     assert {FrameworkKind(e.params["kind"]) for e in entries} == expected
     assert {e.source for e in entries} == {Source.MEASURED}
     cm = fitted_cost_model("cpu")
@@ -520,8 +522,9 @@ def test_a_full_remeasure_keeps_the_shared_cores_entries_and_their_note(
     path = tmp_path / "cpu.json"
     path.write_text(source.read_text())
     before = load_profile_file(path)
-    # (the shipped profile predates the decode's and training step's stretch entries)
-    shared = {k.value for k in SHARED_KINDS} - {"shared_decode", "shared_train"}
+    # (the shipped profile predates the decode's and training step's stretch entries and
+    # the empty call's wake-up)
+    shared = {k.value for k in SHARED_KINDS} - {"shared_decode", "shared_train", "empty_wake"}
     kept = [e for e in before.entries_for(Op.FRAMEWORK) if e.params["kind"] in shared]
     assert {e.params["kind"] for e in kept} == shared
     controller = {k.value for k in CONTROLLER_KINDS}
@@ -615,6 +618,7 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     monkeypatch.setattr(profiler, "measure_shared_compute", lambda **kind: [])
     monkeypatch.setattr(profiler, "measure_shared_call", noisy)
     monkeypatch.setattr(profiler, "measure_empty_call", noisy)
+    monkeypatch.setattr(profiler, "measure_empty_wake", noisy)
     monkeypatch.setattr(profiler, "measure_wake_call", noisy)
     monkeypatch.setattr(profiler, "measure_cold_weights", noisy)
     monkeypatch.setattr(profiler, "measure_paired_collective", noisy)
@@ -631,6 +635,8 @@ def test_a_profile_keeps_its_kernels_when_a_host_overhead_part_fails(
     assert "shared call not measured" in text
     assert "empty call not measured" in text
     assert "placeflow.profiles.shared_cores --kinds empty_call --add-to PROFILE" in text
+    assert "empty call's wake-up not measured" in text
+    assert "placeflow.profiles.shared_cores --kinds empty_wake --add-to PROFILE" in text
     assert "controller work not measured" in text
     assert "wake call not measured" in text
     assert "placeflow.profiles.shared_cores --kinds wake_call --add-to PROFILE" in text
