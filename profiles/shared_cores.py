@@ -255,8 +255,8 @@ STRETCH_ITERATIONS = {
 # `measure_shared_compute`'s rounds, every busy-rank count in each (about 30 s here).
 SHARED_COMPUTE_ROUNDS = 15
 CALL_FORWARDS = 8  # forwards per rank of the long call of `measure_shared_call`'s pairs
-# `measure_empty_call`: the calls timed at each rank count, and the driver's pause before
-# each (its ranks idle), about a phase's collection and launches on this 2-core VM.
+# `measure_empty_call`: the calls timed at each rank count (the driver's pause before
+# each, its ranks idle, is `grid.EMPTY_CALL_PAUSE_S`).
 EMPTY_CALL_SAMPLES = 60
 # `measure_empty_wake`: the ranks' idle times before a call (num_units, ms; from a
 # phase's gap to a step's) and the pairs timed at each.
