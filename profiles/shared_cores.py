@@ -733,6 +733,15 @@ class EmptyRank:
         return 0
 
 
+def empty_call_s(ray: Any, world: Sequence[Any]) -> float:
+    """Seconds from the driver's last launch of `EmptyRank.call` on every rank of `world`
+    to its last result (a phase's clock starts once its launches have returned)."""
+    refs = [w.call.remote() for w in world]
+    launched = time.perf_counter()
+    ray.get(refs)
+    return time.perf_counter() - launched
+
+
 def measure_empty_call(
     *,
     cores: int | None = None,
@@ -754,11 +763,9 @@ def measure_empty_call(
             times = []
             for i in range(warmup + samples):
                 time.sleep(pause_s)
-                refs = [w.call.remote() for w in world]
-                launched = time.perf_counter()
-                ray.get(refs)
+                took = empty_call_s(ray, world)
                 if i >= warmup:
-                    times.append(time.perf_counter() - launched)
+                    times.append(took)
             for w in world:
                 ray.kill(w)
             entries.append(framework_entry(FrameworkKind.EMPTY_CALL, ranks, times))
@@ -798,13 +805,7 @@ def measure_empty_wake(
     cores = cores or os.cpu_count() or 1
     with _ray_actors(EmptyRank) as (ray, actor):
         world: list[Any] = [actor.remote() for _ in range(cores)]
-
-        def call() -> float:
-            refs = [w.call.remote() for w in world]
-            launched = time.perf_counter()
-            ray.get(refs)
-            return time.perf_counter() - launched
-
+        call = functools.partial(empty_call_s, ray, world)
         for _ in range(warmup):
             call()
         samples = empty_wake_samples(call, EMPTY_WAKE_IDLE_MS, pairs=pairs)
