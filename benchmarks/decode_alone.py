@@ -29,18 +29,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity_cpu import cost_models_at, host_speeds
+from fidelity_breakdown import _median_s, rollout_prompts
+from fidelity_cpu import _bracket, cost_models_at, host_speeds
 
 from placeflow.catalogue import get_model
 from placeflow.executor.engines.roles import WeightSource
@@ -62,16 +60,10 @@ def measure_generate_s(
 ) -> float:
     """Median thread CPU seconds of one `Sampler.generate` of `seqs` prompts of `prompt`
     tokens to exactly `response` tokens each, after one warm-up."""
-    prompts = [[(7 * i + j) % 200 + 3 for j in range(prompt)] for i in range(seqs)]
+    prompts = rollout_prompts(seqs, prompt)
     params = SamplingParams(max_tokens=response, ignore_stop=True)
     sampler = Sampler(model, pad_id=0)
-    sampler.generate(prompts, params, 0)
-    times = []
-    for i in range(repeats):
-        t0 = time.thread_time()
-        sampler.generate(prompts, params, i)
-        times.append(time.thread_time() - t0)
-    return statistics.median(times)
+    return _median_s(lambda: sampler.generate(prompts, params, 0), repeats)
 
 
 def main() -> None:
@@ -110,10 +102,14 @@ def main() -> None:
             speed: float | None = None
             work: float | None = None
             if args.host_speed:
+                # (each speed from the checks around the row, `fidelity_cpu._bracket`; a
+                # first check that found none: the one after)
                 after = speeds()
-                pairs = list(zip(before, after, strict=True))
-                speed, work = (math.sqrt(a * b) if a and b else (a or b) for a, b in pairs)
-                before = after
+                (speed, _, next_speed), (work, _, next_work) = (
+                    _bracket(b, a) if b is not None else (a, [b, a], a)
+                    for b, a in zip(before, after, strict=True)
+                )
+                before = (next_speed, next_work)
                 at = cost_models_at(profile, speed, "decode_alone", work)
                 cm = at["*"] if at is not None else base
             shape = callcosts.GenerationShape(

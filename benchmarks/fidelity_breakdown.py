@@ -83,8 +83,13 @@ def _median_s(
     return statistics.median(times)
 
 
+def rollout_prompts(n: int, prompt: int) -> list[list[int]]:
+    """`n` distinct prompts of `prompt` token ids each (below 203, past the specials)."""
+    return [[(7 * i + j) % 200 + 3 for j in range(prompt)] for i in range(n)]
+
+
 def _rollout(model: Transformer, n: int, prompt: int, response: int) -> Batch:
-    prompts = [[(7 * i + j) % 200 + 3 for j in range(prompt)] for i in range(n)]
+    prompts = rollout_prompts(n, prompt)
     params = SamplingParams(max_tokens=response, ignore_stop=True)
     return completions_batch(prompts, Sampler(model, pad_id=0).generate(prompts, params, 0), 0)
 
