@@ -9,26 +9,17 @@ models are measured at every sequence count asked for.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchrun import run_benchmark
 
 
 def test_decode_alone_records_each_rows_measured_and_priced_generation(tmp_path: Path) -> None:
     out = tmp_path / "decode_alone.json"
     args = ["--profile", "cpu", "--prompt", "3", "--response", "4", "--seqs", "2", "4"]
     args += ["--repeats", "1", "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "decode_alone.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_benchmark("decode_alone.py", args)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert report["command"].endswith(" ".join(args))

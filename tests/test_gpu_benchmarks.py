@@ -4,13 +4,12 @@ recorded run with the model as it is now (`gpu_step.py --resimulate`)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import gpu_step
 import pytest
 import torch
+from benchrun import run_benchmark
 
 from placeflow.plan import load_plan
 from placeflow.simulator import simulate
@@ -23,13 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the scripts measure when CUDA is there")
 @pytest.mark.parametrize("script", ["gpu_step.py", "gpu_decode.py"])
 def test_without_cuda_the_benchmarks_say_so_and_exit_2(script: str) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_benchmark(script, timeout=120)
     assert done.returncode == 2
     assert "sees no CUDA device" in done.stderr
 

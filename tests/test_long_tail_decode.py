@@ -8,24 +8,16 @@ the priced generation at those batches is no more than at the whole batch.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchrun import run_benchmark
 
 
 def test_long_tail_benchmark_records_each_steps_batch_and_both_prices(tmp_path: Path) -> None:
     out = tmp_path / "long_tail.json"
     args = ["--model", "tiny-llama", "--batch", "8", "--prompt", "4", "--tokens", "12"]
     args += ["--stop-every", "4", "--repeats", "1", "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "long_tail_decode.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_benchmark("long_tail_decode.py", args)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     lengths = report["lengths"]
