@@ -657,14 +657,9 @@ class CostModel:
         if not points:
             return ()
 
-        def curve() -> WakeCurve:
-            out = [(EMPTY_CALL_PAUSE_S, 0.0)]
-            for idle_s, extra in points:
-                if idle_s > EMPTY_CALL_PAUSE_S:
-                    out.append((idle_s, max(out[-1][1], extra)))
-            return tuple(out)
-
-        return self.remember(("empty wake curve",), curve)
+        return self.remember(
+            ("empty wake curve",), lambda: _rising(points, start_s=EMPTY_CALL_PAUSE_S)
+        )
 
     def ray_background(self) -> float:
         """The cores of a run's host that Ray's daemons, its threads in the workers and
@@ -1084,15 +1079,17 @@ SliceCurve = tuple[tuple[float, float], ...]
 WakeCurve = tuple[tuple[float, float], ...]
 
 
-def _rising(points: tuple[tuple[float, float], ...]) -> WakeCurve:
+def _rising(points: tuple[tuple[float, float], ...], start_s: float = 0.0) -> WakeCurve:
     """Measured wake-up `points` (seconds asleep, extra seconds; ascending) as a curve
-    from (0, 0), each point at least the one before it: a longer sleep leaves no warmer
-    cache, and the entries are differences of noisy times. () without points."""
+    from (`start_s`, 0) through those beyond it, each point at least the one before it:
+    a longer sleep leaves no warmer cache, and the entries are differences of noisy
+    times. () without points."""
     if not points:
         return ()
-    out = [(0.0, 0.0)]
+    out = [(start_s, 0.0)]
     for asleep_s, extra in points:
-        out.append((asleep_s, max(out[-1][1], extra)))
+        if asleep_s > start_s:
+            out.append((asleep_s, max(out[-1][1], extra)))
     return tuple(out)
 
 
