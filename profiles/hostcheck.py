@@ -301,6 +301,33 @@ def speeds_apart(
     )
 
 
+def sized_piece_s(median_s: float, smallest_s: float, ratio: float, work_ratio: float) -> float:
+    """One of the engine's pieces timed at a size above its smallest (`median_s`; the
+    same kind at its smallest size: `smallest_s`) brought to a host where the GEMMs run
+    at `ratio` times the profile's and the smallest pieces at `work_ratio`: the part the
+    smallest size takes (the interpreter's dispatch of the piece's ops) at `work_ratio`,
+    what the size adds (the ops' own work over its tokens, kernels like the GEMMs) at
+    `ratio`. A size that reads faster than the smallest (the samples' noise) is all
+    dispatch.
+
+    One ratio for the whole piece priced the larger ones too fast: on the AMD VM on
+    2026-12-06 the layers' pieces re-timed at 0.62-0.84x the profile's at their
+    smallest size and 0.90-1.03x at 8 x 32 and 32 x 32 tokens (its GEMMs 0.95x), and
+    the fidelity runs' phases at one ratio came out 23 % too fast at the median (README,
+    forty-first round)."""
+    return min(median_s, smallest_s) * work_ratio + max(median_s - smallest_s, 0.0) * ratio
+
+
+def _smallest_sized_pieces(profile: Profile) -> dict[str, float]:
+    """The median time of each framework kind the profile holds at several sizes, at its
+    smallest (`sized_piece_s`)."""
+    sizes: dict[str, dict[int, float]] = {}
+    for e in profile.entries:
+        if e.op is Op.FRAMEWORK:
+            sizes.setdefault(str(e.params["kind"]), {})[int(e.params["num_units"])] = e.median_s
+    return {k: by[min(by)] for k, by in sizes.items() if len(by) > 1}
+
+
 def at_host_speed(
     profile: Profile, ratio: float, *, checked: str, host_work_ratio: float | None = None
 ) -> Profile:
@@ -310,7 +337,8 @@ def at_host_speed(
     (`check_framework`), the engine's pieces (`framework.ENGINE_KINDS`: the entries
     whose like that check re-times, the engine's Python beyond its kernels) and the
     controller's (`controller_work.CONTROLLER_KINDS`) and the reshard's host work
-    (`reshard_host.RESHARD_KINDS`) are scaled by that instead; the rest (kernels,
+    (`reshard_host.RESHARD_KINDS`) are scaled by that instead, a piece timed at several
+    sizes only in the part its smallest size takes (`sized_piece_s`); the rest (kernels,
     copies, collectives, Ray's calls, the shared-cores probes, the calls' wake-up
     entries of `profiles.wake_calls`) by `ratio`.
 
@@ -333,10 +361,18 @@ def at_host_speed(
     # The controller's work between calls is Python on the driver like the engine's, and
     # so is the reshard's beside its gathers.
     engine = {k.value for k in (*ENGINE_KINDS, *CONTROLLER_KINDS, *RESHARD_KINDS)}
+    smallest = _smallest_sized_pieces(profile)
+
+    def factor(e: Entry) -> float:
+        if host_work_ratio is None or e.op is not Op.FRAMEWORK or e.params["kind"] not in engine:
+            return ratio
+        base = smallest.get(str(e.params["kind"]))
+        if base is None or e.median_s <= 0:
+            return host_work_ratio
+        return sized_piece_s(e.median_s, base, ratio, host_work_ratio) / e.median_s
 
     def scaled(e: Entry) -> Entry:
-        own = e.op is Op.FRAMEWORK and e.params["kind"] in engine
-        r = host_work_ratio if own and host_work_ratio is not None else ratio
+        r = factor(e)
         return dataclasses.replace(e, median_s=e.median_s * r, p10_s=e.p10_s * r, p90_s=e.p90_s * r)
 
     entries = tuple(scaled(e) for e in profile.entries)
@@ -347,7 +383,8 @@ def at_host_speed(
     if host_work_ratio is not None:
         note += (
             f" The engine's pieces x{host_work_ratio:.3f} instead, the median of them "
-            "re-timed then over the profile's."
+            "re-timed then over the profile's (a piece timed at several sizes: what its "
+            "smallest takes, the rest at the GEMMs' ratio)."
         )
     provenance = dataclasses.replace(profile.provenance, notes=profile.provenance.notes + note)
     return dataclasses.replace(profile, entries=entries, provenance=provenance)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -265,3 +266,26 @@ def test_two_speeds_far_apart_say_the_profile_is_of_another_kind_of_host() -> No
     assert speeds_apart(None, 0.2) is None
     assert speeds_apart(0.7, None) is None
     assert speeds_apart(0.0, 0.5) is None
+
+
+def test_a_piece_timed_at_several_sizes_takes_the_work_ratio_in_its_smallest_part_by_hand() -> None:
+    from placeflow.profiles.hostcheck import at_host_speed, sized_piece_s
+
+    # The layer's forward: 0.2 ms at its smallest size, 1.2 ms at 64 units. At a host
+    # whose GEMMs run at 0.9x and whose smallest pieces at 0.5x: 0.2 x 0.5 + 1.0 x 0.9.
+    assert sized_piece_s(1.2e-3, 2e-4, 0.9, 0.5) == pytest.approx(1e-4 + 9e-4)
+    # A size that reads faster than the smallest is all dispatch.
+    assert sized_piece_s(1.5e-4, 2e-4, 0.9, 0.5) == pytest.approx(7.5e-5)
+    small, large = _piece("layer_forward", 2e-4), _piece("layer_forward", 1.2e-3, num_units=64)
+    large = dataclasses.replace(large, p10_s=6e-4, p90_s=2.4e-3)
+    once = _piece("load_call", 4e-4)  # one size only: all at the work ratio
+    at = at_host_speed(_profile(small, large, once), 0.9, checked="now", host_work_ratio=0.5)
+    # The larger size's spread keeps its shape: x (1.0 / 1.2) each.
+    assert [(e.median_s, e.p10_s, e.p90_s) for e in at.entries] == [
+        pytest.approx((1e-4, 1e-4, 1e-4)),
+        pytest.approx((1e-3, 5e-4, 2e-3)),
+        pytest.approx((2e-4, 2e-4, 2e-4)),
+    ]
+    # Without the pieces' check every entry takes the GEMMs' ratio, whatever its sizes.
+    one = at_host_speed(_profile(small, large), 0.9, checked="now")
+    assert [e.median_s for e in one.entries] == pytest.approx([1.8e-4, 1.08e-3])
