@@ -369,6 +369,10 @@ def _host(device: str) -> dict[str, object]:
         "python": platform.python_version(),
         "cpu_model": _cpu_model(),
         "llc_bytes": last_level_cache_bytes(),
+        # A core's own cache: the `cold_weights` entries this command measures on CPU are
+        # priced by the bytes past it (`CostModel.cold_weights_s`), 0 without it (the
+        # profile of 2026-12-03 measured them and lacked it).
+        "l2_bytes": level2_cache_bytes(),
     }
     # Which CPU this is beyond its name (family, model number, the ISA torch uses), so
     # that a later host can be told apart (`hostcheck`).

@@ -70,6 +70,17 @@ def test_a_new_profile_records_the_identity() -> None:
     assert {"cpu_isa", "cpu_count", "cpu_model"} <= host.keys()
 
 
+def test_a_new_profile_records_the_caches_its_cold_weights_are_priced_by(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import placeflow.profiles.profiler as profiler
+
+    monkeypatch.setattr(profiler, "level2_cache_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(profiler, "last_level_cache_bytes", lambda: 32 << 20)
+    host = _host("cpu")
+    assert (host["l2_bytes"], host["llc_bytes"]) == (1 << 20, 32 << 20)
+
+
 def test_only_fields_recorded_on_both_sides_can_differ() -> None:
     recorded = {"cpu_model": "AMD EPYC", "cpu_family": "25", "cpu_isa": "AVX512", "hostname": "a"}
     here = {"cpu_model": "AMD EPYC", "cpu_family": "25", "cpu_model_number": "1", "cpu_isa": "AVX2"}
