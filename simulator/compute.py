@@ -295,16 +295,18 @@ def fsdp_host_s(
     the bytes its collectives move between ranks (`CostModel.collective_s`): per unit
     the profile's fsdp entry less its copies at the reference's size (hooks, unshard and
     reshard bookkeeping), plus the unit's copies at its own size (`fsdp_copies_s`). 0
-    where the profile has no fsdp entries (GPU profiles, older CPU ones)."""
+    where the profile has no fsdp layer entries (GPU profiles, older CPU ones)."""
     if backward:
         kinds = (FrameworkKind.FSDP_LAYER_BACKWARD, FrameworkKind.FSDP_CALL_BACKWARD)
     else:
         kinds = (FrameworkKind.FSDP_LAYER_FORWARD, FrameworkKind.FSDP_CALL_FORWARD)
     per_layer, per_call = (framework_host_s(cm, kind) for kind in kinds)
-    if per_layer is None or per_call is None:
+    if per_layer is None:
         return 0.0
     layer = per_layer + fsdp_copies_s(cm, layer_bytes, d, backward=backward)
-    root = per_call + fsdp_copies_s(cm, root_bytes, d, backward=backward)
+    # The profiler leaves a per-call entry out where two layer counts cannot tell it
+    # from zero (`profiles.framework`): the root's own host work beyond its copies is 0.
+    root = (per_call or 0.0) + fsdp_copies_s(cm, root_bytes, d, backward=backward)
     return num_layers * layer + root
 
 
@@ -369,9 +371,10 @@ def optimizer_host_s(
     the whole step's) is divided by `partitions`. Without adamw entries (profiles
     measured before them) the whole step is priced, as for one partition."""
     per_layer = framework_host_s(cm, FrameworkKind.OPTIMIZER_LAYER)
-    per_call = framework_host_s(cm, FrameworkKind.OPTIMIZER_CALL)
-    if per_layer is None or per_call is None:
+    if per_layer is None:
         return 0.0
+    # (a per-call entry the profiler left out, not told from zero: 0, `fsdp_host_s`)
+    per_call = framework_host_s(cm, FrameworkKind.OPTIMIZER_CALL) or 0.0
     if partitions > 1:
         adam_layer = framework_host_s(cm, FrameworkKind.ADAMW_LAYER)
         adam_call = framework_host_s(cm, FrameworkKind.ADAMW_CALL)

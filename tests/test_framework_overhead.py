@@ -137,6 +137,11 @@ def test_cpu_pieces_cost_their_kernels_plus_the_measured_host_time() -> None:
     assert compute.optimizer_host_s(cm, MODEL, L) == pytest.approx(
         L * (1000e-6 - OPT_S) + (700e-6 - OPT_S)
     )
+    # Its per-call entry left out by the profiler (not told from zero): the layers' alone.
+    no_call = {k: v for k, v in FRAMEWORK.items() if k is not FrameworkKind.OPTIMIZER_CALL}
+    assert compute.optimizer_host_s(_costs(entries=no_call), MODEL, L) == pytest.approx(
+        L * (1000e-6 - OPT_S)
+    )
 
 
 def test_a_zero_partition_runs_adamw_over_its_share_of_the_tensors_only() -> None:
@@ -703,6 +708,16 @@ def test_fsdp_host_work_is_its_entry_with_its_copies_at_the_units_bytes() -> Non
     assert backward == pytest.approx(1376.0736e-6)
     # Without the entries (GPU profiles, older CPU ones): nothing.
     assert compute.fsdp_host_s(_costs(), 2, 738_304, 262_656, 2, backward=False) == 0.0
+    # A per-call entry the profiler left out (not told from zero): the layers' as
+    # above and the root's copies alone, 2 x 526.1696 + 78.7968 = 1,131.136 µs.
+    no_call = {k: v for k, v in FSDP.items() if k is not FrameworkKind.FSDP_CALL_BACKWARD}
+    cm = CopyCosts(
+        profile_name="round", dtype_bytes=4, rooflines={}, series={}, device_kind="cpu",
+        entries=no_call,
+    )  # fmt: skip
+    assert compute.fsdp_host_s(cm, 2, 738_304, 262_656, 2, backward=True) == pytest.approx(
+        1131.136e-6
+    )
 
 
 def test_a_zero3_call_pays_fsdps_host_work_per_micro_batch() -> None:
