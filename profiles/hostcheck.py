@@ -319,11 +319,16 @@ def sized_piece_s(median_s: float, smallest_s: float, ratio: float, work_ratio: 
 
 
 def _smallest_sized_pieces(profile: Profile) -> dict[str, float]:
-    """The median time of each framework kind the profile holds at several sizes, at its
-    smallest (`sized_piece_s`)."""
+    """The median time of each of the engine's pieces sized in tokens or sequences
+    (`framework.measured_units`: more than one size) that the profile holds at several
+    sizes, at its smallest (`sized_piece_s`). The controller's work is sized in responses
+    or tokens of Python loops, all of it the interpreter's: not one of them."""
+    from placeflow.profiles.framework import measured_units
+
+    sized = {k.value for k in FrameworkKind if len(measured_units(k)) > 1}
     sizes: dict[str, dict[int, float]] = {}
     for e in profile.entries:
-        if e.op is Op.FRAMEWORK:
+        if e.op is Op.FRAMEWORK and e.params["kind"] in sized:
             sizes.setdefault(str(e.params["kind"]), {})[int(e.params["num_units"])] = e.median_s
     return {k: by[min(by)] for k, by in sizes.items() if len(by) > 1}
 

@@ -300,3 +300,12 @@ def test_a_piece_timed_at_several_sizes_takes_the_work_ratio_in_its_smallest_par
     # Without the pieces' check every entry takes the GEMMs' ratio, whatever its sizes.
     one = at_host_speed(_profile(small, large), 0.9, checked="now")
     assert [e.median_s for e in one.entries] == pytest.approx([1.8e-4, 1.08e-3])
+
+
+def test_the_controllers_sized_work_keeps_the_work_ratio_whole() -> None:
+    from placeflow.profiles.hostcheck import at_host_speed
+
+    # `rule_reward` at 8 and 32 responses is Python per response, not kernels.
+    few, many = _piece("rule_reward", 1e-3, num_units=8), _piece("rule_reward", 4e-3, num_units=32)
+    at = at_host_speed(_profile(few, many), 0.9, checked="now", host_work_ratio=0.5)
+    assert [e.median_s for e in at.entries] == pytest.approx([5e-4, 2e-3])
